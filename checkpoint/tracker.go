@@ -1,0 +1,240 @@
+// Package checkpoint decides which WAL position may be confirmed to PostgreSQL.
+//
+// Transactions enter in log order (Add); broker acks for their events arrive in
+// any order and from any goroutine (Pending.Ack). The watermark is the end LSN
+// of the longest prefix of transactions whose events are all acked, so it never
+// passes an event the broker has not acknowledged. The slot's
+// confirmed_flush_lsn, fed from this watermark, is the only durable checkpoint.
+//
+// The shape follows hashicorp/raft's commitment: a mutex, an ordered pending
+// list, a monotonic watermark and a non-blocking notify.
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Limits bound the work in flight between the decoder and broker acks.
+type Limits struct {
+	// MaxEvents is the most events added but not yet acked. A single
+	// transaction larger than this is still admitted when nothing else is in
+	// flight, or it could never make progress.
+	MaxEvents int
+	// MaxBytes is the most payload bytes added but not yet acked, with the
+	// same single-transaction exception.
+	MaxBytes int64
+}
+
+// ErrOutOfOrder is returned by Add when a transaction ends at or before one
+// already added: the caller broke the log-order contract.
+var ErrOutOfOrder = errors.New("transaction added out of log order")
+
+// Tracker computes the confirmable watermark. All methods are safe for
+// concurrent use.
+type Tracker struct {
+	limits Limits
+
+	mu        sync.Mutex
+	pending   []*Pending // log order; pending[head:] are live
+	head      int
+	lastAdded pglogrepl.LSN
+	watermark pglogrepl.LSN
+	events    int           // events in flight
+	bytes     int64         // payload bytes in flight
+	space     chan struct{} // closed and replaced whenever in-flight work shrinks
+	advanced  chan struct{} // cap 1: a non-blocking "watermark moved" signal
+}
+
+// Pending is one transaction's share of the tracker. Ack it once per event.
+type Pending struct {
+	t         *Tracker
+	end       pglogrepl.LSN
+	remaining int
+	bytes     int64
+}
+
+// New returns a tracker whose watermark starts at start (the slot's
+// confirmed_flush_lsn): everything before it is already durable downstream.
+func New(start pglogrepl.LSN, limits Limits) *Tracker {
+	return &Tracker{
+		limits:    limits,
+		watermark: start,
+		space:     make(chan struct{}),
+		advanced:  make(chan struct{}, 1),
+	}
+}
+
+// Add registers a transaction that ends at end with n events carrying bytes
+// payload bytes. It must be called in log order from one goroutine (the
+// replication handler). It blocks while the in-flight limits are reached, and
+// returns ctx.Err() if ctx ends first. A transaction with n == 0 is complete at
+// once but still keeps its place, so the watermark reaches it only after every
+// earlier transaction is acked.
+func (t *Tracker) Add(ctx context.Context, end pglogrepl.LSN, n int, bytes int64) (*Pending, error) {
+	if n < 0 || bytes < 0 {
+		return nil, fmt.Errorf("add transaction ending at %s: negative size (%d events, %d bytes)", end, n, bytes)
+	}
+	t.mu.Lock()
+	if end <= t.lastAdded {
+		last := t.lastAdded
+		t.mu.Unlock()
+		// Postgres may resend transactions below the start position after a
+		// restart; the caller filters those, so reaching here is a bug.
+		return nil, fmt.Errorf("add transaction ending at %s after %s: %w", end, last, ErrOutOfOrder)
+	}
+	for !t.fits(n, bytes) {
+		wait := t.space
+		t.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-wait:
+		}
+		t.mu.Lock()
+	}
+	p := &Pending{t: t, end: end, remaining: n, bytes: bytes}
+	t.lastAdded = end
+	t.events += n
+	t.bytes += bytes
+	t.pending = append(t.pending, p)
+	t.advanceLocked()
+	t.mu.Unlock()
+	return p, nil
+}
+
+// fits reports whether a transaction of n events and b bytes may enter now.
+// Caller holds t.mu.
+func (t *Tracker) fits(n int, b int64) bool {
+	if t.events == 0 && t.bytes == 0 {
+		return true // never starve a transaction larger than the limits
+	}
+	if t.limits.MaxEvents > 0 && t.events+n > t.limits.MaxEvents {
+		return false
+	}
+	if t.limits.MaxBytes > 0 && t.bytes+b > t.limits.MaxBytes {
+		return false
+	}
+	return true
+}
+
+// Ack records the broker's acknowledgement of one event of size bytes. It may
+// be called from any goroutine and never blocks on I/O. Acking more events
+// than were added is a bug and panics, because silently absorbing it could
+// move the watermark past an unacked event.
+func (p *Pending) Ack(bytes int64) {
+	t := p.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p.remaining <= 0 {
+		panic(fmt.Sprintf("checkpoint: extra ack for transaction ending at %s", p.end))
+	}
+	p.remaining--
+	if bytes > p.bytes {
+		bytes = p.bytes
+	}
+	p.bytes -= bytes
+	t.events--
+	t.bytes -= bytes
+	if p.remaining == 0 {
+		// Release whatever the per-event byte counts did not cover.
+		t.bytes -= p.bytes
+		p.bytes = 0
+	}
+	close(t.space)
+	t.space = make(chan struct{})
+	t.advanceLocked()
+}
+
+// End is the LSN the transaction ends at.
+func (p *Pending) End() pglogrepl.LSN { return p.end }
+
+// advanceLocked pops fully acked transactions off the front. O(1) amortised
+// per transaction. Caller holds t.mu.
+func (t *Tracker) advanceLocked() {
+	moved := false
+	for t.head < len(t.pending) && t.pending[t.head].remaining == 0 {
+		if end := t.pending[t.head].end; end > t.watermark {
+			t.watermark = end // stays monotonic after an idle advance
+		}
+		t.pending[t.head] = nil
+		t.head++
+		moved = true
+	}
+	if t.head == len(t.pending) {
+		t.pending = t.pending[:0]
+		t.head = 0
+	} else if t.head > 1024 && t.head*2 > len(t.pending) {
+		n := copy(t.pending, t.pending[t.head:])
+		clear(t.pending[n:])
+		t.pending = t.pending[:n]
+		t.head = 0
+	}
+	if moved {
+		select {
+		case t.advanced <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// AdvanceIdle moves the watermark to walEnd when nothing is in flight. The
+// caller (the replication loop, via the pipeline) must only call it while the
+// decoder is between transactions; then no event below walEnd can still
+// arrive, and confirming it stops an insert-only slot from pinning WAL while
+// other tables are written.
+func (t *Tracker) AdvanceIdle(walEnd pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head < len(t.pending) || walEnd <= t.watermark {
+		return
+	}
+	t.watermark = walEnd
+	select {
+	case t.advanced <- struct{}{}:
+	default:
+	}
+}
+
+// Flushed returns the watermark: every transaction ending at or before it is
+// fully acked. Safe from any goroutine.
+func (t *Tracker) Flushed() pglogrepl.LSN {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.watermark
+}
+
+// InFlight returns the events and payload bytes added but not yet acked.
+func (t *Tracker) InFlight() (events int, bytes int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.events, t.bytes
+}
+
+// Advanced returns a channel that receives (without blocking the sender)
+// after the watermark moves. One receive may stand for several moves.
+func (t *Tracker) Advanced() <-chan struct{} { return t.advanced }
+
+// WaitDrained blocks until nothing is in flight or ctx ends. Used at shutdown
+// and before a replication reconnect, so the new stream starts at a watermark
+// that covers everything already sent.
+func (t *Tracker) WaitDrained(ctx context.Context) error {
+	for {
+		t.mu.Lock()
+		if t.head == len(t.pending) {
+			t.mu.Unlock()
+			return nil
+		}
+		wait := t.space
+		t.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wait:
+		}
+	}
+}

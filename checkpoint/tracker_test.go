@@ -1,0 +1,210 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// TestWatermarkNeverPassesUnacked acks the events of random transactions in
+// random orders and checks, after every single ack, that the watermark is
+// exactly the end of the longest fully acked prefix.
+func TestWatermarkNeverPassesUnacked(t *testing.T) {
+	t.Parallel()
+	for seed := uint64(0); seed < 300; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*7+1))
+		const start = pglogrepl.LSN(1000)
+		tr := New(start, Limits{})
+		ntx := 1 + rng.IntN(40)
+		type ev struct{ tx int }
+		var (
+			pend   []*Pending
+			ends   []pglogrepl.LSN
+			counts []int
+			evs    []ev
+		)
+		lsn := start
+		for i := 0; i < ntx; i++ {
+			lsn += pglogrepl.LSN(1 + rng.IntN(500))
+			n := rng.IntN(5) // zero-event transactions included
+			p, err := tr.Add(context.Background(), lsn, n, int64(n*10))
+			if err != nil {
+				t.Fatalf("seed %d: add: %v", seed, err)
+			}
+			pend, ends, counts = append(pend, p), append(ends, lsn), append(counts, n)
+			for j := 0; j < n; j++ {
+				evs = append(evs, ev{i})
+			}
+		}
+		rng.Shuffle(len(evs), func(i, j int) { evs[i], evs[j] = evs[j], evs[i] })
+		acked := make([]int, ntx)
+		for k, e := range evs {
+			pend[e.tx].Ack(10)
+			acked[e.tx]++
+			want := start
+			for i := 0; i < ntx && acked[i] == counts[i]; i++ {
+				want = ends[i]
+			}
+			if got := tr.Flushed(); got != want {
+				t.Fatalf("seed %d after ack %d: watermark %s, want %s", seed, k, got, want)
+			}
+		}
+		if got := tr.Flushed(); got != ends[ntx-1] {
+			t.Fatalf("seed %d: final watermark %s, want %s", seed, got, ends[ntx-1])
+		}
+		if e, b := tr.InFlight(); e != 0 || b != 0 {
+			t.Fatalf("seed %d: in flight after all acks: %d events %d bytes", seed, e, b)
+		}
+	}
+}
+
+func TestConcurrentAcks(t *testing.T) {
+	t.Parallel()
+	tr := New(0, Limits{MaxEvents: 64})
+	acks := make(chan *Pending, 1024)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range acks {
+				p.Ack(1)
+			}
+		}()
+	}
+	var last pglogrepl.LSN
+	for i := 1; i <= 5000; i++ {
+		n := 1 + i%3
+		p, err := tr.Add(context.Background(), pglogrepl.LSN(i*100), n, int64(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := 0; j < n; j++ {
+			acks <- p
+		}
+		if f := tr.Flushed(); f < last {
+			t.Fatalf("watermark went back from %s to %s", last, f)
+		} else {
+			last = f
+		}
+	}
+	close(acks)
+	wg.Wait()
+	if got := tr.Flushed(); got != 500000 {
+		t.Fatalf("final watermark %s, want 0/7A120", got)
+	}
+}
+
+func TestAddBlocksAtLimits(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		limits Limits
+		first  [2]int64 // events, bytes
+		second [2]int64
+	}{
+		{"events", Limits{MaxEvents: 3}, [2]int64{3, 1}, [2]int64{1, 1}},
+		{"bytes", Limits{MaxBytes: 100}, [2]int64{1, 90}, [2]int64{1, 20}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tr := New(0, tt.limits)
+			p, err := tr.Add(context.Background(), 10, int(tt.first[0]), tt.first[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			if _, err := tr.Add(ctx, 20, int(tt.second[0]), tt.second[1]); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("add over the limit: err %v, want it to block until the deadline", err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := tr.Add(context.Background(), 20, int(tt.second[0]), tt.second[1])
+				done <- err
+			}()
+			for i := int64(0); i < tt.first[0]; i++ {
+				p.Ack(tt.first[1] / tt.first[0])
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("add stayed blocked after acks freed space")
+			}
+		})
+	}
+}
+
+func TestOversizedTransactionAdmittedWhenIdle(t *testing.T) {
+	t.Parallel()
+	tr := New(0, Limits{MaxEvents: 2, MaxBytes: 10})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := tr.Add(ctx, 5, 100, 1000); err != nil {
+		t.Fatalf("a transaction larger than the limits must pass when nothing is in flight: %v", err)
+	}
+}
+
+func TestIdleAdvance(t *testing.T) {
+	t.Parallel()
+	tr := New(100, Limits{})
+	tr.AdvanceIdle(200)
+	if got := tr.Flushed(); got != 200 {
+		t.Fatalf("idle advance: %s, want 0/C8", got)
+	}
+	p, err := tr.Add(context.Background(), 300, 1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.AdvanceIdle(400) // must be ignored: an event is in flight
+	if got := tr.Flushed(); got != 200 {
+		t.Fatalf("idle advance with an event in flight moved the watermark to %s", got)
+	}
+	p.Ack(1)
+	if got := tr.Flushed(); got != 300 {
+		t.Fatalf("after ack: %s, want 0/12C", got)
+	}
+	tr.AdvanceIdle(250) // never backwards
+	if got := tr.Flushed(); got != 300 {
+		t.Fatalf("idle advance went backwards to %s", got)
+	}
+}
+
+func TestOutOfOrderAddRejected(t *testing.T) {
+	t.Parallel()
+	tr := New(0, Limits{})
+	if _, err := tr.Add(context.Background(), 50, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tr.Add(context.Background(), 50, 1, 0); !errors.Is(err, ErrOutOfOrder) {
+		t.Fatalf("err %v, want ErrOutOfOrder", err)
+	}
+}
+
+func TestWaitDrained(t *testing.T) {
+	t.Parallel()
+	tr := New(0, Limits{})
+	p, _ := tr.Add(context.Background(), 10, 2, 2)
+	go func() {
+		time.Sleep(10 * time.Millisecond)
+		p.Ack(1)
+		p.Ack(1)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tr.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Flushed() != 10 {
+		t.Fatal("drained but watermark not at the last transaction")
+	}
+}

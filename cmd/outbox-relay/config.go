@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// Config is the whole relay configuration: a YAML file (--config), then
+// OUTBOX_RELAY_* environment variables, then flags, each overriding the last.
+type Config struct {
+	Postgres        replication.Config `yaml:"postgres"`
+	Kafka           sink.Config        `yaml:"kafka"`
+	InFlight        InFlightConfig     `yaml:"inflight"`
+	MetricsAddr     string             `yaml:"metrics_addr"`
+	Log             LogConfig          `yaml:"log"`
+	ShutdownTimeout time.Duration      `yaml:"shutdown_timeout"`
+}
+
+// InFlightConfig bounds events published but not yet acked by Kafka.
+type InFlightConfig struct {
+	MaxEvents int   `yaml:"max_events"`
+	MaxBytes  int64 `yaml:"max_bytes"`
+}
+
+// LogConfig selects the log level and format (json or console).
+type LogConfig struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// DefaultConfig returns the documented defaults.
+func DefaultConfig() Config {
+	return Config{
+		Postgres:        replication.DefaultConfig(),
+		Kafka:           sink.DefaultConfig(),
+		InFlight:        InFlightConfig{MaxEvents: 10000, MaxBytes: 64 << 20},
+		MetricsAddr:     ":9187",
+		Log:             LogConfig{Level: "info", Format: "json"},
+		ShutdownTimeout: 30 * time.Second,
+	}
+}
+
+// Validate reports every invalid key by name.
+func (c Config) Validate() error {
+	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka.")}
+	if c.InFlight.MaxEvents < 1 {
+		errs = append(errs, fmt.Errorf("inflight.max_events: %d must be at least 1 (default 10000)", c.InFlight.MaxEvents))
+	}
+	if c.InFlight.MaxBytes < 1024 {
+		errs = append(errs, fmt.Errorf("inflight.max_bytes: %d must be at least 1024 (default 67108864)", c.InFlight.MaxBytes))
+	}
+	if c.MetricsAddr != "" && !strings.Contains(c.MetricsAddr, ":") {
+		errs = append(errs, fmt.Errorf("metrics_addr: %q is not host:port or :port", c.MetricsAddr))
+	}
+	switch c.Log.Level {
+	case "trace", "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log.level: %q is not one of trace, debug, info, warn, error", c.Log.Level))
+	}
+	if c.Log.Format != "json" && c.Log.Format != "console" {
+		errs = append(errs, fmt.Errorf("log.format: %q is not json or console", c.Log.Format))
+	}
+	if c.ShutdownTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("shutdown_timeout: %s is too short: use at least 1s (default 30s)", c.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// key is one configuration key with its env and flag names; the table below
+// is the single list the loader, the flags and the docs use.
+type key struct {
+	name  string // YAML path, used in errors
+	env   string
+	flag  string
+	usage string
+	set   func(c *Config, v string) error
+}
+
+func str(f func(c *Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error { *f(c) = v; return nil }
+}
+
+func dur(f func(c *Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("%q is not a duration like 500ms or 1s", v)
+		}
+		*f(c) = d
+		return nil
+	}
+}
+
+func integer(f func(c *Config) *int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%q is not an integer", v)
+		}
+		*f(c) = n
+		return nil
+	}
+}
+
+func boolean(f func(c *Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", v)
+		}
+		*f(c) = b
+		return nil
+	}
+}
+
+var keys = []key{
+	{"postgres.url", "OUTBOX_RELAY_POSTGRES_URL", "postgres-url", "PostgreSQL connection URL (direct, not through a transaction pooler)",
+		str(func(c *Config) *string { return &c.Postgres.URL })},
+	{"postgres.slot", "OUTBOX_RELAY_SLOT", "slot", "logical replication slot (created if missing, never dropped)",
+		str(func(c *Config) *string { return &c.Postgres.Slot })},
+	{"postgres.publication", "OUTBOX_RELAY_PUBLICATION", "publication", "publication of the outbox table",
+		str(func(c *Config) *string { return &c.Postgres.Publication })},
+	{"postgres.table", "OUTBOX_RELAY_TABLE", "table", "outbox table as schema.name",
+		str(func(c *Config) *string { return &c.Postgres.Table })},
+	{"postgres.create_publication", "OUTBOX_RELAY_CREATE_PUBLICATION", "create-publication", "create the publication when missing",
+		boolean(func(c *Config) *bool { return &c.Postgres.CreatePublication })},
+	{"postgres.status_interval", "OUTBOX_RELAY_STATUS_INTERVAL", "status-interval", "standby status update interval (< wal_sender_timeout/2)",
+		dur(func(c *Config) *time.Duration { return &c.Postgres.StatusInterval })},
+	{"postgres.reconnect_min", "OUTBOX_RELAY_RECONNECT_MIN", "reconnect-min", "first replication reconnect backoff",
+		dur(func(c *Config) *time.Duration { return &c.Postgres.ReconnectMin })},
+	{"postgres.reconnect_max", "OUTBOX_RELAY_RECONNECT_MAX", "reconnect-max", "largest replication reconnect backoff",
+		dur(func(c *Config) *time.Duration { return &c.Postgres.ReconnectMax })},
+	{"postgres.lag_poll_interval", "OUTBOX_RELAY_LAG_POLL_INTERVAL", "lag-poll-interval", "how often slot lag is read",
+		dur(func(c *Config) *time.Duration { return &c.Postgres.LagPollInterval })},
+	{"kafka.brokers", "OUTBOX_RELAY_KAFKA_BROKERS", "kafka-brokers", "comma-separated host:port list",
+		func(c *Config, v string) error {
+			c.Kafka.Brokers = nil
+			for _, b := range strings.Split(v, ",") {
+				if b = strings.TrimSpace(b); b != "" {
+					c.Kafka.Brokers = append(c.Kafka.Brokers, b)
+				}
+			}
+			return nil
+		}},
+	{"kafka.client_id", "OUTBOX_RELAY_KAFKA_CLIENT_ID", "kafka-client-id", "Kafka client id",
+		str(func(c *Config) *string { return &c.Kafka.ClientID })},
+	{"kafka.topic_template", "OUTBOX_RELAY_TOPIC_TEMPLATE", "topic-template", "topic per event: {aggregate_type} and {event_type} are replaced; no placeholder = fixed topic",
+		str(func(c *Config) *string { return &c.Kafka.TopicTemplate })},
+	{"kafka.compression", "OUTBOX_RELAY_KAFKA_COMPRESSION", "kafka-compression", "none, gzip, snappy, lz4 or zstd",
+		str(func(c *Config) *string { return &c.Kafka.Compression })},
+	{"kafka.flush_frequency", "OUTBOX_RELAY_KAFKA_FLUSH_FREQUENCY", "kafka-flush-frequency", "producer batching: max wait before a batch is sent",
+		dur(func(c *Config) *time.Duration { return &c.Kafka.FlushFrequency })},
+	{"kafka.flush_messages", "OUTBOX_RELAY_KAFKA_FLUSH_MESSAGES", "kafka-flush-messages", "producer batching: messages that trigger a send (0 = off)",
+		integer(func(c *Config) *int { return &c.Kafka.FlushMessages })},
+	{"kafka.flush_bytes", "OUTBOX_RELAY_KAFKA_FLUSH_BYTES", "kafka-flush-bytes", "producer batching: bytes that trigger a send (0 = off)",
+		integer(func(c *Config) *int { return &c.Kafka.FlushBytes })},
+	{"kafka.max_message_bytes", "OUTBOX_RELAY_KAFKA_MAX_MESSAGE_BYTES", "kafka-max-message-bytes", "largest record; keep <= the broker's message.max.bytes",
+		integer(func(c *Config) *int { return &c.Kafka.MaxMessageBytes })},
+	{"kafka.version", "OUTBOX_RELAY_KAFKA_VERSION", "kafka-version", "Kafka protocol version to speak",
+		str(func(c *Config) *string { return &c.Kafka.Version })},
+	{"kafka.retry_backoff_max", "OUTBOX_RELAY_KAFKA_RETRY_BACKOFF_MAX", "kafka-retry-backoff-max", "cap of the produce retry backoff",
+		dur(func(c *Config) *time.Duration { return &c.Kafka.RetryBackoffMax })},
+	{"kafka.retry_max", "OUTBOX_RELAY_KAFKA_RETRY_MAX", "kafka-retry-max", "retries of one produce batch before the relay stops (slot kept)",
+		integer(func(c *Config) *int { return &c.Kafka.RetryMax })},
+	{"inflight.max_events", "OUTBOX_RELAY_MAX_INFLIGHT_EVENTS", "max-inflight-events", "events published but not acked before reading pauses",
+		integer(func(c *Config) *int { return &c.InFlight.MaxEvents })},
+	{"inflight.max_bytes", "OUTBOX_RELAY_MAX_INFLIGHT_BYTES", "max-inflight-bytes", "payload bytes published but not acked before reading pauses",
+		func(c *Config, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return fmt.Errorf("%q is not an integer", v)
+			}
+			c.InFlight.MaxBytes = n
+			return nil
+		}},
+	{"metrics_addr", "OUTBOX_RELAY_METRICS_ADDR", "metrics-addr", "HTTP address for /metrics, /healthz, /readyz (empty = off)",
+		str(func(c *Config) *string { return &c.MetricsAddr })},
+	{"log.level", "OUTBOX_RELAY_LOG_LEVEL", "log-level", "trace, debug, info, warn or error",
+		str(func(c *Config) *string { return &c.Log.Level })},
+	{"log.format", "OUTBOX_RELAY_LOG_FORMAT", "log-format", "json or console",
+		str(func(c *Config) *string { return &c.Log.Format })},
+	{"shutdown_timeout", "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", "shutdown-timeout", "bound on waiting for Kafka acks at shutdown",
+		dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+}
+
+// loadConfig parses args (flags of one subcommand) and builds the config
+// from file, env and flags. Parse errors name the key and its source.
+func loadConfig(name string, args []string, getenv func(string) string) (Config, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	path := fs.String("config", "", "YAML config file")
+	type flagVal struct {
+		k key
+		v string
+	}
+	var fromFlags []flagVal
+	for _, k := range keys {
+		fs.Func(k.flag, k.usage+" (env "+k.env+")", func(v string) error {
+			fromFlags = append(fromFlags, flagVal{k, v})
+			return nil
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	c := DefaultConfig()
+	if p := *path; p != "" || getenv("OUTBOX_RELAY_CONFIG") != "" {
+		if p == "" {
+			p = getenv("OUTBOX_RELAY_CONFIG")
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return Config{}, fmt.Errorf("read config file: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true) // a misspelt key is an error, not a silent default
+		if err := dec.Decode(&c); err != nil && err.Error() != "EOF" {
+			return Config{}, fmt.Errorf("config file %s: %w", p, err)
+		}
+	}
+	var errs []error
+	for _, k := range keys {
+		if v, ok := lookupEnv(getenv, k.env); ok {
+			if err := k.set(&c, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s (env %s): %w", k.name, k.env, err))
+			}
+		}
+	}
+	for _, f := range fromFlags {
+		if err := f.k.set(&c, f.v); err != nil {
+			errs = append(errs, fmt.Errorf("%s (flag --%s): %w", f.k.name, f.k.flag, err))
+		}
+	}
+	// Report parse errors and validation errors together: one run shows all.
+	if err := errors.Join(append(errs, c.Validate())...); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+// redacted returns the config as YAML with secrets removed, for the start log.
+func (c Config) redacted() string {
+	c.Postgres.URL = replication.RedactURL(c.Postgres.URL)
+	b, _ := yaml.Marshal(c)
+	return string(b)
+}

@@ -1,0 +1,289 @@
+// Command outbox-relay publishes the rows inserted into a PostgreSQL outbox
+// table to Kafka, reading them from a pgoutput logical replication slot and
+// confirming the slot only after Kafka acked them.
+//
+//	outbox-relay run      [--config FILE] [flags]   the relay
+//	outbox-relay migrate  [--config FILE] [flags]   create the outbox table, index, publication and slot
+//	outbox-relay version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+var version = "dev"
+
+// Exit codes: 0 clean stop (also on SIGTERM/SIGINT), 1 fatal error, 2 bad
+// configuration or usage.
+const (
+	exitOK     = 0
+	exitFatal  = 1
+	exitConfig = 2
+)
+
+func main() {
+	os.Exit(realMain(os.Args[1:], os.Getenv, os.Stderr))
+}
+
+func realMain(args []string, getenv func(string) string, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitConfig
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "version", "--version":
+		fmt.Fprintln(stderr, "outbox-relay", version)
+		return exitOK
+	case "run", "migrate":
+	case "help", "-h", "--help":
+		usage(stderr)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n", cmd)
+		usage(stderr)
+		return exitConfig
+	}
+	cfg, err := loadConfig(cmd, rest, getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
+		return exitConfig
+	}
+	log := newLogger(cfg.Log, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if cmd == "migrate" {
+		return migrate(ctx, cfg, log)
+	}
+	return run(ctx, cfg, log)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage: outbox-relay <command> [--config FILE] [flags]
+
+commands:
+  run       stream outbox inserts from the replication slot to Kafka
+  migrate   create the outbox table, its index, the publication and the slot
+  version   print the version
+
+Run "outbox-relay run -h" for every flag; each has an OUTBOX_RELAY_* env twin.
+`)
+}
+
+func indent(err error) string {
+	var b []byte
+	for _, line := range splitLines(err.Error()) {
+		b = append(b, "  - "...)
+		b = append(b, line...)
+		b = append(b, '\n')
+	}
+	return string(b)
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, s[start:])
+}
+
+func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
+	lvl, _ := zerolog.ParseLevel(c.Level)
+	var out io.Writer = w
+	if c.Format == "console" {
+		out = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	return zerolog.New(out).Level(lvl).With().Timestamp().Logger()
+}
+
+func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
+	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
+	applied, err := migrations.Apply(ctx, cfg.Postgres.URL, migrations.Names{Schema: schema, Table: table, Publication: cfg.Postgres.Publication}, log)
+	if err != nil {
+		log.Error().Err(err).Msg("migrate failed")
+		return exitFatal
+	}
+	// The slot is created here too, so every row inserted after migrate is
+	// streamed even if the relay starts later.
+	info, err := replication.Prepare(ctx, cfg.Postgres)
+	if err != nil {
+		log.Error().Err(err).Msg("migrate: slot and publication check failed")
+		return exitFatal
+	}
+	log.Info().Ints("applied", applied).Str("slot", cfg.Postgres.Slot).Bool("slot_created", info.Created).
+		Str("lsn", info.ConfirmedFlush.String()).Msg("migrate done")
+	return exitOK
+}
+
+func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
+	log = log.With().Str("slot", cfg.Postgres.Slot).Logger()
+	log.Info().Str("version", version).Str("config", cfg.redacted()).Msg("starting outbox-relay")
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	producer, err := sink.New(cfg.Kafka, log, reg)
+	if err != nil {
+		log.Error().Err(err).Msg("kafka config")
+		return exitConfig
+	}
+	tmpl, _ := sink.ParseTemplate(cfg.Kafka.TopicTemplate)
+	repMetrics := replication.NewMetrics(reg)
+
+	var streamRef atomic.Pointer[replication.Stream] // read by /readyz
+	ready := func() (bool, string) {
+		switch s := streamRef.Load(); {
+		case s == nil || !s.Streaming():
+			return false, "replication not streaming"
+		case !producer.Connected():
+			return false, "kafka not connected"
+		}
+		return true, "ok"
+	}
+	var srv *http.Server
+	if cfg.MetricsAddr != "" {
+		srv, err = serveHTTP(cfg.MetricsAddr, reg, ready, log)
+		if err != nil {
+			log.Error().Err(err).Msg("metrics listener")
+			return exitFatal
+		}
+		defer func() {
+			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+			defer c()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+
+	// The slot's confirmed position is where the watermark starts; wait for
+	// Postgres if it is not up yet instead of crash-looping.
+	info, err := prepareWithRetry(runCtx, cfg.Postgres, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		log.Error().Err(err).Msg("cannot start replication")
+		return exitFatal
+	}
+	if err := producer.Connect(runCtx); err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		log.Error().Err(err).Msg("cannot connect to kafka")
+		return exitFatal
+	}
+	producerDone := make(chan struct{})
+	go func() {
+		defer close(producerDone)
+		_ = producer.Run(context.WithoutCancel(runCtx))
+	}()
+	defer func() {
+		producer.Close(5 * time.Second)
+		<-producerDone
+	}()
+
+	tracker := checkpoint.New(info.ConfirmedFlush, checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes})
+	pipe, err := newPipeline(cfg.Postgres.Table, tracker, producer, tmpl, log, reg, func(err error) { cancel(err) })
+	if err != nil {
+		log.Error().Err(err).Msg("pipeline")
+		return exitConfig
+	}
+	stream, err := replication.NewStream(cfg.Postgres, pipe, log, repMetrics)
+	if err != nil {
+		log.Error().Err(err).Msg("replication config")
+		return exitConfig
+	}
+	stream.DrainTimeout = cfg.ShutdownTimeout
+	streamRef.Store(stream)
+
+	lagCtx, stopLag := context.WithCancel(runCtx)
+	defer stopLag()
+	go replication.PollLag(lagCtx, cfg.Postgres, repMetrics, log)
+
+	err = stream.Run(runCtx, pipe.Handle)
+	if cause := context.Cause(runCtx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	if err != nil {
+		log.Error().Err(err).Str("lsn", tracker.Flushed().String()).Msg("relay stopped on error; it resumes from the slot on restart")
+		return exitFatal
+	}
+	log.Info().Str("lsn", tracker.Flushed().String()).Msg("relay stopped")
+	return exitOK
+}
+
+func prepareWithRetry(ctx context.Context, cfg replication.Config, log zerolog.Logger) (replication.SlotInfo, error) {
+	backoff := cfg.ReconnectMin
+	for {
+		info, err := replication.Prepare(ctx, cfg)
+		if err == nil || replication.IsFatal(err) || ctx.Err() != nil {
+			return info, err
+		}
+		log.Warn().Err(err).Dur("retry_in", backoff).Msg("postgres not reachable; retrying")
+		select {
+		case <-ctx.Done():
+			return info, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, cfg.ReconnectMax)
+	}
+}
+
+func serveHTTP(addr string, reg *prometheus.Registry, ready func() (bool, string), log zerolog.Logger) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		ok, why := ready()
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		fmt.Fprintln(w, why)
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on metrics_addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error().Err(err).Msg("metrics server stopped")
+		}
+	}()
+	log.Info().Str("addr", ln.Addr().String()).Msg("serving /metrics, /healthz, /readyz")
+	return srv, nil
+}

@@ -1,0 +1,61 @@
+package decoder_test
+
+import (
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+)
+
+// benchPayload is a ~300-byte jsonb payload as Postgres renders it.
+var benchPayload = `{"order_id": "ord_01HZX4K7Q9V3M2N8P5R6S7T8U9", "customer_id": "cus_7f3a9b2c", ` +
+	`"currency": "EUR", "total": 129.95, "items": [{"sku": "SKU-1001", "qty": 2, "price": 39.99}, ` +
+	`{"sku": "SKU-2002", "qty": 1, "price": 49.97}], "shipping": {"method": "express", "country": "DE"}, ` +
+	`"placed_at": "2026-03-14T15:09:26Z"}`
+
+func benchmarkTxn(b *testing.B, headers tv) {
+	d, err := decoder.New("public.outbox")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := d.Decode(lsnAt(0), outboxRelation()); err != nil {
+		b.Fatal(err)
+	}
+	msgs := [][]byte{
+		begin(0x2000, 1),
+		insert(outboxID, row("1234567", "order", "ord_01HZX4K7Q9V3M2N8P5R6S7T8U9", "OrderPlaced", benchPayload, headers)...),
+		commit(0x2000, 0x2030),
+	}
+	n := 0
+	for _, m := range msgs {
+		n += len(m)
+	}
+	b.SetBytes(int64(n))
+	b.ReportAllocs()
+	for b.Loop() {
+		for i, m := range msgs {
+			txn, err := d.Decode(lsnAt(i), m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if i == 2 && len(txn.Events) != 1 {
+				b.Fatalf("%d events", len(txn.Events))
+			}
+		}
+	}
+}
+
+// BenchmarkDecodeTxn decodes one transaction (Begin, Insert, Commit) with one
+// event: a ~300-byte payload and three headers.
+func BenchmarkDecodeTxn(b *testing.B) {
+	if len(benchPayload) < 280 || len(benchPayload) > 320 {
+		b.Fatalf("payload is %d bytes", len(benchPayload))
+	}
+	// jsonb's key order: shorter keys first.
+	benchmarkTxn(b, text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`))
+}
+
+// BenchmarkDecodeTxnNoHeaders is the same with a NULL headers column, to show
+// what the JSON parsing of headers costs.
+func BenchmarkDecodeTxnNoHeaders(b *testing.B) {
+	benchmarkTxn(b, null)
+}

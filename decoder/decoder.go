@@ -1,0 +1,428 @@
+// Package decoder turns pgoutput (protocol version 1) messages into outbox
+// transactions.
+//
+// It is pure: no I/O, no goroutines, no clock. The replication loop hands it
+// the walData of every XLogData in log order. On Commit, Decode returns the
+// transaction with its outbox events. The caller adds every transaction to the
+// checkpoint tracker, including those without events, so that checkpoints keep
+// log order. Then it publishes the events.
+//
+// The parsing is written by hand instead of calling pglogrepl.Parse, which
+// allocates a struct per message and per column. Here an event allocates only
+// the bytes it keeps.
+package decoder
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Event is one outbox row, ready to publish. Every byte slice and string is
+// owned by the Event (copied out of walData), so it outlives the Decode call
+// and may be handed to another goroutine. The Payload and the Values of
+// Headers may share one backing array, capped so that an append to one can
+// never overwrite another.
+type Event struct {
+	ID            int64 // outbox.id
+	AggregateType string
+	AggregateID   string // never empty
+	EventType     string
+	// Payload is the payload column's text exactly as pgoutput sent it (for
+	// jsonb, Postgres's own rendering), not re-encoded.
+	Payload []byte
+	// Headers holds the top-level keys of the headers column in the order of
+	// the text pgoutput sent. jsonb stores keys sorted (shorter first), so that
+	// is the order you get, not the order the producer wrote. Headers is nil when
+	// the column is NULL or the table has no headers column, and empty but
+	// non-nil for {}.
+	Headers []Header
+	// LSN is the WAL position of the Insert: the walStart passed to Decode.
+	LSN pglogrepl.LSN
+}
+
+// Header is one top-level key of the headers JSON object. A JSON string value
+// is unquoted and unescaped (its UTF-8 text). Any other value (number, true,
+// false, null, object, array) is given as its compact JSON text, and numbers
+// keep their original text ("1.50" stays "1.50").
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Txn is one committed transaction. The Decoder returns it on Commit and does
+// not touch it again: the caller owns it.
+type Txn struct {
+	Xid        uint32
+	BeginLSN   pglogrepl.LSN // final LSN announced by Begin
+	CommitLSN  pglogrepl.LSN
+	EndLSN     pglogrepl.LSN // TransactionEndLSN from Commit: the unit to checkpoint
+	CommitTime time.Time     // UTC
+	Events     []Event       // in log order; empty when the transaction had no outbox rows
+}
+
+// Counts are running totals since New. Read them with Decoder.Counts, from
+// the goroutine that calls Decode.
+type Counts struct {
+	Txns           uint64 // Commits decoded, with or without events
+	Events         uint64 // events in the returned Txns
+	OtherTableRows uint64 // Inserts into tables other than the outbox
+	OtherMessages  uint64 // messages ignored: Update, Delete, Truncate, Type, Origin, Message, unknown
+}
+
+// Decoder holds the state of one replication stream: the relations seen so
+// far and the open transaction. It is used by a single goroutine (the
+// replication loop's handler) and is not safe for concurrent use. None of its
+// methods block.
+//
+// After Decode returns an error, the position in the stream is lost: stop,
+// and resume from the slot with a new Decoder.
+type Decoder struct {
+	schema, name string
+	table        string // schema.name, for errors
+
+	rels map[uint32]*relation
+
+	inTxn  bool
+	txn    Txn // the open transaction; Events grows until Commit hands it off
+	counts Counts
+
+	// Scratch reused across rows, so that a row allocates only what its
+	// Event keeps.
+	fields [numRoles]field // the outbox columns of the current row, pointing into walData
+	vals   bytes.Buffer    // header values of the current row, back to back
+	hdrs   []hdrSpan       // the keys of the current row and where their values sit in vals
+	raw    json.RawMessage // one header value as read
+	rd     bytes.Reader
+
+	// aggregate_type and event_type take few distinct values, so they are
+	// interned: most rows need no allocation for them.
+	intern map[string]string
+}
+
+// Interning stops at this many strings, or at strings this long, so that a
+// table with many distinct values cannot grow the map without bound.
+const (
+	maxInterned   = 1024
+	maxInternSize = 128
+)
+
+// New returns a Decoder for the outbox table named "schema.name", e.g.
+// "public.outbox". A name without a schema means schema public. Names are
+// compared exactly as pgoutput sends them: the unquoted, case-sensitive names
+// stored in the catalog. New is called once per replication stream, from any
+// goroutine, and does not block.
+func New(table string) (*Decoder, error) {
+	schema, name, ok := strings.Cut(table, ".")
+	if !ok {
+		schema, name = "public", table
+	}
+	if schema == "" || name == "" || strings.Contains(name, ".") {
+		return nil, fmt.Errorf("parse outbox table %q: want \"schema.name\" or \"name\"", table)
+	}
+	return &Decoder{
+		schema: schema,
+		name:   name,
+		table:  schema + "." + name,
+		rels:   make(map[uint32]*relation),
+		intern: make(map[string]string),
+	}, nil
+}
+
+// Decode consumes the walData of one XLogData message. It returns a non-nil
+// *Txn only on Commit, including for transactions with no outbox rows: the
+// caller needs them to keep the checkpoint order. walStart is the XLogData's
+// WALStart; it becomes Event.LSN and appears in errors.
+//
+// walData is not retained: the caller may reuse its buffer once Decode
+// returns. Errors are a *RowError for an outbox row that cannot become an
+// event, or wrap ErrProtocol for malformed or out-of-order messages. Either
+// way the stream cannot continue (see Decoder).
+//
+// Decode is called from the replication loop's goroutine only and does not
+// block.
+func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
+	if len(walData) == 0 {
+		return nil, protocolError(walStart, "message", "empty walData")
+	}
+	body := walData[1:]
+	switch walData[0] {
+	case 'B':
+		return nil, d.begin(walStart, body)
+	case 'C':
+		return d.commit(walStart, body)
+	case 'R':
+		return nil, d.relation(walStart, body)
+	case 'I':
+		return nil, d.insert(walStart, body)
+	default:
+		// Update, Delete, Truncate, Type, Origin, Message, and anything newer:
+		// none of them can create an outbox event.
+		d.counts.OtherMessages++
+		return nil, nil
+	}
+}
+
+// InTxn reports whether the Decoder is between a Begin and its Commit. The
+// replication loop's goroutine calls it before confirming an idle keepalive
+// position: that is only safe between transactions. It does not block.
+func (d *Decoder) InTxn() bool { return d.inTxn }
+
+// Counts returns the running totals. Call it from the goroutine that calls
+// Decode (e.g. to update metrics after each message); it does not block.
+func (d *Decoder) Counts() Counts { return d.counts }
+
+// begin handles Begin: Int64 final LSN, Int64 commit time, Int32 xid.
+func (d *Decoder) begin(lsn pglogrepl.LSN, b []byte) error {
+	if len(b) != 20 {
+		return protocolError(lsn, "Begin", "%d bytes, want 20", len(b))
+	}
+	if d.inTxn {
+		return protocolError(lsn, "Begin", "transaction %d is still open", d.txn.Xid)
+	}
+	c := cursor{b: b}
+	d.txn = Txn{
+		BeginLSN:   pglogrepl.LSN(c.u64()),
+		CommitTime: pgTime(c.u64()),
+		Xid:        c.u32(),
+	}
+	d.inTxn = true
+	return nil
+}
+
+// commit handles Commit: Int8 flags, Int64 commit LSN, Int64 end LSN, Int64
+// commit time.
+func (d *Decoder) commit(lsn pglogrepl.LSN, b []byte) (*Txn, error) {
+	if len(b) != 25 {
+		return nil, protocolError(lsn, "Commit", "%d bytes, want 25", len(b))
+	}
+	if !d.inTxn {
+		return nil, protocolError(lsn, "Commit", "no transaction is open")
+	}
+	c := cursor{b: b}
+	c.u8() // flags, unused
+	txn := d.txn
+	txn.CommitLSN = pglogrepl.LSN(c.u64())
+	txn.EndLSN = pglogrepl.LSN(c.u64())
+	txn.CommitTime = pgTime(c.u64())
+
+	d.txn = Txn{} // the caller owns txn.Events now
+	d.inTxn = false
+	d.counts.Txns++
+	d.counts.Events += uint64(len(txn.Events))
+	return &txn, nil
+}
+
+// pgEpoch is 2000-01-01 in Unix microseconds: Postgres timestamps count from
+// there.
+const pgEpoch = 946_684_800_000_000
+
+func pgTime(us uint64) time.Time {
+	return time.UnixMicro(int64(us) + pgEpoch).UTC()
+}
+
+// field is one outbox column of the row being decoded: its tuple data kind
+// ('n', 'u', 't', 'b', or 0 when the table has no such column) and its bytes,
+// which alias walData until Decode returns.
+type field struct {
+	kind byte
+	data []byte
+}
+
+// insert handles Insert: Int32 relation id, Byte1('N'), TupleData.
+func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
+	if !d.inTxn {
+		return protocolError(lsn, "Insert", "no transaction is open")
+	}
+	c := cursor{b: b}
+	relID := c.u32()
+	marker := c.u8()
+	n := int(c.u16())
+	if c.short {
+		return protocolError(lsn, "Insert", "truncated header")
+	}
+	if marker != 'N' {
+		return protocolError(lsn, "Insert", "tuple marker %q, want 'N'", marker)
+	}
+	rel := d.rels[relID]
+	if rel == nil {
+		return protocolError(lsn, "Insert", "relation id %d is unknown: its Relation message was never seen", relID)
+	}
+	if n != len(rel.roles) {
+		return protocolError(lsn, "Insert", "%d columns, but relation %s has %d", n, rel.table, len(rel.roles))
+	}
+
+	// Other tables' rows are walked too, so that a malformed one is caught.
+	outbox := rel.outbox
+	if outbox {
+		d.fields = [numRoles]field{}
+	}
+	for i := 0; i < n; i++ {
+		kind := c.u8()
+		var data []byte
+		switch kind {
+		case 'n', 'u':
+		case 't', 'b':
+			data = c.next(c.u32())
+		default:
+			if !c.short {
+				return protocolError(lsn, "Insert", "column %d of %s: tuple data kind %q", i, rel.table, kind)
+			}
+		}
+		if c.short {
+			return protocolError(lsn, "Insert", "truncated in column %d of %s", i, rel.table)
+		}
+		if outbox && rel.roles[i] != roleNone {
+			d.fields[rel.roles[i]] = field{kind: kind, data: data}
+		}
+	}
+	if c.off != len(b) {
+		return protocolError(lsn, "Insert", "%d bytes after the tuple", len(b)-c.off)
+	}
+
+	if !outbox {
+		d.counts.OtherTableRows++
+		return nil
+	}
+	ev, err := d.event(rel, lsn)
+	if err != nil {
+		return err
+	}
+	d.txn.Events = append(d.txn.Events, ev)
+	return nil
+}
+
+// event builds an Event from d.fields, copying every byte it keeps.
+func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, error) {
+	ev := Event{LSN: lsn}
+
+	// Parse the id first, so that every later error can name the row.
+	if rel.missing == "" {
+		text, why := d.text(roleID)
+		if why != nil {
+			return ev, d.rowError(0, lsn, roleID, why)
+		}
+		id, err := strconv.ParseInt(string(text), 10, 64)
+		if err != nil {
+			return ev, d.rowError(0, lsn, roleID, &reason{fmt.Sprintf("%q is not a 64-bit integer", text), hintProducer})
+		}
+		ev.ID = id
+	} else {
+		// The id column itself may be the missing one; if not, name the row.
+		if f := d.fields[roleID]; f.kind == 't' {
+			ev.ID, _ = strconv.ParseInt(string(f.data), 10, 64)
+		}
+		return ev, &RowError{
+			Table:  d.table,
+			ID:     ev.ID,
+			LSN:    lsn,
+			Column: rel.missing,
+			Reason: "is missing from the table",
+			hint:   hintMissing,
+		}
+	}
+
+	aggType, why := d.text(roleAggregateType)
+	if why != nil {
+		return ev, d.rowError(ev.ID, lsn, roleAggregateType, why)
+	}
+	aggID, why := d.text(roleAggregateID)
+	if why != nil {
+		return ev, d.rowError(ev.ID, lsn, roleAggregateID, why)
+	}
+	if len(aggID) == 0 {
+		// It is the Kafka key: an empty key loses per-aggregate ordering.
+		return ev, d.rowError(ev.ID, lsn, roleAggregateID, &reason{"is empty", hintProducer})
+	}
+	eventType, why := d.text(roleEventType)
+	if why != nil {
+		return ev, d.rowError(ev.ID, lsn, roleEventType, why)
+	}
+	payload, why := d.text(rolePayload)
+	if why != nil {
+		return ev, d.rowError(ev.ID, lsn, rolePayload, why)
+	}
+
+	hasHeaders := false
+	switch f := d.fields[roleHeaders]; f.kind {
+	case 0, 'n': // no headers column, or SQL NULL
+	case 't':
+		if r := d.parseHeaders(f.data); r != nil {
+			return ev, d.rowError(ev.ID, lsn, roleHeaders, r)
+		}
+		hasHeaders = true
+	default:
+		_, why := d.text(roleHeaders)
+		return ev, d.rowError(ev.ID, lsn, roleHeaders, why)
+	}
+
+	ev.AggregateType = d.str(aggType)
+	ev.AggregateID = string(aggID)
+	ev.EventType = d.str(eventType)
+
+	// One allocation for the payload and all header values.
+	var vals []byte
+	if hasHeaders {
+		vals = d.vals.Bytes()
+	}
+	buf := make([]byte, len(payload)+len(vals))
+	p := copy(buf, payload)
+	copy(buf[p:], vals)
+	ev.Payload = buf[:p:p]
+	if hasHeaders {
+		ev.Headers = make([]Header, len(d.hdrs))
+		for i, h := range d.hdrs {
+			ev.Headers[i] = Header{Key: h.key, Value: buf[p+h.start : p+h.end : p+h.end]}
+		}
+	}
+	return ev, nil
+}
+
+// text returns the text bytes of a required outbox column, or why there are
+// none.
+func (d *Decoder) text(r role) ([]byte, *reason) {
+	f := d.fields[r]
+	switch f.kind {
+	case 't':
+		return f.data, nil
+	case 'n':
+		return nil, &reason{"is NULL", hintProducer}
+	case 'u':
+		return nil, &reason{"is an unchanged TOAST value, which an Insert never carries", hintToast}
+	case 'b':
+		return nil, &reason{"is in binary format, which is not supported", hintBinary}
+	default: // unreachable: the relation has the column, so the tuple set it
+		return nil, &reason{"was not sent", hintProducer}
+	}
+}
+
+// str returns b as a string, interned while the intern map has room.
+func (d *Decoder) str(b []byte) string {
+	if s, ok := d.intern[string(b)]; ok { // no allocation for the lookup
+		return s
+	}
+	s := string(b)
+	if len(d.intern) < maxInterned && len(s) <= maxInternSize {
+		d.intern[s] = s
+	}
+	return s
+}
+
+func (d *Decoder) rowError(id int64, lsn pglogrepl.LSN, r role, why *reason) *RowError {
+	return &RowError{
+		Table:  d.table,
+		ID:     id,
+		LSN:    lsn,
+		Column: roleNames[r],
+		Reason: why.text,
+		hint:   why.hint,
+	}
+}
+
+// reason is why a column cannot become part of an event, and what to do.
+type reason struct{ text, hint string }

@@ -1,0 +1,163 @@
+package decoder_test
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/decoder"
+)
+
+// frame joins messages into one fuzz input: each is a big-endian uint16
+// length and the bytes.
+func frame(msgs ...[]byte) []byte {
+	var b []byte
+	for _, m := range msgs {
+		b = be.AppendUint16(b, uint16(len(m)))
+		b = append(b, m...)
+	}
+	return b
+}
+
+// unframe splits a fuzz input back into messages; a length running past the
+// end takes what is left.
+func unframe(b []byte) [][]byte {
+	var msgs [][]byte
+	for len(b) >= 2 && len(msgs) < 64 {
+		n := int(be.Uint16(b))
+		b = b[2:]
+		n = min(n, len(b))
+		msgs = append(msgs, b[:n])
+		b = b[n:]
+	}
+	return msgs
+}
+
+// outcome is what one Decode call returned.
+type outcome struct {
+	txn *decoder.Txn
+	err string
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(frame(validStream()...))
+	f.Add(frame(
+		message(false, 0x1000, "app", "x"),
+		begin(0x2000, 1),
+		origin(0x1F00, "node_a"),
+		typ(17000, "public", "mood"),
+		outboxRelation(),
+		update(outboxID, row("5", "order", "o-1", "E", `{}`, null)...),
+		del(outboxID, text("5")),
+		truncate(outboxID),
+		insert(outboxID, row("6", "order", "o-1", "E", `{"a": "b"}`, text(`{"k": ["v", 1.0]}`))...),
+		commit(0x2000, 0x2030),
+		begin(0x3000, 2),
+		relation(outboxID, "public", "outbox", "headers", "payload", "event_type", "aggregate_id", "aggregate_type", "id", "x"),
+		insert(outboxID, text(`{"q": "\"\u00e9"}`), text(`1`), text("E"), text("o-2"), text("order"), text("7"), toast),
+		commit(0x3000, 0x3030),
+	))
+	for _, m := range validStream() {
+		f.Add(frame(begin(0x2000, 1), outboxRelation(), m))
+	}
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		msgs := unframe(data)
+
+		// First pass: through one reused, scribbled buffer, checking the
+		// invariants after every call. Decoding goes on after errors, to
+		// reach the states they leave behind.
+		d, err := decoder.New("public.outbox")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var (
+			got     []outcome
+			pending []pglogrepl.LSN // LSNs of the outbox Inserts since Begin
+			buf     = make([]byte, 0, 512)
+		)
+		for i, m := range msgs {
+			buf = append(buf[:0], m...)
+			wasIn, before := d.InTxn(), d.Counts()
+			txn, err := d.Decode(lsnAt(i), buf)
+			full := buf[:cap(buf)]
+			for j := range full {
+				full[j] = 0xA5
+			}
+			after := d.Counts()
+			got = append(got, outcome{txn, errString(err)})
+
+			if err != nil {
+				var re *decoder.RowError
+				isRow, isProto := errors.As(err, &re), errors.Is(err, decoder.ErrProtocol)
+				if isRow == isProto {
+					t.Fatalf("message %d: error %v is RowError=%v ErrProtocol=%v, want exactly one", i, err, isRow, isProto)
+				}
+				if txn != nil || after != before || d.InTxn() != wasIn {
+					t.Fatalf("message %d: failed Decode changed state (txn %v, counts %+v -> %+v)", i, txn != nil, before, after)
+				}
+				continue
+			}
+			switch m[0] {
+			case 'B':
+				if wasIn || !d.InTxn() || txn != nil || after != before {
+					t.Fatalf("message %d: Begin: wasIn=%v InTxn=%v txn=%v", i, wasIn, d.InTxn(), txn != nil)
+				}
+				pending = pending[:0]
+			case 'C':
+				if !wasIn || d.InTxn() || txn == nil {
+					t.Fatalf("message %d: Commit: wasIn=%v InTxn=%v txn=%v", i, wasIn, d.InTxn(), txn != nil)
+				}
+				if after.Txns != before.Txns+1 || after.Events != before.Events+uint64(len(txn.Events)) {
+					t.Fatalf("message %d: Commit counts %+v -> %+v for %d events", i, before, after, len(txn.Events))
+				}
+				if len(txn.Events) != len(pending) {
+					t.Fatalf("message %d: %d events, want %d", i, len(txn.Events), len(pending))
+				}
+				for j, ev := range txn.Events {
+					if ev.LSN != pending[j] || ev.AggregateID == "" || ev.Payload == nil {
+						t.Fatalf("message %d: event %d = %+v, want LSN %s and a non-empty AggregateID and Payload", i, j, ev, pending[j])
+					}
+				}
+			case 'I':
+				if !wasIn || !d.InTxn() || txn != nil || after.Txns != before.Txns || after.Events != before.Events {
+					t.Fatalf("message %d: Insert changed transaction state", i)
+				}
+				if after.OtherTableRows == before.OtherTableRows {
+					pending = append(pending, lsnAt(i))
+				} else if after.OtherTableRows != before.OtherTableRows+1 {
+					t.Fatalf("message %d: OtherTableRows %d -> %d", i, before.OtherTableRows, after.OtherTableRows)
+				}
+			case 'R':
+				if txn != nil || after != before || d.InTxn() != wasIn {
+					t.Fatalf("message %d: Relation changed state", i)
+				}
+			default:
+				want := before
+				want.OtherMessages++
+				if txn != nil || after != want || d.InTxn() != wasIn {
+					t.Fatalf("message %d: ignored message %q: counts %+v -> %+v", i, m[0], before, after)
+				}
+			}
+		}
+
+		// Second pass: the same messages as fresh copies. Any difference
+		// means the first pass kept bytes of a buffer it did not own.
+		d2, _ := decoder.New("public.outbox")
+		for i, m := range msgs {
+			txn, err := d2.Decode(lsnAt(i), append([]byte(nil), m...))
+			if want := (outcome{txn, errString(err)}); !reflect.DeepEqual(got[i], want) {
+				t.Fatalf("message %d: decoding through a reused buffer gave %+v, fresh copies %+v", i, got[i], want)
+			}
+		}
+	})
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,0 +1,124 @@
+// Package replication owns the PostgreSQL side of the relay: it checks the
+// server, slot and publication, runs START_REPLICATION on a pgoutput slot,
+// hands every XLogData payload to a Handler, and reports the confirmed
+// position back in standby status updates. It is the only code that touches
+// the replication connection.
+package replication
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Config is the replication part of the relay's configuration.
+type Config struct {
+	// URL is a libpq connection string or URL. It must reach the primary
+	// directly (no transaction-pooling proxy): replication needs a session.
+	URL string `yaml:"url"`
+	// Slot is the logical replication slot; created if missing, never dropped.
+	Slot string `yaml:"slot"`
+	// Publication names the publication the slot streams.
+	Publication string `yaml:"publication"`
+	// Table is the outbox table as schema.name.
+	Table string `yaml:"table"`
+	// CreatePublication lets the relay create a missing publication.
+	CreatePublication bool `yaml:"create_publication"`
+	// StatusInterval is how often standby status updates are sent. It must
+	// stay below wal_sender_timeout/2, which is checked at start.
+	StatusInterval time.Duration `yaml:"status_interval"`
+	// ReconnectMin and ReconnectMax bound the exponential reconnect backoff.
+	ReconnectMin time.Duration `yaml:"reconnect_min"`
+	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// LagPollInterval is how often slot lag is read on a normal connection.
+	LagPollInterval time.Duration `yaml:"lag_poll_interval"`
+}
+
+// DefaultConfig returns the defaults documented in the README.
+func DefaultConfig() Config {
+	return Config{
+		Slot:              "outbox_relay",
+		Publication:       "outbox_pub",
+		Table:             "public.outbox",
+		CreatePublication: true,
+		StatusInterval:    time.Second,
+		ReconnectMin:      200 * time.Millisecond,
+		ReconnectMax:      30 * time.Second,
+		LagPollInterval:   5 * time.Second,
+	}
+}
+
+var (
+	slotRe  = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+	identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+)
+
+// Validate reports every invalid field, each named by its config key under
+// prefix (e.g. "postgres.").
+func (c Config) Validate(prefix string) error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s%s: %s", prefix, key, fmt.Sprintf(format, a...)))
+	}
+	if c.URL == "" {
+		bad("url", "is empty; set it to the outbox database, e.g. postgres://user:password@host:5432/db")
+	} else if _, err := pgconn.ParseConfig(c.URL); err != nil {
+		// pgconn's parse errors can quote the string; never echo it.
+		bad("url", "cannot be parsed as a PostgreSQL connection string or URL")
+	}
+	if !slotRe.MatchString(c.Slot) {
+		bad("slot", "%q is not a valid slot name: use 1-63 lower-case letters, digits or underscores", c.Slot)
+	}
+	if !identRe.MatchString(c.Publication) {
+		bad("publication", "%q is not a plain identifier: use letters, digits and underscores", c.Publication)
+	}
+	if _, _, err := SplitTable(c.Table); err != nil {
+		bad("table", "%v", err)
+	}
+	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > time.Minute {
+		bad("status_interval", "%s is out of range: use 10ms..1m (default 1s)", c.StatusInterval)
+	}
+	if c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin {
+		bad("reconnect_min", "%s..%s is not a valid backoff range: need 0 < reconnect_min <= reconnect_max", c.ReconnectMin, c.ReconnectMax)
+	}
+	if c.LagPollInterval < 100*time.Millisecond {
+		bad("lag_poll_interval", "%s is too short: use at least 100ms (default 5s)", c.LagPollInterval)
+	}
+	return errors.Join(errs...)
+}
+
+// SplitTable splits "schema.name" (a bare name means schema public).
+func SplitTable(t string) (schema, name string, err error) {
+	schema, name = "public", t
+	if i := strings.IndexByte(t, '.'); i >= 0 {
+		schema, name = t[:i], t[i+1:]
+	}
+	if !identRe.MatchString(schema) || !identRe.MatchString(name) {
+		return "", "", fmt.Errorf("%q is not schema.table with plain identifiers (e.g. public.outbox)", t)
+	}
+	return schema, name, nil
+}
+
+// RedactURL returns the connection string with any password replaced, for
+// logs and errors.
+func RedactURL(s string) string {
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	// keyword=value form
+	re := regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+	return re.ReplaceAllString(s, "${1}xxxxx")
+}

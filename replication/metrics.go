@@ -1,0 +1,130 @@
+package replication
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Metrics are the replication gauges and counters. Build with NewMetrics.
+type Metrics struct {
+	received       prometheus.Gauge
+	confirmed      prometheus.Gauge
+	reconnects     prometheus.Counter
+	slotLag        prometheus.Gauge
+	slotRetained   prometheus.Gauge
+	slotActive     prometheus.Gauge
+	slotWALStatus  *prometheus.GaugeVec
+	lagPollErrors  prometheus.Counter
+	lastLagSuccess prometheus.Gauge
+}
+
+// NewMetrics registers the metrics on reg; a nil reg leaves them unregistered
+// (tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		received: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_received_lsn",
+			Help: "Highest WAL position received from the slot, as a number."}),
+		confirmed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_confirmed_lsn",
+			Help: "WAL position last confirmed to PostgreSQL (flush/apply): every event before it is acked by Kafka."}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_replication_reconnects_total",
+			Help: "Replication sessions that ended with an error and were retried."}),
+		slotLag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_slot_lag_bytes",
+			Help: "pg_current_wal_lsn() - confirmed_flush_lsn of the slot."}),
+		slotRetained: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_slot_retained_wal_bytes",
+			Help: "pg_current_wal_lsn() - restart_lsn of the slot: WAL the server keeps for it."}),
+		slotActive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_slot_active",
+			Help: "1 when a walsender is attached to the slot."}),
+		slotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_relay_slot_wal_status",
+			Help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost)."}, []string{"status"}),
+		lagPollErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_lag_poll_errors_total",
+			Help: "Failed reads of slot lag."}),
+		lastLagSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_slot_lag_last_success_timestamp_seconds",
+			Help: "Unix time of the last successful slot lag read."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.received, m.confirmed, m.reconnects, m.slotLag, m.slotRetained, m.slotActive,
+			m.slotWALStatus, m.lagPollErrors, m.lastLagSuccess)
+	}
+	return m
+}
+
+// PollLag reads the slot's lag on a normal connection every interval until
+// ctx ends. It reconnects on errors and never stops the relay.
+func PollLag(ctx context.Context, cfg Config, m *Metrics, log zerolog.Logger) {
+	log = log.With().Str("component", "lag").Str("slot", cfg.Slot).Logger()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	t := time.NewTicker(cfg.LagPollInterval)
+	defer t.Stop()
+	for {
+		if conn == nil {
+			c, err := pgx.Connect(ctx, cfg.URL)
+			if err != nil {
+				m.lagPollErrors.Inc()
+				log.Debug().Err(err).Msg("lag poll connect failed")
+			} else {
+				conn = c
+			}
+		}
+		if conn != nil {
+			if err := pollOnce(ctx, conn, cfg.Slot, m); err != nil {
+				m.lagPollErrors.Inc()
+				log.Debug().Err(err).Msg("lag poll failed")
+				conn.Close(context.WithoutCancel(ctx))
+				conn = nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func pollOnce(ctx context.Context, conn *pgx.Conn, slot string, m *Metrics) error {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var (
+		lag, retained *int64
+		walStatus     *string
+		active        bool
+	)
+	err := conn.QueryRow(qctx, `SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint,
+		(pg_current_wal_lsn() - restart_lsn)::bigint, wal_status, active
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&lag, &retained, &walStatus, &active)
+	if err == pgx.ErrNoRows {
+		// No slot: lag is unknown, not zero. Leave the last values and say so.
+		m.slotWALStatus.Reset()
+		m.slotWALStatus.WithLabelValues("missing").Set(1)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if lag != nil {
+		m.slotLag.Set(float64(*lag))
+	}
+	if retained != nil {
+		m.slotRetained.Set(float64(*retained))
+	}
+	if active {
+		m.slotActive.Set(1)
+	} else {
+		m.slotActive.Set(0)
+	}
+	m.slotWALStatus.Reset()
+	if walStatus != nil {
+		m.slotWALStatus.WithLabelValues(*walStatus).Set(1)
+	}
+	m.lastLagSuccess.SetToCurrentTime()
+	return nil
+}

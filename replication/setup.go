@@ -1,0 +1,229 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// RequiredColumns are the outbox columns the relay reads; headers is optional.
+var RequiredColumns = []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload"}
+
+// SlotInfo is what the relay needs to know about its slot at start.
+type SlotInfo struct {
+	ConfirmedFlush pglogrepl.LSN
+	RestartLSN     pglogrepl.LSN
+	WALStatus      string
+	ActivePID      int32 // 0 when no walsender uses the slot
+	Created        bool  // created by this call
+}
+
+// Prepare checks the server and the outbox objects on a normal connection and
+// creates the publication and slot when missing. Every problem an operator
+// must fix comes back as a FatalError that says how to fix it. It is safe to
+// call concurrently with another relay: creation races are tolerated.
+func Prepare(ctx context.Context, cfg Config) (SlotInfo, error) {
+	conn, err := pgx.Connect(ctx, cfg.URL)
+	if err != nil {
+		return SlotInfo{}, fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return SlotInfo{}, fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		return SlotInfo{}, Fatal(fmt.Errorf("postgres wal_level is %q but logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf) and restart PostgreSQL", walLevel))
+	}
+	if err := checkTable(ctx, conn, cfg.Table); err != nil {
+		return SlotInfo{}, err
+	}
+	if err := ensurePublication(ctx, conn, cfg); err != nil {
+		return SlotInfo{}, err
+	}
+	info, found, err := readSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	if !found {
+		if err := createSlot(ctx, cfg); err != nil {
+			return SlotInfo{}, err
+		}
+		info, found, err = readSlot(ctx, conn, cfg.Slot)
+		if err != nil {
+			return SlotInfo{}, err
+		}
+		if !found {
+			return SlotInfo{}, fmt.Errorf("slot %q vanished right after it was created", cfg.Slot)
+		}
+		info.Created = true
+	}
+	return info, nil
+}
+
+func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
+	schema, name, err := SplitTable(table)
+	if err != nil {
+		return Fatal(err)
+	}
+	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_attribute a
+		JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, schema, name)
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", table, err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read columns of %s: %w", table, err)
+	}
+	if len(have) == 0 {
+		return Fatal(fmt.Errorf("outbox table %s does not exist: run `outbox-relay migrate` with the same config, or set postgres.table", table))
+	}
+	var missing []string
+	for _, c := range RequiredColumns {
+		found := false
+		for _, h := range have {
+			found = found || h == c
+		}
+		if !found {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) > 0 {
+		return Fatal(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, strings.Join(missing, ", ")))
+	}
+	return nil
+}
+
+func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config) error {
+	schema, name, _ := SplitTable(cfg.Table)
+	var pubInsert bool
+	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
+	if errors.Is(err, pgx.ErrNoRows) {
+		if !cfg.CreatePublication {
+			return Fatal(fmt.Errorf("publication %q does not exist and postgres.create_publication is false: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize()))
+		}
+		_, err = conn.Exec(ctx, CreatePublicationSQL(cfg.Publication, cfg.Table))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
+			err = nil
+		}
+		if err != nil {
+			return fmt.Errorf("create publication %q: %w", cfg.Publication, err)
+		}
+		pubInsert = true
+	} else if err != nil {
+		return fmt.Errorf("read publication %q: %w", cfg.Publication, err)
+	}
+	if !pubInsert {
+		return Fatal(fmt.Errorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize()))
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+		cfg.Publication, schema, name).Scan(&n); err != nil {
+		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
+	}
+	if n == 0 {
+		return Fatal(fmt.Errorf("publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, cfg.Table,
+			pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize()))
+	}
+	return nil
+}
+
+// CreatePublicationSQL is the statement that creates the insert-only
+// publication for the outbox table.
+func CreatePublicationSQL(publication, table string) string {
+	schema, name, _ := SplitTable(table)
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+		pgx.Identifier{publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize())
+}
+
+func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool, error) {
+	var (
+		info              SlotInfo
+		plugin, slotType  *string
+		database          *string
+		confirmed, restrt *string
+		walStatus         *string
+		pid               *int32
+		currentDB         string
+	)
+	err := conn.QueryRow(ctx, `SELECT plugin, slot_type, database, confirmed_flush_lsn::text, restart_lsn::text,
+		wal_status, active_pid, current_database() FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		Scan(&plugin, &slotType, &database, &confirmed, &restrt, &walStatus, &pid, &currentDB)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return info, false, nil
+	}
+	if err != nil {
+		return info, false, fmt.Errorf("read slot %q: %w", slot, err)
+	}
+	str := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	if str(slotType) != "logical" || str(plugin) != "pgoutput" {
+		return info, false, Fatal(fmt.Errorf("slot %q exists but is a %s slot with plugin %q; the relay needs a logical pgoutput slot: choose another postgres.slot name, or drop that slot if nothing else uses it", slot, str(slotType), str(plugin)))
+	}
+	if str(database) != currentDB {
+		return info, false, Fatal(fmt.Errorf("slot %q belongs to database %q, not %q: connect to that database or choose another postgres.slot", slot, str(database), currentDB))
+	}
+	info.WALStatus = str(walStatus)
+	if info.WALStatus == "lost" {
+		return info, false, Fatal(fmt.Errorf("slot %q is invalidated (wal_status = lost): WAL it needed was removed, so events may be missing. Drop and recreate the slot (SELECT pg_drop_replication_slot('%s')), then republish rows with published_at IS NULL from the outbox table; raise max_slot_wal_keep_size to prevent it", slot, slot))
+	}
+	if confirmed != nil {
+		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
+			return info, false, fmt.Errorf("parse confirmed_flush_lsn of slot %q: %w", slot, err)
+		}
+	}
+	if restrt != nil {
+		if info.RestartLSN, err = pglogrepl.ParseLSN(*restrt); err != nil {
+			return info, false, fmt.Errorf("parse restart_lsn of slot %q: %w", slot, err)
+		}
+	}
+	if pid != nil {
+		info.ActivePID = *pid
+	}
+	return info, true, nil
+}
+
+func createSlot(ctx context.Context, cfg Config) error {
+	conn, err := connectReplication(ctx, cfg.URL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create slot %q: %w", cfg.Slot, err)
+	}
+	return nil
+}
+
+func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	pc, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
+	}
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = "outbox-relay"
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open replication connection: %w", err)
+	}
+	return conn, nil
+}

@@ -1,0 +1,366 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/rs/zerolog"
+)
+
+// Handler receives each XLogData payload in WAL order, on the stream's loop
+// goroutine. It may block (backpressure): status updates keep flowing while it
+// does. walData is only valid until the handler returns. A returned error
+// stops the relay (it is treated as fatal).
+type Handler func(ctx context.Context, walStart pglogrepl.LSN, walData []byte) error
+
+// Progress is the ack side as the stream sees it; the pipeline implements it.
+type Progress interface {
+	// Flushed is the position every event before which is acked; it goes
+	// into Flush and Apply of each status update. Any goroutine.
+	Flushed() pglogrepl.LSN
+	// Idle is called with a keepalive's WAL end; the implementation advances
+	// only when nothing is in flight and no transaction is open.
+	Idle(walEnd pglogrepl.LSN)
+	// Drain blocks until every event handed over so far is acked (or ctx
+	// ends) and forgets any partially received transaction. The stream calls
+	// it before reconnecting and at shutdown.
+	Drain(ctx context.Context) error
+}
+
+// Stream runs the replication session. Create with NewStream, then Run once.
+type Stream struct {
+	cfg      Config
+	log      zerolog.Logger
+	metrics  *Metrics
+	progress Progress
+
+	mu   sync.Mutex // guards conn: pgconn is not safe for concurrent use
+	conn *pgconn.PgConn
+
+	received     atomic.Uint64 // highest WAL position seen
+	streaming    atomic.Bool
+	lastSentMu   sync.Mutex
+	lastSentTime time.Time
+	// DrainTimeout bounds the wait for acks at shutdown.
+	DrainTimeout time.Duration
+}
+
+// NewStream validates cfg and allocates; it starts nothing.
+func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*Stream, error) {
+	if err := cfg.Validate("postgres."); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Stream{
+		cfg: cfg, progress: progress, metrics: m, DrainTimeout: 30 * time.Second,
+		log: log.With().Str("component", "replication").Str("slot", cfg.Slot).Logger(),
+	}, nil
+}
+
+// Streaming reports whether a replication session is currently streaming.
+// Any goroutine; used by /readyz.
+func (s *Stream) Streaming() bool { return s.streaming.Load() }
+
+// Received returns the highest WAL position received.
+func (s *Stream) Received() pglogrepl.LSN { return pglogrepl.LSN(s.received.Load()) }
+
+// Run streams until ctx ends or a fatal error. Connection losses are retried
+// with capped exponential backoff and jitter, resuming from the slot. On ctx
+// end it stops reading, waits (bounded) for in-flight acks, sends a final
+// status update and returns nil.
+func (s *Stream) Run(ctx context.Context, h Handler) error {
+	backoff := s.cfg.ReconnectMin
+	for {
+		started := time.Now()
+		err := s.session(ctx, h)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if IsFatal(err) {
+			return err
+		}
+		s.metrics.reconnects.Inc()
+		if time.Since(started) > time.Minute {
+			backoff = s.cfg.ReconnectMin // the session was healthy for a while
+		}
+		// Full jitter on the upper half keeps relays from reconnecting in step.
+		sleep := backoff/2 + rand.N(backoff/2+1)
+		s.log.Warn().Err(err).Dur("retry_in", sleep).Msg("replication session ended; reconnecting")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(sleep):
+		}
+		backoff = min(backoff*2, s.cfg.ReconnectMax)
+	}
+}
+
+// session runs one replication connection from setup to end.
+func (s *Stream) session(ctx context.Context, h Handler) (err error) {
+	// Everything handed over in an earlier session must be acked before the
+	// new one starts, so the start position covers it and nothing is sent
+	// twice by the server.
+	if err := s.progress.Drain(ctx); err != nil {
+		return err
+	}
+	info, err := Prepare(ctx, s.cfg)
+	if err != nil {
+		return err
+	}
+	if info.Created {
+		s.log.Warn().Msg("created replication slot; outbox rows committed before now are not streamed (republish them from the table if needed)")
+	}
+	conn, err := connectReplication(ctx, s.cfg.URL)
+	if err != nil {
+		return err
+	}
+	if err := s.checkSenderTimeout(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	start := max(info.ConfirmedFlush, s.progress.Flushed())
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{
+			"proto_version '1'",
+			fmt.Sprintf("publication_names '%s'", s.cfg.Publication),
+		},
+	})
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			return fmt.Errorf("start replication on slot %q: slot is used by another process (pid %d); is another relay running? %w", s.cfg.Slot, info.ActivePID, err)
+		}
+		return fmt.Errorf("start replication on slot %q at %s: %w", s.cfg.Slot, start, err)
+	}
+	s.log.Info().Str("lsn", start.String()).Str("confirmed_flush_lsn", info.ConfirmedFlush.String()).Msg("replication started")
+	if uint64(start) > s.received.Load() {
+		s.received.Store(uint64(start))
+	}
+
+	s.mu.Lock()
+	s.conn = conn
+	s.mu.Unlock()
+	s.streaming.Store(true)
+	// The pinger outlives ctx: it must keep answering during the final drain.
+	pingCtx, stopPing := context.WithCancel(context.WithoutCancel(ctx))
+	go s.pinger(pingCtx)
+	defer func() {
+		s.streaming.Store(false)
+		s.finish(ctx, stopPing)
+	}()
+
+	return s.loop(ctx, h)
+}
+
+// checkSenderTimeout refuses a status interval that lets the walsender time
+// the connection out.
+func (s *Stream) checkSenderTimeout(ctx context.Context, conn *pgconn.PgConn) error {
+	res, err := conn.Exec(ctx, "SHOW wal_sender_timeout").ReadAll()
+	if err != nil || len(res) == 0 || len(res[0].Rows) == 0 {
+		return fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	d, err := parsePGDuration(string(res[0].Rows[0][0]))
+	if err != nil || d == 0 { // 0 disables the timeout
+		return nil
+	}
+	if s.cfg.StatusInterval >= d/2 {
+		return Fatal(fmt.Errorf("postgres.status_interval %s must be below wal_sender_timeout/2 (%s): lower it", s.cfg.StatusInterval, d/2))
+	}
+	return nil
+}
+
+// loop receives messages until ctx ends or the connection fails.
+func (s *Stream) loop(ctx context.Context, h Handler) error {
+	next := time.Now().Add(s.cfg.StatusInterval)
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !time.Now().Before(next) {
+			s.mu.Lock()
+			err := s.sendStatus(false)
+			s.mu.Unlock()
+			if err != nil {
+				return err
+			}
+			next = time.Now().Add(s.cfg.StatusInterval)
+		}
+		s.mu.Lock()
+		rctx, cancel := context.WithDeadline(ctx, next)
+		msg, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		s.mu.Unlock()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive from slot %q: %w", s.cfg.Slot, err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handleCopyData(ctx, h, m.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("slot %q: server error: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("slot %q: server ended the replication stream", s.cfg.Slot)
+		default:
+			s.log.Debug().Type("message", msg).Msg("unexpected message ignored")
+		}
+	}
+}
+
+func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		s.observe(ka.ServerWALEnd)
+		// Every XLogData before this keepalive was handled on this goroutine,
+		// so the progress can judge whether it is idle.
+		s.progress.Idle(ka.ServerWALEnd)
+		if ka.ReplyRequested {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.sendStatus(false)
+		}
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse XLogData: %w", err)
+		}
+		s.observe(xld.WALStart)
+		if err := h(ctx, xld.WALStart, xld.WALData); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return Fatal(fmt.Errorf("handle WAL at %s: %w", xld.WALStart, err))
+		}
+	}
+	return nil
+}
+
+func (s *Stream) observe(lsn pglogrepl.LSN) {
+	for {
+		cur := s.received.Load()
+		if uint64(lsn) <= cur || s.received.CompareAndSwap(cur, uint64(lsn)) {
+			break
+		}
+	}
+	s.metrics.received.Set(float64(s.received.Load()))
+}
+
+// sendStatus sends a standby status update. Caller holds s.mu.
+func (s *Stream) sendStatus(requestReply bool) error {
+	flushed := s.progress.Flushed()
+	if flushed == 0 {
+		return nil // pglogrepl would copy Write into a zero Flush: never confirm unacked data
+	}
+	write := max(s.Received(), flushed)
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: write,
+		WALFlushPosition: flushed,
+		WALApplyPosition: flushed,
+		ClientTime:       time.Now(),
+		ReplyRequested:   requestReply,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status (flush %s) on slot %q: %w", flushed, s.cfg.Slot, err)
+	}
+	s.metrics.confirmed.Set(float64(flushed))
+	s.lastSentMu.Lock()
+	s.lastSentTime = time.Now()
+	s.lastSentMu.Unlock()
+	return nil
+}
+
+// pinger keeps status updates flowing while the loop is blocked in the
+// handler (backpressure), so the walsender never times the connection out.
+func (s *Stream) pinger(ctx context.Context) {
+	t := time.NewTicker(s.cfg.StatusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !s.mu.TryLock() {
+			continue // the loop holds the conn and sends on its own deadline
+		}
+		s.lastSentMu.Lock()
+		stale := time.Since(s.lastSentTime) >= s.cfg.StatusInterval
+		s.lastSentMu.Unlock()
+		if stale && s.conn != nil {
+			if err := s.sendStatus(false); err != nil {
+				s.log.Warn().Err(err).Msg("status update from pinger failed")
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// finish drains acks (bounded), sends the final status update and closes the
+// connection. The pinger keeps answering while the drain waits.
+func (s *Stream) finish(ctx context.Context, stopPing func()) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.DrainTimeout)
+	if err := s.progress.Drain(dctx); err != nil {
+		s.log.Warn().Err(err).Msg("in-flight events not all acked before the drain deadline; they will be resent after restart")
+	}
+	cancel()
+	stopPing()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.sendStatus(false); err != nil {
+		s.log.Warn().Err(err).Msg("final status update failed")
+	} else {
+		s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("final status update sent")
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.conn.Close(cctx)
+	s.conn = nil
+}
+
+// parsePGDuration parses a SHOW result such as "60s", "500ms", "1min" or "0".
+func parsePGDuration(v string) (time.Duration, error) {
+	units := []struct {
+		suffix string
+		unit   time.Duration
+	}{{"ms", time.Millisecond}, {"min", time.Minute}, {"s", time.Second}, {"h", time.Hour}, {"d", 24 * time.Hour}}
+	for _, u := range units {
+		if len(v) > len(u.suffix) && v[len(v)-len(u.suffix):] == u.suffix {
+			var n int64
+			if _, err := fmt.Sscanf(v[:len(v)-len(u.suffix)], "%d", &n); err != nil {
+				return 0, err
+			}
+			return time.Duration(n) * u.unit, nil
+		}
+	}
+	var n int64
+	if _, err := fmt.Sscanf(v, "%d", &n); err != nil {
+		return 0, err
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}

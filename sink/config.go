@@ -1,0 +1,106 @@
+// Package sink publishes outbox events to Kafka with sarama's AsyncProducer
+// (idempotent, acks=all, one request in flight per broker, murmur2
+// partitioning like the Java client) and reports each broker verdict to the
+// message's Done callback.
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// Config is the Kafka part of the relay's configuration.
+type Config struct {
+	Brokers []string `yaml:"brokers"`
+	// ClientID is sent to the broker with every request.
+	ClientID string `yaml:"client_id"`
+	// TopicTemplate routes each event; {aggregate_type} and {event_type} are
+	// replaced by the row's values. A template without placeholders is a
+	// fixed topic.
+	TopicTemplate string `yaml:"topic_template"`
+	// Compression: none, gzip, snappy, lz4 or zstd.
+	Compression string `yaml:"compression"`
+	// FlushFrequency, FlushMessages and FlushBytes batch producer requests:
+	// a batch goes out when any one is reached.
+	FlushFrequency time.Duration `yaml:"flush_frequency"`
+	FlushMessages  int           `yaml:"flush_messages"`
+	FlushBytes     int           `yaml:"flush_bytes"`
+	// MaxMessageBytes must not exceed the broker's message.max.bytes.
+	MaxMessageBytes int `yaml:"max_message_bytes"`
+	// Version is the Kafka protocol version to speak, e.g. 3.6.0.
+	Version string `yaml:"version"`
+	// RetryBackoffMax caps the exponential backoff between retries of a
+	// failed produce; retries go on until the broker takes the batch.
+	RetryBackoffMax time.Duration `yaml:"retry_backoff_max"`
+	// RetryMax is how many times one batch is retried before the error
+	// stops the relay (default 1000: about an hour with a 5s backoff cap).
+	RetryMax int `yaml:"retry_max"`
+}
+
+// DefaultConfig returns the defaults documented in the README.
+func DefaultConfig() Config {
+	return Config{
+		ClientID:        "outbox-relay",
+		TopicTemplate:   "outbox.event.{aggregate_type}",
+		Compression:     "none",
+		FlushFrequency:  time.Millisecond,
+		FlushMessages:   0,
+		FlushBytes:      0,
+		MaxMessageBytes: 1000000,
+		Version:         "3.6.0",
+		RetryBackoffMax: 5 * time.Second,
+		RetryMax:        1000,
+	}
+}
+
+var compressions = map[string]sarama.CompressionCodec{
+	"none": sarama.CompressionNone, "gzip": sarama.CompressionGZIP, "snappy": sarama.CompressionSnappy,
+	"lz4": sarama.CompressionLZ4, "zstd": sarama.CompressionZSTD,
+}
+
+// Validate reports every invalid field, each named by its key under prefix.
+func (c Config) Validate(prefix string) error {
+	var errs []error
+	bad := func(key, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s%s: %s", prefix, key, fmt.Sprintf(format, a...)))
+	}
+	if len(c.Brokers) == 0 {
+		bad("brokers", "is empty; list at least one host:port (env OUTBOX_RELAY_KAFKA_BROKERS, comma-separated)")
+	}
+	for _, b := range c.Brokers {
+		if i := strings.LastIndexByte(b, ':'); i <= 0 || i == len(b)-1 {
+			bad("brokers", "%q is not host:port", b)
+		}
+	}
+	if c.ClientID == "" {
+		bad("client_id", "is empty")
+	}
+	if _, err := ParseTemplate(c.TopicTemplate); err != nil {
+		bad("topic_template", "%v", err)
+	}
+	if _, ok := compressions[c.Compression]; !ok {
+		bad("compression", "%q is not one of none, gzip, snappy, lz4, zstd", c.Compression)
+	}
+	if c.FlushFrequency < 0 || c.FlushMessages < 0 || c.FlushBytes < 0 {
+		bad("flush_frequency", "flush settings must not be negative")
+	}
+	if c.MaxMessageBytes < 1024 {
+		bad("max_message_bytes", "%d is too small: use the broker's message.max.bytes (default 1000000)", c.MaxMessageBytes)
+	}
+	if _, err := sarama.ParseKafkaVersion(c.Version); err != nil {
+		bad("version", "%q is not a Kafka version like 3.6.0", c.Version)
+	} else if v, _ := sarama.ParseKafkaVersion(c.Version); !v.IsAtLeast(sarama.V0_11_0_0) {
+		bad("version", "%q is too old: idempotent produce needs 0.11 or later", c.Version)
+	}
+	if c.RetryBackoffMax < 10*time.Millisecond {
+		bad("retry_backoff_max", "%s is too short: use at least 10ms (default 5s)", c.RetryBackoffMax)
+	}
+	if c.RetryMax < 1 || c.RetryMax > 100000 {
+		bad("retry_max", "%d is out of range: use 1..100000 (default 1000)", c.RetryMax)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,266 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Message is one record to publish. Done is called exactly once, from the
+// producer's drain goroutine, with nil when the broker acked the record
+// (acks=all) or the final error. Done must not block.
+type Message struct {
+	Topic     string
+	Key       []byte
+	Value     []byte
+	Headers   []sarama.RecordHeader
+	Timestamp time.Time
+	Done      func(err error)
+}
+
+// Producer wraps a sarama AsyncProducer. New, then Connect, then Run in its
+// own goroutine; Publish from one goroutine (the pipeline); Close once.
+type Producer struct {
+	cfg     Config
+	log     zerolog.Logger
+	metrics *metrics
+
+	sc        *sarama.Config
+	client    sarama.Client
+	ap        sarama.AsyncProducer
+	connected atomic.Bool
+	closeOnce sync.Once
+	drained   chan struct{}
+}
+
+type metrics struct {
+	published *prometheus.CounterVec
+	errors    *prometheus.CounterVec
+	connected prometheus.Gauge
+}
+
+// New validates cfg and builds the sarama configuration; it does not dial.
+func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, error) {
+	if err := cfg.Validate("kafka."); err != nil {
+		return nil, err
+	}
+	sc, err := saramaConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m := &metrics{
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_events_published_total",
+			Help: "Events acked by Kafka (acks=all), by topic."}, []string{"topic"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_publish_errors_total",
+			Help: "Produce errors returned after sarama's retries, by reason."}, []string{"reason"}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_connected",
+			Help: "1 while the producer can reach the Kafka cluster."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.published, m.errors, m.connected)
+	}
+	return &Producer{cfg: cfg, sc: sc, metrics: m, drained: make(chan struct{}),
+		log: log.With().Str("component", "sink").Logger()}, nil
+}
+
+func saramaConfig(cfg Config) (*sarama.Config, error) {
+	sc := sarama.NewConfig()
+	v, err := sarama.ParseKafkaVersion(cfg.Version)
+	if err != nil {
+		return nil, fmt.Errorf("kafka.version: %w", err)
+	}
+	sc.Version = v
+	sc.ClientID = cfg.ClientID
+	// Idempotence keeps per-partition order and drops broker-side duplicates
+	// across retries; it requires acks=all and one request in flight.
+	sc.Producer.Idempotent = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Net.MaxOpenRequests = 1
+	// Retry for about an hour of outage (sarama sizes a per-partition array
+	// by Retry.Max, so "forever" is not an option). When retries run out the
+	// error stops the relay; the slot has not moved past the event, so a
+	// restart resends it. Nothing is ever dropped.
+	sc.Producer.Retry.Max = cfg.RetryMax
+	backoffMax := cfg.RetryBackoffMax
+	sc.Producer.Retry.BackoffFunc = func(retries, _ int) time.Duration {
+		d := 100 * time.Millisecond << min(retries, 10)
+		d = min(d, backoffMax)
+		return d/2 + rand.N(d/2+1)
+	}
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	sc.Producer.Partitioner = sarama.NewMurmur2Partitioner // same partition as the Java client for a key
+	sc.Producer.Compression = compressions[cfg.Compression]
+	sc.Producer.Flush.Frequency = cfg.FlushFrequency
+	sc.Producer.Flush.Messages = cfg.FlushMessages
+	sc.Producer.Flush.Bytes = cfg.FlushBytes
+	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
+	sc.Metadata.Full = false
+	sc.Metadata.AllowAutoTopicCreation = true
+	sc.Net.DialTimeout = 5 * time.Second
+	sc.Net.ReadTimeout = 30 * time.Second
+	sc.Net.WriteTimeout = 10 * time.Second
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka producer config: %w", err)
+	}
+	return sc, nil
+}
+
+// Connect dials the cluster, retrying with capped backoff until it succeeds
+// or ctx ends. Each failure is logged; the relay stays not ready meanwhile.
+func (p *Producer) Connect(ctx context.Context) error {
+	backoff := 200 * time.Millisecond
+	for {
+		client, err := sarama.NewClient(p.cfg.Brokers, p.sc)
+		if err == nil {
+			ap, err2 := sarama.NewAsyncProducerFromClient(client)
+			if err2 == nil {
+				p.client, p.ap = client, ap
+				p.setConnected(true)
+				p.log.Info().Strs("brokers", p.cfg.Brokers).Msg("connected to kafka")
+				return nil
+			}
+			client.Close()
+			err = err2
+		}
+		p.log.Warn().Err(err).Strs("brokers", p.cfg.Brokers).Dur("retry_in", backoff).Msg("kafka not reachable; retrying")
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("connect to kafka %v: %w", p.cfg.Brokers, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+// Connected reports whether the cluster was reachable at the last check.
+func (p *Producer) Connected() bool { return p.connected.Load() }
+
+func (p *Producer) setConnected(ok bool) {
+	p.connected.Store(ok)
+	if ok {
+		p.metrics.connected.Set(1)
+	} else {
+		p.metrics.connected.Set(0)
+	}
+}
+
+// Run drains acks and errors until the producer is closed, and probes the
+// cluster every few seconds for readiness. It returns after Close.
+func (p *Producer) Run(ctx context.Context) error {
+	if p.ap == nil {
+		return errors.New("sink: Run before Connect")
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for msg := range p.ap.Successes() {
+			p.setConnected(true)
+			p.metrics.published.WithLabelValues(msg.Topic).Inc()
+			if m, ok := msg.Metadata.(*Message); ok {
+				m.Done(nil)
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for perr := range p.ap.Errors() {
+			reason := classify(perr.Err)
+			p.metrics.errors.WithLabelValues(reason).Inc()
+			if reason == "network" {
+				p.setConnected(false)
+			}
+			if m, ok := perr.Msg.Metadata.(*Message); ok {
+				m.Done(fmt.Errorf("publish to topic %s partition %d: %w", perr.Msg.Topic, perr.Msg.Partition, perr.Err))
+			}
+		}
+	}()
+	probeDone := make(chan struct{})
+	go func() {
+		defer close(probeDone)
+		t := time.NewTicker(3 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.drained:
+				return
+			case <-t.C:
+				p.setConnected(p.client.RefreshMetadata() == nil)
+			}
+		}
+	}()
+	wg.Wait()
+	close(p.drained)
+	<-probeDone
+	return nil
+}
+
+// classify names an error for the publish_errors_total reason label.
+func classify(err error) string {
+	var kerr sarama.KError
+	switch {
+	case errors.As(err, &kerr):
+		switch kerr {
+		case sarama.ErrMessageSizeTooLarge:
+			return "message_too_large"
+		case sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed:
+			return "invalid_topic"
+		case sarama.ErrOutOfBrokers, sarama.ErrNotConnected:
+			return "network"
+		}
+		return "broker_rejected"
+	case errors.Is(err, sarama.ErrMessageSizeTooLarge):
+		return "message_too_large"
+	case errors.Is(err, sarama.ErrOutOfBrokers), errors.Is(err, sarama.ErrNotConnected):
+		return "network"
+	}
+	return "other"
+}
+
+// Publish hands m to the producer. It blocks while sarama's input buffer is
+// full (backpressure) or until ctx ends. Call from one goroutine.
+func (p *Producer) Publish(ctx context.Context, m *Message) error {
+	pm := &sarama.ProducerMessage{
+		Topic:     m.Topic,
+		Key:       sarama.ByteEncoder(m.Key),
+		Value:     sarama.ByteEncoder(m.Value),
+		Headers:   m.Headers,
+		Timestamp: m.Timestamp,
+		Metadata:  m,
+	}
+	select {
+	case p.ap.Input() <- pm:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close stops the producer: it waits up to timeout for buffered records to
+// be acked, then closes anyway. Idempotent.
+func (p *Producer) Close(timeout time.Duration) {
+	p.closeOnce.Do(func() {
+		if p.ap == nil {
+			return
+		}
+		p.ap.AsyncClose()
+		select {
+		case <-p.drained:
+		case <-time.After(timeout):
+			p.log.Warn().Dur("timeout", timeout).Msg("kafka producer did not drain in time; unacked events will be resent after restart")
+		}
+		p.setConnected(false)
+		_ = p.client.Close()
+	})
+}
