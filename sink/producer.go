@@ -35,6 +35,7 @@ type Producer struct {
 
 	sc        *sarama.Config
 	client    sarama.Client
+	health    sarama.Client // fails fast: answers "is the cluster reachable?"
 	ap        sarama.AsyncProducer
 	connected atomic.Bool
 	closeOnce sync.Once
@@ -104,6 +105,15 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.Flush.Bytes = cfg.FlushBytes
 	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
 	sc.Metadata.Full = false
+	// sarama fails a batch at once (and bumps the idempotent epoch, which can
+	// reorder later records) when a metadata refresh fails after a broker
+	// connection error. Retrying metadata for up to an hour instead keeps
+	// the batch, its sequence numbers and the partition order intact while
+	// the cluster is unreachable.
+	sc.Metadata.Retry.Max = 1800
+	sc.Metadata.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
+		return min(250*time.Millisecond<<min(maxRetries-retries, 3), 2*time.Second)
+	}
 	sc.Metadata.AllowAutoTopicCreation = true
 	sc.Net.DialTimeout = 5 * time.Second
 	sc.Net.ReadTimeout = 30 * time.Second
@@ -118,18 +128,16 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 // or ctx ends. Each failure is logged; the relay stays not ready meanwhile.
 func (p *Producer) Connect(ctx context.Context) error {
 	backoff := 200 * time.Millisecond
+	hc := *p.sc
+	hc.Metadata.Retry.Max = 1
+	hc.Metadata.Retry.BackoffFunc = nil
+	hc.Metadata.Retry.Backoff = 100 * time.Millisecond
 	for {
-		client, err := sarama.NewClient(p.cfg.Brokers, p.sc)
+		err := p.dial(&hc)
 		if err == nil {
-			ap, err2 := sarama.NewAsyncProducerFromClient(client)
-			if err2 == nil {
-				p.client, p.ap = client, ap
-				p.setConnected(true)
-				p.log.Info().Strs("brokers", p.cfg.Brokers).Msg("connected to kafka")
-				return nil
-			}
-			client.Close()
-			err = err2
+			p.setConnected(true)
+			p.log.Info().Strs("brokers", p.cfg.Brokers).Msg("connected to kafka")
+			return nil
 		}
 		p.log.Warn().Err(err).Strs("brokers", p.cfg.Brokers).Dur("retry_in", backoff).Msg("kafka not reachable; retrying")
 		select {
@@ -139,6 +147,30 @@ func (p *Producer) Connect(ctx context.Context) error {
 		}
 		backoff = min(backoff*2, 10*time.Second)
 	}
+}
+
+func (p *Producer) dial(hc *sarama.Config) error {
+	health, err := sarama.NewClient(p.cfg.Brokers, hc)
+	if err != nil {
+		return err
+	}
+	if err := health.RefreshMetadata(); err != nil {
+		health.Close()
+		return err
+	}
+	client, err := sarama.NewClient(p.cfg.Brokers, p.sc)
+	if err != nil {
+		health.Close()
+		return err
+	}
+	ap, err := sarama.NewAsyncProducerFromClient(client)
+	if err != nil {
+		client.Close()
+		health.Close()
+		return err
+	}
+	p.health, p.client, p.ap = health, client, ap
+	return nil
 }
 
 // Connected reports whether the cluster was reachable at the last check.
@@ -196,7 +228,7 @@ func (p *Producer) Run(ctx context.Context) error {
 			case <-p.drained:
 				return
 			case <-t.C:
-				p.setConnected(p.client.RefreshMetadata() == nil)
+				p.setConnected(p.health.RefreshMetadata() == nil)
 			}
 		}
 	}()
@@ -262,5 +294,6 @@ func (p *Producer) Close(timeout time.Duration) {
 		}
 		p.setConnected(false)
 		_ = p.client.Close()
+		_ = p.health.Close()
 	})
 }
