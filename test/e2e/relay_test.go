@@ -295,3 +295,54 @@ func TestBadRowStopsRelayAndHoldsSlot(t *testing.T) {
 		t.Fatalf("slot confirmed %s past the bad row (before %s)", c, before)
 	}
 }
+
+// Backpressure must never starve the walsender: with a tiny in-flight limit,
+// a paused broker and wal_sender_timeout at 2s, the handler blocks for three
+// timeouts; the replication connection must survive (no reconnect) and every
+// event must arrive once the broker is back.
+func TestBackpressureKeepsReplicationAlive(t *testing.T) {
+	e := newEnv(t, "backpressure")
+	r := e.startRelay("--postgres-url", pgURL+"&options=-c%20wal_sender_timeout%3D2s",
+		"--status-interval", "300ms", "--max-inflight-events", "5")
+	w := e.newWriter(9)
+	ctx := context.Background()
+	if err := w.run(ctx, 100, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "first batch acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 100 })
+	var pid int
+	if err := e.db.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name=$1", e.slot).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	svc(t, "kafka-pause")
+	paused := true
+	defer func() {
+		if paused {
+			svc(t, "kafka-resume")
+		}
+	}()
+	if err := w.run(ctx, 300, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the in-flight limit to be reached", func() bool { return r.metric("outbox_relay_inflight_events") >= 1 })
+	time.Sleep(6 * time.Second) // three wal_sender_timeouts with the handler blocked
+	svc(t, "kafka-resume")
+	paused = false
+	ws := w.written()
+	rs := consume(t, e.topics(), len(ws), 120*time.Second, 2*time.Second)
+	requireClean(t, check(t, ws, rs, e.partitions(t)), true)
+	if n := r.metric("outbox_relay_replication_reconnects_total"); n != 0 {
+		t.Fatalf("replication reconnected %v times while blocked on backpressure: keepalives were starved", n)
+	}
+	var pid2 int
+	if err := e.db.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name=$1", e.slot).Scan(&pid2); err != nil {
+		t.Fatal(err)
+	}
+	if pid2 != pid {
+		t.Fatalf("walsender changed from pid %d to %d: the connection was dropped", pid, pid2)
+	}
+	if max := r.metric("outbox_relay_inflight_events"); max > 5 {
+		t.Fatalf("in-flight events %v above the limit 5", max)
+	}
+	r.stop(syscall.SIGTERM, 30*time.Second)
+}
