@@ -83,8 +83,10 @@ func (c Config) Validate(prefix string) error {
 	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > time.Minute {
 		bad("status_interval", "%s is out of range: use 10ms..1m (default 1s)", c.StatusInterval)
 	}
-	if c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin {
-		bad("reconnect_min", "%s..%s is not a valid backoff range: need 0 < reconnect_min <= reconnect_max", c.ReconnectMin, c.ReconnectMax)
+	if c.ReconnectMin <= 0 {
+		bad("reconnect_min", "%s must be positive (default 200ms)", c.ReconnectMin)
+	} else if c.ReconnectMax < c.ReconnectMin {
+		bad("reconnect_max", "%s is below reconnect_min %s: need reconnect_min <= reconnect_max (default 30s)", c.ReconnectMax, c.ReconnectMin)
 	}
 	if c.LagPollInterval < 100*time.Millisecond {
 		bad("lag_poll_interval", "%s is too short: use at least 100ms (default 5s)", c.LagPollInterval)

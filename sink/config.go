@@ -85,8 +85,14 @@ func (c Config) Validate(prefix string) error {
 	if _, ok := compressions[c.Compression]; !ok {
 		bad("compression", "%q is not one of none, gzip, snappy, lz4, zstd", c.Compression)
 	}
-	if c.FlushFrequency < 0 || c.FlushMessages < 0 || c.FlushBytes < 0 {
-		bad("flush_frequency", "flush settings must not be negative")
+	if c.FlushFrequency < 0 {
+		bad("flush_frequency", "%s must not be negative (default 1ms)", c.FlushFrequency)
+	}
+	if c.FlushMessages < 0 {
+		bad("flush_messages", "%d must not be negative (0 = off)", c.FlushMessages)
+	}
+	if c.FlushBytes < 0 {
+		bad("flush_bytes", "%d must not be negative (0 = off)", c.FlushBytes)
 	}
 	if c.MaxMessageBytes < 1024 {
 		bad("max_message_bytes", "%d is too small: use the broker's message.max.bytes (default 1000000)", c.MaxMessageBytes)

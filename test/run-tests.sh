@@ -14,7 +14,7 @@ go test -race -count=1 ./...
 
 echo "== starting PostgreSQL and Kafka"
 bash test/services.sh stop >/dev/null 2>&1 || true
-bash test/services.sh start
+bash test/services.sh start >/dev/null  # prints the env file, password included
 set -a
 # shellcheck disable=SC1091
 . "$OUTBOX_TEST_RUN_DIR/env"

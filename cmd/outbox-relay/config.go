@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -217,6 +218,7 @@ func loadConfig(name string, args []string, getenv func(string) string) (Config,
 		return Config{}, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	c := DefaultConfig()
+	var errs []error
 	if p := *path; p != "" || getenv("OUTBOX_RELAY_CONFIG") != "" {
 		if p == "" {
 			p = getenv("OUTBOX_RELAY_CONFIG")
@@ -227,11 +229,19 @@ func loadConfig(name string, args []string, getenv func(string) string) (Config,
 		}
 		dec := yaml.NewDecoder(bytes.NewReader(b))
 		dec.KnownFields(true) // a misspelt key is an error, not a silent default
-		if err := dec.Decode(&c); err != nil && err.Error() != "EOF" {
-			return Config{}, fmt.Errorf("config file %s: %w", p, err)
+		if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+			var te *yaml.TypeError
+			if !errors.As(err, &te) {
+				return Config{}, fmt.Errorf("config file %s: %w", p, err)
+			}
+			// Wrong types and unknown keys: name each key (yaml.v3 only
+			// gives a line) and go on, so one run shows every problem.
+			keyAt := yamlKeyAtLine(b)
+			for _, msg := range te.Errors {
+				errs = append(errs, fmt.Errorf("%s (config file %s): %s", keyAt(msg), p, msg))
+			}
 		}
 	}
-	var errs []error
 	for _, k := range keys {
 		if v, ok := lookupEnv(getenv, k.env); ok {
 			if err := k.set(&c, v); err != nil {
@@ -249,6 +259,45 @@ func loadConfig(name string, args []string, getenv func(string) string) (Config,
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// yamlKeyAtLine returns a func that maps a yaml.v3 error message
+// ("line N: ...") to the dotted key (e.g. postgres.status_interval) whose
+// key or value is on line N of the file b.
+func yamlKeyAtLine(b []byte) func(msg string) string {
+	lines := map[int]string{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		if path != "" {
+			lines[n.Line] = path
+		}
+		switch n.Kind {
+		case yaml.DocumentNode, yaml.SequenceNode:
+			for _, child := range n.Content {
+				walk(child, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i].Value
+				if path != "" {
+					k = path + "." + k
+				}
+				lines[n.Content[i].Line] = k
+				walk(n.Content[i+1], k)
+			}
+		}
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(b, &root) == nil {
+		walk(&root, "")
+	}
+	return func(msg string) string {
+		var n int
+		if _, err := fmt.Sscanf(msg, "line %d:", &n); err == nil && lines[n] != "" {
+			return lines[n]
+		}
+		return "config file"
+	}
 }
 
 func lookupEnv(getenv func(string) string, name string) (string, bool) {

@@ -220,6 +220,10 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		log.Error().Err(err).Msg("pipeline")
 		return exitConfig
 	}
+	pubCtx, hardStop := context.WithCancel(context.Background())
+	defer hardStop()
+	context.AfterFunc(runCtx, func() { time.AfterFunc(cfg.ShutdownTimeout, hardStop) })
+	pipe.pubCtx = pubCtx
 	stream, err := replication.NewStream(cfg.Postgres, pipe, log, repMetrics)
 	if err != nil {
 		log.Error().Err(err).Msg("replication config")

@@ -34,6 +34,10 @@ type pipeline struct {
 	tmpl    sink.Template
 	log     zerolog.Logger
 	fail    func(error) // stops the relay; called at most once matters
+	// pubCtx outlives the run context by the shutdown timeout: once a
+	// transaction is registered with the tracker, all its events must reach
+	// the producer, or the final drain waits for acks that cannot come.
+	pubCtx context.Context
 
 	failed    atomic.Bool
 	otherRows atomic.Uint64
@@ -50,7 +54,7 @@ func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl 
 	if err != nil {
 		return nil, err
 	}
-	p := &pipeline{table: table, dec: dec, tracker: tracker, pub: pub, tmpl: tmpl, fail: fail,
+	p := &pipeline{table: table, dec: dec, tracker: tracker, pub: pub, tmpl: tmpl, fail: fail, pubCtx: context.Background(),
 		log: log.With().Str("component", "pipeline").Logger()}
 	p.commitToAck = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "outbox_relay_commit_to_ack_seconds",
@@ -137,7 +141,7 @@ func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		if p.log.Debug().Enabled() {
 			p.log.Debug().Int64("id", id).Str("lsn", lsn.String()).Str("topic", m.Topic).Msg("publish")
 		}
-		if err := p.pub.Publish(ctx, m); err != nil {
+		if err := p.pub.Publish(p.pubCtx, m); err != nil {
 			return err
 		}
 	}

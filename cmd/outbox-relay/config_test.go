@@ -1,0 +1,560 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+const (
+	testURL     = "postgres://relay:s3cret@db:5432/app"
+	testBrokers = "k1:9092,k2:9092"
+)
+
+// envOf returns a getenv over m; every other name is unset.
+func envOf(m map[string]string) func(string) string {
+	return func(name string) string { return m[name] }
+}
+
+// requiredEnv is the smallest environment that loads: the two required keys
+// plus extra.
+func requiredEnv(extra map[string]string) func(string) string {
+	m := map[string]string{
+		"OUTBOX_RELAY_POSTGRES_URL":  testURL,
+		"OUTBOX_RELAY_KAFKA_BROKERS": testBrokers,
+	}
+	for k, v := range extra {
+		m[k] = v
+	}
+	return envOf(m)
+}
+
+// writeTestFile writes content to a fresh file under t.TempDir.
+func writeTestFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "outbox-relay.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// yamlConfig renders a config file holding the two required keys and then
+// every dotted key of set (values keep their YAML type: "5s" is a string,
+// 5 an int, []string a sequence).
+func yamlConfig(t *testing.T, set map[string]any) string {
+	t.Helper()
+	doc := map[string]any{
+		"postgres": map[string]any{"url": testURL},
+		"kafka":    map[string]any{"brokers": []string{"k1:9092", "k2:9092"}},
+	}
+	for k, v := range set {
+		parent, leaf, nested := strings.Cut(k, ".")
+		if !nested {
+			doc[k] = v
+			continue
+		}
+		sub, ok := doc[parent].(map[string]any)
+		if !ok {
+			sub = map[string]any{}
+			doc[parent] = sub
+		}
+		sub[leaf] = v
+	}
+	b, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return writeTestFile(t, string(b))
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		getenv func(string) string
+	}{
+		{"env", nil, requiredEnv(nil)},
+		{"flags", []string{"--postgres-url", testURL, "--kafka-brokers=" + testBrokers}, envOf(nil)},
+		{"file", []string{"--config", "FILE"}, envOf(nil)},
+		{"empty env values are unset", nil, requiredEnv(map[string]string{
+			"OUTBOX_RELAY_SLOT": "", "OUTBOX_RELAY_TABLE": "", "OUTBOX_RELAY_STATUS_INTERVAL": "",
+		})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := slices.Clone(tt.args)
+			if i := slices.Index(args, "FILE"); i >= 0 {
+				args[i] = yamlConfig(t, nil)
+			}
+			c, err := loadConfig("run", args, tt.getenv)
+			if err != nil {
+				t.Fatalf("loadConfig: %v", err)
+			}
+			// The documented values, spelled out (not read back from DefaultConfig).
+			checks := []struct {
+				key       string
+				got, want any
+			}{
+				{"postgres.url", c.Postgres.URL, testURL},
+				{"kafka.brokers", c.Kafka.Brokers, []string{"k1:9092", "k2:9092"}},
+				{"postgres.slot", c.Postgres.Slot, "outbox_relay"},
+				{"postgres.publication", c.Postgres.Publication, "outbox_pub"},
+				{"postgres.table", c.Postgres.Table, "public.outbox"},
+				{"kafka.topic_template", c.Kafka.TopicTemplate, "outbox.event.{aggregate_type}"},
+				{"postgres.status_interval", c.Postgres.StatusInterval, time.Second},
+			}
+			for _, ch := range checks {
+				if !reflect.DeepEqual(ch.got, ch.want) {
+					t.Errorf("%s = %#v, want %#v", ch.key, ch.got, ch.want)
+				}
+			}
+			want := DefaultConfig()
+			want.Postgres.URL = testURL
+			want.Kafka.Brokers = []string{"k1:9092", "k2:9092"}
+			if !reflect.DeepEqual(c, want) {
+				t.Errorf("config is not DefaultConfig plus the required keys:\n got %+v\nwant %+v", c, want)
+			}
+		})
+	}
+}
+
+// TestLoadConfigPrecedence checks file < env < flags, one key at a time.
+func TestLoadConfigPrecedence(t *testing.T) {
+	tests := []struct {
+		key               string
+		file              any // YAML value
+		env, flag         string
+		wantFile, wantEnv any
+		wantFlag          any
+		get               func(Config) any
+		envName, flagName string
+	}{
+		{key: "postgres.slot", file: "from_file", env: "from_env", flag: "from_flag",
+			wantFile: "from_file", wantEnv: "from_env", wantFlag: "from_flag",
+			get: func(c Config) any { return c.Postgres.Slot }, envName: "OUTBOX_RELAY_SLOT", flagName: "slot"},
+		{key: "kafka.brokers", file: []string{"f1:9092", "f2:9092"}, env: " e1:9092 , e2:9092,,e3:9092 ", flag: "x1:9092",
+			wantFile: []string{"f1:9092", "f2:9092"}, wantEnv: []string{"e1:9092", "e2:9092", "e3:9092"}, wantFlag: []string{"x1:9092"},
+			get: func(c Config) any { return c.Kafka.Brokers }, envName: "OUTBOX_RELAY_KAFKA_BROKERS", flagName: "kafka-brokers"},
+		{key: "postgres.status_interval", file: "2s", env: "3s", flag: "250ms",
+			wantFile: 2 * time.Second, wantEnv: 3 * time.Second, wantFlag: 250 * time.Millisecond,
+			get: func(c Config) any { return c.Postgres.StatusInterval }, envName: "OUTBOX_RELAY_STATUS_INTERVAL", flagName: "status-interval"},
+		{key: "shutdown_timeout", file: "1m", env: "45s", flag: "2s",
+			wantFile: time.Minute, wantEnv: 45 * time.Second, wantFlag: 2 * time.Second,
+			get: func(c Config) any { return c.ShutdownTimeout }, envName: "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", flagName: "shutdown-timeout"},
+		{key: "kafka.retry_max", file: 10, env: "20", flag: "30",
+			wantFile: 10, wantEnv: 20, wantFlag: 30,
+			get: func(c Config) any { return c.Kafka.RetryMax }, envName: "OUTBOX_RELAY_KAFKA_RETRY_MAX", flagName: "kafka-retry-max"},
+		{key: "inflight.max_events", file: 100, env: "200", flag: "300",
+			wantFile: 100, wantEnv: 200, wantFlag: 300,
+			get: func(c Config) any { return c.InFlight.MaxEvents }, envName: "OUTBOX_RELAY_MAX_INFLIGHT_EVENTS", flagName: "max-inflight-events"},
+		{key: "inflight.max_bytes", file: 1 << 20, env: "8589934592", flag: "4096",
+			wantFile: int64(1 << 20), wantEnv: int64(8 << 30), wantFlag: int64(4096),
+			get: func(c Config) any { return c.InFlight.MaxBytes }, envName: "OUTBOX_RELAY_MAX_INFLIGHT_BYTES", flagName: "max-inflight-bytes"},
+		{key: "postgres.create_publication", file: false, env: "true", flag: "false",
+			wantFile: false, wantEnv: true, wantFlag: false,
+			get: func(c Config) any { return c.Postgres.CreatePublication }, envName: "OUTBOX_RELAY_CREATE_PUBLICATION", flagName: "create-publication"},
+		{key: "metrics_addr", file: "127.0.0.1:1", env: ":2", flag: "",
+			wantFile: "127.0.0.1:1", wantEnv: ":2", wantFlag: "",
+			get: func(c Config) any { return c.MetricsAddr }, envName: "OUTBOX_RELAY_METRICS_ADDR", flagName: "metrics-addr"},
+		{key: "log.level", file: "debug", env: "warn", flag: "trace",
+			wantFile: "debug", wantEnv: "warn", wantFlag: "trace",
+			get: func(c Config) any { return c.Log.Level }, envName: "OUTBOX_RELAY_LOG_LEVEL", flagName: "log-level"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			path := yamlConfig(t, map[string]any{tt.key: tt.file})
+			fileArgs := []string{"--config", path}
+			flagArgs := append(slices.Clone(fileArgs), "--"+tt.flagName+"="+tt.flag)
+			withEnv := envOf(map[string]string{tt.envName: tt.env})
+			steps := []struct {
+				name   string
+				args   []string
+				getenv func(string) string
+				want   any
+			}{
+				{"file", fileArgs, envOf(nil), tt.wantFile},
+				{"file+env", fileArgs, withEnv, tt.wantEnv},
+				{"file+env+flag", flagArgs, withEnv, tt.wantFlag},
+				{"file+flag", flagArgs, envOf(nil), tt.wantFlag},
+			}
+			for _, s := range steps {
+				c, err := loadConfig("run", s.args, s.getenv)
+				if err != nil {
+					t.Fatalf("%s: loadConfig: %v", s.name, err)
+				}
+				if got := tt.get(c); !reflect.DeepEqual(got, s.want) {
+					t.Errorf("%s: %s = %#v, want %#v", s.name, tt.key, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadConfigEnvNames(t *testing.T) {
+	tests := []struct {
+		env   string
+		value string
+		get   func(Config) any
+		want  any
+	}{
+		{"OUTBOX_RELAY_POSTGRES_URL", "postgres://other@pg:5433/outbox", func(c Config) any { return c.Postgres.URL }, "postgres://other@pg:5433/outbox"},
+		{"OUTBOX_RELAY_KAFKA_BROKERS", "a:1,b:2,c:3", func(c Config) any { return c.Kafka.Brokers }, []string{"a:1", "b:2", "c:3"}},
+		{"OUTBOX_RELAY_SLOT", "my_slot", func(c Config) any { return c.Postgres.Slot }, "my_slot"},
+		{"OUTBOX_RELAY_PUBLICATION", "my_pub", func(c Config) any { return c.Postgres.Publication }, "my_pub"},
+		{"OUTBOX_RELAY_TABLE", "events.outbox_v2", func(c Config) any { return c.Postgres.Table }, "events.outbox_v2"},
+		{"OUTBOX_RELAY_TOPIC_TEMPLATE", "{aggregate_type}.{event_type}", func(c Config) any { return c.Kafka.TopicTemplate }, "{aggregate_type}.{event_type}"},
+		{"OUTBOX_RELAY_METRICS_ADDR", "127.0.0.1:9999", func(c Config) any { return c.MetricsAddr }, "127.0.0.1:9999"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			c, err := loadConfig("run", nil, requiredEnv(map[string]string{tt.env: tt.value}))
+			if err != nil {
+				t.Fatalf("loadConfig: %v", err)
+			}
+			if got := tt.get(c); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("%s=%q: got %#v, want %#v", tt.env, tt.value, got, tt.want)
+			}
+		})
+	}
+	// The config file path has an env twin too.
+	t.Run("OUTBOX_RELAY_CONFIG", func(t *testing.T) {
+		p := yamlConfig(t, map[string]any{"postgres.slot": "file_slot"})
+		c, err := loadConfig("run", nil, envOf(map[string]string{"OUTBOX_RELAY_CONFIG": p}))
+		if err != nil {
+			t.Fatalf("loadConfig: %v", err)
+		}
+		if c.Postgres.Slot != "file_slot" {
+			t.Errorf("slot = %q, want file_slot", c.Postgres.Slot)
+		}
+	})
+}
+
+// invalidCases has, for every key of the keys table, bad values from each
+// source. An empty env value is "unset", so some keys have no bad env value.
+var invalidCases = []struct {
+	key   string
+	env   []string
+	flag  []string
+	file  []any
+	never string // must not appear in the error (a secret)
+}{
+	{key: "postgres.url", env: []string{"postgres://u:s3cret@db:notaport/app"}, flag: []string{"", "host=db port=nope password=s3cret"},
+		file: []any{"postgres://u:s3cret@db:notaport/app", ""}, never: "s3cret"},
+	{key: "postgres.slot", env: []string{"Bad-Slot"}, flag: []string{"", strings.Repeat("s", 64)}, file: []any{"has space"}},
+	{key: "postgres.publication", env: []string{"1pub"}, flag: []string{"", "pub-lication"}, file: []any{"a.b"}},
+	{key: "postgres.table", env: []string{"a.b.c"}, flag: []string{"", "public."}, file: []any{"public.out box"}},
+	{key: "postgres.create_publication", env: []string{"maybe"}, flag: []string{"2"}, file: []any{"maybe", []string{"x"}}},
+	{key: "postgres.status_interval", env: []string{"abc", "5ms"}, flag: []string{"2m", "1"}, file: []any{"0s", 5, "soon"}},
+	{key: "postgres.reconnect_min", env: []string{"0s", "-1s"}, flag: []string{"x"}, file: []any{"0s"}},
+	{key: "postgres.reconnect_max", env: []string{"1ms"}, flag: []string{"100ms", "y"}, file: []any{"1ns"}},
+	{key: "postgres.lag_poll_interval", env: []string{"10ms", "soon"}, flag: []string{"0s"}, file: []any{"99ms", 5}},
+	{key: "kafka.brokers", env: []string{",", "nohostport", "k1:9092,:9092", "k1:"}, flag: []string{"", "k1:9092,host"},
+		file: []any{[]string{}, []string{"nohostport"}, "k1:9092"}},
+	{key: "kafka.client_id", flag: []string{""}, file: []any{"", []string{"a"}}},
+	{key: "kafka.topic_template", env: []string{"orders.{nope}", "orders.{aggregate_type"}, flag: []string{"", "bad topic"},
+		file: []any{"{}", ".."}},
+	{key: "kafka.compression", env: []string{"brotli"}, flag: []string{"", "GZIP"}, file: []any{"lz5"}},
+	{key: "kafka.flush_frequency", env: []string{"-1s", "often"}, flag: []string{"-1ns"}, file: []any{"-5ms", 5}},
+	{key: "kafka.flush_messages", env: []string{"-1", "x"}, flag: []string{"1.5"}, file: []any{-1, "many"}},
+	{key: "kafka.flush_bytes", env: []string{"-1", "1KB"}, flag: []string{"-10"}, file: []any{-1, "lots"}},
+	{key: "kafka.max_message_bytes", env: []string{"100", "1MB"}, flag: []string{"0", "-1"}, file: []any{1023, "big"}},
+	{key: "kafka.version", env: []string{"banana", "0.10.2.0"}, flag: []string{""}, file: []any{"0.8.2.0", "3.x"}},
+	{key: "kafka.retry_backoff_max", env: []string{"1ms", "long"}, flag: []string{"0s"}, file: []any{"9ms", 5}},
+	{key: "kafka.retry_max", env: []string{"0", "many"}, flag: []string{"100001", "-1"}, file: []any{0, "lots"}},
+	{key: "inflight.max_events", env: []string{"0", "x"}, flag: []string{"-1"}, file: []any{0, "ten"}},
+	{key: "inflight.max_bytes", env: []string{"100", "1e6"}, flag: []string{"1023", "-1"}, file: []any{10, "1MiB"}},
+	{key: "metrics_addr", env: []string{"9187"}, flag: []string{"localhost"}, file: []any{"metrics", []string{":1"}}},
+	{key: "log.level", env: []string{"loud", "INFO"}, flag: []string{""}, file: []any{"verbose"}},
+	{key: "log.format", env: []string{"xml"}, flag: []string{"", "text"}, file: []any{"logfmt"}},
+	{key: "shutdown_timeout", env: []string{"100ms", "forever"}, flag: []string{"0s"}, file: []any{"999ms", 30}},
+}
+
+// onlyKey fails unless err exists and every line of it is about key.
+func onlyKey(t *testing.T, err error, key, never string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one naming %s", key)
+	}
+	msg := err.Error()
+	for _, line := range strings.Split(msg, "\n") {
+		if !strings.HasPrefix(line, key+":") && !strings.HasPrefix(line, key+" (") {
+			t.Errorf("error line %q does not name %s; whole error:\n%s", line, key, msg)
+		}
+	}
+	if never != "" && strings.Contains(msg, never) {
+		t.Errorf("error leaks %q:\n%s", never, msg)
+	}
+}
+
+func TestLoadConfigInvalidValueNamesKey(t *testing.T) {
+	covered := map[string]bool{}
+	for _, tt := range invalidCases {
+		covered[tt.key] = true
+	}
+	for _, k := range keys {
+		if !covered[k.name] {
+			t.Errorf("key %s has no invalid-value case", k.name)
+		}
+	}
+	byName := map[string]key{}
+	for _, k := range keys {
+		byName[k.name] = k
+	}
+	for _, tt := range invalidCases {
+		k, ok := byName[tt.key]
+		if !ok {
+			t.Errorf("case for unknown key %s", tt.key)
+			continue
+		}
+		t.Run(tt.key, func(t *testing.T) {
+			for _, v := range tt.env {
+				t.Run("env="+v, func(t *testing.T) {
+					_, err := loadConfig("run", nil, requiredEnv(map[string]string{k.env: v}))
+					onlyKey(t, err, tt.key, tt.never)
+				})
+			}
+			for _, v := range tt.flag {
+				t.Run("flag="+v, func(t *testing.T) {
+					_, err := loadConfig("run", []string{"--" + k.flag + "=" + v}, requiredEnv(nil))
+					onlyKey(t, err, tt.key, tt.never)
+				})
+			}
+			for _, v := range tt.file {
+				var label strings.Builder
+				_ = yaml.NewEncoder(&label).Encode(v)
+				t.Run("file="+strings.TrimSpace(label.String()), func(t *testing.T) {
+					p := yamlConfig(t, map[string]any{tt.key: v})
+					_, err := loadConfig("run", []string{"--config", p}, envOf(nil))
+					onlyKey(t, err, tt.key, tt.never)
+				})
+			}
+		})
+	}
+}
+
+func TestLoadConfigReportsEveryProblem(t *testing.T) {
+	tests := []struct {
+		name   string
+		file   string // YAML; "" = no file
+		args   []string
+		getenv func(string) string
+		want   []string // keys that must all be named
+	}{
+		{
+			name:   "nothing set",
+			getenv: envOf(nil),
+			want:   []string{"postgres.url", "kafka.brokers"},
+		},
+		{
+			name:   "env and flags",
+			args:   []string{"--status-interval=abc", "--kafka-compression=brotli", "--log-format=xml"},
+			getenv: requiredEnv(map[string]string{"OUTBOX_RELAY_SLOT": "Bad-Slot", "OUTBOX_RELAY_KAFKA_RETRY_MAX": "many", "OUTBOX_RELAY_MAX_INFLIGHT_EVENTS": "0"}),
+			want:   []string{"postgres.status_interval", "kafka.compression", "log.format", "postgres.slot", "kafka.retry_max", "inflight.max_events"},
+		},
+		{
+			name: "file type errors, file validation errors, env and flags",
+			file: "postgres:\n  url: " + testURL + "\n  status_interval: 5\n  table: a.b.c\n" +
+				"kafka:\n  brokers: [k1:9092]\n  flush_bytes: lots\n  version: banana\n" +
+				"log:\n  level: loud\nshutdown_timeout: forever\n",
+			args:   []string{"--kafka-retry-max=0"},
+			getenv: envOf(map[string]string{"OUTBOX_RELAY_PUBLICATION": "1pub"}),
+			want: []string{"postgres.status_interval", "postgres.table", "kafka.flush_bytes", "kafka.version",
+				"log.level", "shutdown_timeout", "kafka.retry_max", "postgres.publication"},
+		},
+		{
+			name:   "unknown top-level key",
+			file:   "postgres:\n  url: " + testURL + "\nkafka:\n  brokers: [k1:9092]\nbogus_key: 1\n",
+			getenv: envOf(nil),
+			want:   []string{"bogus_key"},
+		},
+		{
+			name:   "unknown nested key and a bad env value",
+			file:   "postgres:\n  url: " + testURL + "\n  slott: x\nkafka:\n  brokers: [k1:9092]\n",
+			getenv: envOf(map[string]string{"OUTBOX_RELAY_LOG_LEVEL": "loud"}),
+			want:   []string{"postgres.slott", "log.level"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := tt.args
+			if tt.file != "" {
+				args = append([]string{"--config", writeTestFile(t, tt.file)}, args...)
+			}
+			_, err := loadConfig("run", args, tt.getenv)
+			if err == nil {
+				t.Fatalf("no error, want one naming %v", tt.want)
+			}
+			for _, k := range tt.want {
+				if !strings.Contains(err.Error(), k) {
+					t.Errorf("error does not name %s:\n%v", k, err)
+				}
+			}
+			if got := strings.Count(err.Error(), "\n") + 1; got != len(tt.want) {
+				t.Errorf("error has %d lines, want one per key (%d):\n%v", got, len(tt.want), err)
+			}
+		})
+	}
+}
+
+func TestLoadConfigFileAndArgsErrors(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name string
+		file string // "" = no file written
+		args []string
+		want string
+	}{
+		{"missing file", "", []string{"--config", filepath.Join(dir, "missing.yaml")}, "read config file"},
+		{"syntax error", "postgres: [\n", nil, "config file"},
+		{"unknown flag", "", []string{"--no-such-flag"}, "no-such-flag"},
+		{"positional argument", "", []string{"extra"}, "unexpected arguments"},
+		{"flag without value", "", []string{"--slot"}, "slot"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := tt.args
+			if tt.file != "" {
+				args = append([]string{"--config", writeTestFile(t, tt.file)}, args...)
+			}
+			_, err := loadConfig("run", args, requiredEnv(nil))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+	t.Run("empty file is all defaults", func(t *testing.T) {
+		c, err := loadConfig("run", []string{"--config", writeTestFile(t, "")}, requiredEnv(nil))
+		if err != nil {
+			t.Fatalf("loadConfig: %v", err)
+		}
+		if c.Postgres.Slot != "outbox_relay" {
+			t.Errorf("slot = %q", c.Postgres.Slot)
+		}
+	})
+}
+
+func TestRealMainExitCodes(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		getenv   func(string) string
+		wantCode int
+		want     []string // substrings of the output
+	}{
+		{"run with invalid config", []string{"run", "--slot=Bad-Slot", "--status-interval=abc"},
+			requiredEnv(map[string]string{"OUTBOX_RELAY_KAFKA_COMPRESSION": "brotli"}), exitConfig,
+			[]string{"invalid configuration", "postgres.slot", "postgres.status_interval", "kafka.compression"}},
+		{"run with nothing set", []string{"run"}, envOf(nil), exitConfig,
+			[]string{"postgres.url", "kafka.brokers"}},
+		{"migrate with invalid config", []string{"migrate", "--table=a.b.c"}, requiredEnv(nil), exitConfig,
+			[]string{"postgres.table"}},
+		{"run with unknown flag", []string{"run", "--bogus"}, requiredEnv(nil), exitConfig, []string{"bogus"}},
+		{"unknown command", []string{"frobnicate"}, requiredEnv(nil), exitConfig,
+			[]string{`unknown command "frobnicate"`, "usage:"}},
+		{"no command", nil, requiredEnv(nil), exitConfig, []string{"usage:"}},
+		{"version", []string{"version"}, envOf(nil), exitOK, []string{"outbox-relay " + version}},
+		{"help", []string{"help"}, envOf(nil), exitOK, []string{"usage:"}},
+		{"run -h", []string{"run", "-h"}, envOf(nil), exitOK, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			if got := realMain(tt.args, tt.getenv, &buf); got != tt.wantCode {
+				t.Errorf("exit code %d, want %d; output:\n%s", got, tt.wantCode, buf.String())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(buf.String(), w) {
+					t.Errorf("output does not contain %q:\n%s", w, buf.String())
+				}
+			}
+			if strings.Contains(buf.String(), "s3cret") {
+				t.Errorf("output leaks the password:\n%s", buf.String())
+			}
+		})
+	}
+}
+
+func TestConfigRedacted(t *testing.T) {
+	tests := []struct {
+		name string
+		url  string
+		keep []string // parts that must survive redaction
+	}{
+		{"url", "postgres://u:s3cret@h/db", []string{"u:xxxxx@h/db"}},
+		{"url with port and params", "postgresql://relay:s3cret@db.internal:5432/app?sslmode=require", []string{"relay", "db.internal:5432", "sslmode=require"}},
+		{"query password", "postgres://relay@h/db?password=s3cret&sslmode=disable", []string{"relay@h", "sslmode=disable"}},
+		{"keyword form", "host=h user=relay password=s3cret dbname=db", []string{"host=h", "dbname=db"}},
+		{"keyword form quoted", "host=h password='s 3cret' dbname=db", []string{"host=h", "dbname=db"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := loadConfig("run", []string{"--postgres-url", tt.url}, requiredEnv(nil))
+			if err != nil {
+				t.Fatalf("loadConfig: %v", err)
+			}
+			out := c.redacted()
+			for _, secret := range []string{"s3cret", "s 3cret"} {
+				if strings.Contains(out, secret) {
+					t.Errorf("redacted config contains %q:\n%s", secret, out)
+				}
+			}
+			for _, k := range tt.keep {
+				if !strings.Contains(out, k) {
+					t.Errorf("redacted config lost %q:\n%s", k, out)
+				}
+			}
+			if c.Postgres.URL != tt.url {
+				t.Errorf("redacted() changed the config itself: URL = %q", c.Postgres.URL)
+			}
+			// The redacted form is the config as YAML, so it names the keys.
+			if !strings.Contains(out, "status_interval:") || !strings.Contains(out, "brokers:") {
+				t.Errorf("redacted config is not the YAML config:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	tests := []struct {
+		in, want string
+	}{
+		{"postgres://u:s3cret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgresql://u:s3cret@h:5432/db?sslmode=disable", "postgresql://u:xxxxx@h:5432/db?sslmode=disable"},
+		{"postgres://u:s3%40cret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u@h/db?password=s3cret", "postgres://u@h/db?password=xxxxx"},
+		{"postgres://u:s3cret@h/db?password=s3cret", "postgres://u:xxxxx@h/db?password=xxxxx"},
+		{"postgres://u@h/db", "postgres://u@h/db"},
+		{"postgres://h/db", "postgres://h/db"},
+		{"host=h user=u password=s3cret dbname=db", "host=h user=u password=xxxxx dbname=db"},
+		{"host=h password='s 3cret' dbname=db", "host=h password=xxxxx dbname=db"},
+		{`host=h password='it\'s 3cret' dbname=db`, "host=h password=xxxxx dbname=db"},
+		{"host=h password = s3cret dbname=db", "host=h password = xxxxx dbname=db"},
+		{"host=h PASSWORD=s3cret", "host=h PASSWORD=xxxxx"},
+		{"password=s3cret", "password=xxxxx"},
+		{"host=h dbname=db", "host=h dbname=db"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got := replication.RedactURL(tt.in)
+			if got != tt.want {
+				t.Errorf("RedactURL(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+			for _, secret := range []string{"s3cret", "3cret", "s3%40cret"} {
+				if strings.Contains(got, secret) {
+					t.Errorf("RedactURL(%q) = %q still contains %q", tt.in, got, secret)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,236 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func validConfig() Config {
+	c := DefaultConfig()
+	c.URL = "postgres://relay:s3cret@db:5432/app"
+	return c
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string // keys named in the error; nil = valid
+	}{
+		{"defaults with URL", func(*Config) {}, nil},
+		{"keyword URL", func(c *Config) { c.URL = "host=db user=relay dbname=app" }, nil},
+		{"table without schema", func(c *Config) { c.Table = "outbox" }, nil},
+		{"shortest status interval", func(c *Config) { c.StatusInterval = 10 * time.Millisecond }, nil},
+		{"longest status interval", func(c *Config) { c.StatusInterval = time.Minute }, nil},
+		{"equal reconnect bounds", func(c *Config) { c.ReconnectMin, c.ReconnectMax = time.Second, time.Second }, nil},
+		{"63-char slot", func(c *Config) { c.Slot = strings.Repeat("a", 63) }, nil},
+		{"shortest lag poll", func(c *Config) { c.LagPollInterval = 100 * time.Millisecond }, nil},
+
+		{"empty URL", func(c *Config) { c.URL = "" }, []string{"postgres.url"}},
+		{"unparsable URL", func(c *Config) { c.URL = "postgres://u:s3cret@db:notaport/app" }, []string{"postgres.url"}},
+		{"unparsable keyword URL", func(c *Config) { c.URL = "host=db port=x password=s3cret" }, []string{"postgres.url"}},
+		{"empty slot", func(c *Config) { c.Slot = "" }, []string{"postgres.slot"}},
+		{"upper-case slot", func(c *Config) { c.Slot = "Outbox" }, []string{"postgres.slot"}},
+		{"dashed slot", func(c *Config) { c.Slot = "outbox-relay" }, []string{"postgres.slot"}},
+		{"64-char slot", func(c *Config) { c.Slot = strings.Repeat("a", 64) }, []string{"postgres.slot"}},
+		{"empty publication", func(c *Config) { c.Publication = "" }, []string{"postgres.publication"}},
+		{"publication starts with digit", func(c *Config) { c.Publication = "1pub" }, []string{"postgres.publication"}},
+		{"quoted publication", func(c *Config) { c.Publication = `"pub"` }, []string{"postgres.publication"}},
+		{"empty table", func(c *Config) { c.Table = "" }, []string{"postgres.table"}},
+		{"three-part table", func(c *Config) { c.Table = "db.public.outbox" }, []string{"postgres.table"}},
+		{"status interval zero", func(c *Config) { c.StatusInterval = 0 }, []string{"postgres.status_interval"}},
+		{"status interval too short", func(c *Config) { c.StatusInterval = 9 * time.Millisecond }, []string{"postgres.status_interval"}},
+		{"status interval too long", func(c *Config) { c.StatusInterval = time.Minute + 1 }, []string{"postgres.status_interval"}},
+		{"reconnect min zero", func(c *Config) { c.ReconnectMin = 0 }, []string{"postgres.reconnect_min"}},
+		{"reconnect min negative", func(c *Config) { c.ReconnectMin = -time.Second }, []string{"postgres.reconnect_min"}},
+		{"reconnect max below min", func(c *Config) { c.ReconnectMax = c.ReconnectMin - 1 }, []string{"postgres.reconnect_max"}},
+		{"reconnect min above max", func(c *Config) { c.ReconnectMin = time.Hour }, []string{"postgres.reconnect_max"}},
+		{"lag poll too short", func(c *Config) { c.LagPollInterval = 99 * time.Millisecond }, []string{"postgres.lag_poll_interval"}},
+		{"everything wrong", func(c *Config) { *c = Config{} }, []string{
+			"postgres.url", "postgres.slot", "postgres.publication", "postgres.table",
+			"postgres.status_interval", "postgres.reconnect_min", "postgres.lag_poll_interval",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.mutate(&c)
+			err := c.Validate("postgres.")
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error, want one naming %v", tt.want)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(tt.want) {
+				t.Errorf("%d problems reported, want %d:\n%v", len(lines), len(tt.want), err)
+			}
+			for i, line := range lines {
+				if i < len(tt.want) && !strings.HasPrefix(line, tt.want[i]+": ") {
+					t.Errorf("line %d %q does not start with %q", i, line, tt.want[i]+": ")
+				}
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("error leaks the password: %v", err)
+			}
+		})
+	}
+	t.Run("prefix is used verbatim", func(t *testing.T) {
+		c := validConfig()
+		c.Slot = ""
+		if err := c.Validate("pg."); err == nil || !strings.HasPrefix(err.Error(), "pg.slot: ") {
+			t.Errorf("Validate(\"pg.\") = %v, want a pg.slot error", err)
+		}
+	})
+}
+
+func TestSplitTable(t *testing.T) {
+	tests := []struct {
+		in           string
+		schema, name string
+		ok           bool
+	}{
+		{"public.outbox", "public", "outbox", true},
+		{"outbox", "public", "outbox", true},
+		{"events.outbox_v2", "events", "outbox_v2", true},
+		{"MySchema.Outbox$1", "MySchema", "Outbox$1", true},
+		{"_s._t", "_s", "_t", true},
+		{strings.Repeat("s", 63) + "." + strings.Repeat("t", 63), strings.Repeat("s", 63), strings.Repeat("t", 63), true},
+		{"", "", "", false},
+		{".", "", "", false},
+		{"public.", "", "", false},
+		{".outbox", "", "", false},
+		{"a.b.c", "", "", false},
+		{"1schema.outbox", "", "", false},
+		{"public.1outbox", "", "", false},
+		{"public.out-box", "", "", false},
+		{"public.out box", "", "", false},
+		{`"Public".outbox`, "", "", false},
+		{"$s.t", "", "", false},
+		{strings.Repeat("t", 64), "", "", false},
+		{"public.outbox;drop", "", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			schema, name, err := SplitTable(tt.in)
+			if (err == nil) != tt.ok {
+				t.Fatalf("SplitTable(%q) err = %v, want ok=%v", tt.in, err, tt.ok)
+			}
+			if schema != tt.schema || name != tt.name {
+				t.Errorf("SplitTable(%q) = %q, %q; want %q, %q", tt.in, schema, name, tt.schema, tt.name)
+			}
+			if err != nil && !strings.Contains(err.Error(), fmt.Sprintf("%q", tt.in)) {
+				t.Errorf("error %q does not quote the input", err)
+			}
+		})
+	}
+}
+
+func TestParsePGDuration(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Duration
+		ok   bool
+	}{
+		{"60s", time.Minute, true},
+		{"500ms", 500 * time.Millisecond, true},
+		{"1min", time.Minute, true},
+		{"5min", 5 * time.Minute, true},
+		{"0", 0, true},
+		{"1500", 1500 * time.Millisecond, true}, // no unit: milliseconds, wal_sender_timeout's base unit
+		{"2h", 2 * time.Hour, true},
+		{"1d", 24 * time.Hour, true},
+		{"0s", 0, true},
+		{"", 0, false},
+		{"bad", 0, false},
+		{"s", 0, false},
+		{"ms", 0, false},
+		{"min", 0, false},
+		{"xs", 0, false},
+		{"abcmin", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := parsePGDuration(tt.in)
+			if (err == nil) != tt.ok {
+				t.Fatalf("parsePGDuration(%q) err = %v, want ok=%v", tt.in, err, tt.ok)
+			}
+			if tt.ok && got != tt.want {
+				t.Errorf("parsePGDuration(%q) = %s, want %s", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestIsFatal(t *testing.T) {
+	pgErr := func(code string) error { return &pgconn.PgError{Severity: "FATAL", Code: code, Message: "test"} }
+	netErr := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"Fatal", Fatal(errors.New("slot is physical")), true},
+		{"wrapped Fatal", fmt.Errorf("start replication: %w", Fatal(errors.New("x"))), true},
+		{"twice wrapped Fatal", fmt.Errorf("a: %w", fmt.Errorf("b: %w", Fatal(io.EOF))), true},
+		{"joined with a Fatal", errors.Join(io.EOF, Fatal(errors.New("x"))), true},
+		{"Fatal of a network error", Fatal(netErr), true},
+		{"28P01 invalid password", pgErr("28P01"), true},
+		{"28000 invalid authorization", pgErr("28000"), true},
+		{"42501 insufficient privilege", pgErr("42501"), true},
+		{"3D000 database does not exist", pgErr("3D000"), true},
+		{"wrapped 28P01", fmt.Errorf("connect: %w", pgErr("28P01")), true},
+		{"wrapped 42501", fmt.Errorf("create slot: %w", pgErr("42501")), true},
+		{"wrapped 3D000", fmt.Errorf("connect to %s: %w", "db", pgErr("3D000")), true},
+		{"57P01 admin shutdown", pgErr("57P01"), false},
+		{"53300 too many connections", pgErr("53300"), false},
+		{"55006 slot active", pgErr("55006"), false},
+		{"08006 connection failure", pgErr("08006"), false},
+		{"network error", netErr, false},
+		{"wrapped network error", fmt.Errorf("connect: %w", netErr), false},
+		{"io.EOF", io.EOF, false},
+		{"unexpected EOF", io.ErrUnexpectedEOF, false},
+		{"context canceled", context.Canceled, false},
+		{"deadline exceeded", context.DeadlineExceeded, false},
+		{"plain error", errors.New("28P01"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := IsFatal(tt.err); got != tt.want {
+				t.Errorf("IsFatal(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestFatal(t *testing.T) {
+	if err := Fatal(nil); err != nil {
+		t.Errorf("Fatal(nil) = %v, want nil", err)
+	}
+	inner := fmt.Errorf("slot %s: %w", "outbox_relay", io.EOF)
+	err := Fatal(inner)
+	if err.Error() != inner.Error() {
+		t.Errorf("Fatal changed the message: %q, want %q", err.Error(), inner.Error())
+	}
+	if !errors.Is(err, io.EOF) {
+		t.Error("Fatal(err) does not unwrap to err's chain")
+	}
+	var f *FatalError
+	if !errors.As(fmt.Errorf("outer: %w", err), &f) || f.Err != inner {
+		t.Errorf("errors.As(*FatalError) = %v, %v", f, inner)
+	}
+}
