@@ -394,7 +394,8 @@ max_wal_senders = 32
 max_connections = 200
 wal_sender_timeout = 60s
 fsync = off
-synchronous_commit = off
+# on: a commit the test saw must survive pg-restart immediate (off loses the last ~200ms of commits)
+synchronous_commit = on
 full_page_writes = off
 shared_buffers = 128MB
 log_min_messages = warning

@@ -447,9 +447,18 @@ func consume(t *testing.T, topics []string, want int, d, quiet time.Duration) []
 			time.Sleep(200 * time.Millisecond)
 		}
 		for _, p := range parts {
-			pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-			if err != nil {
-				t.Fatalf("consume %s/%d: %v", topic, p, err)
+			// A just-created topic may not have a leader yet: retry.
+			var pc sarama.PartitionConsumer
+			for {
+				pc, err = consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("consume %s/%d: %v", topic, p, err)
+				}
+				time.Sleep(200 * time.Millisecond)
+				_ = client.RefreshMetadata(topic)
 			}
 			pcs = append(pcs, pc)
 			go func(pc sarama.PartitionConsumer) {

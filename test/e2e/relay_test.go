@@ -383,3 +383,34 @@ func minCommitLSN(t *testing.T, rs []record, ws []written) pglogrepl.LSN {
 	}
 	return first
 }
+
+// Any loss of the replication connection is retried with backoff and the
+// stream resumes from the slot: PostgreSQL restarts (fast and immediate)
+// while events flow lose nothing.
+func TestPostgresRestartReconnects(t *testing.T) {
+	e := newEnv(t, "pgrestart")
+	r := e.startRelay("--reconnect-max", "2s")
+	w := e.newWriter(10)
+	ctx := context.Background()
+	for i, mode := range []string{"fast", "immediate"} {
+		if err := w.run(ctx, 200, 5, 20, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		svc(t, "pg-restart", mode)
+		e.db.Reset() // drop pooled connections the restart killed
+		waitFor(t, 60*time.Second, fmt.Sprintf("replication to reconnect after the %s restart", mode), func() bool {
+			return r.metric("outbox_relay_replication_reconnects_total") >= float64(i+1) && r.readyStatus() == 200
+		})
+	}
+	if err := w.run(ctx, 200, 5, 20, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	ws := w.written()
+	rs := consume(t, e.topics(), len(ws), 90*time.Second, 2*time.Second)
+	rep := check(t, ws, rs, e.partitions(t))
+	requireClean(t, rep, true)
+	t.Logf("two PostgreSQL restarts: %d duplicates, 0 lost", rep.Duplicates)
+	if code := r.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+}
