@@ -120,7 +120,12 @@ func RedactURL(s string) string {
 		}
 		return u.String()
 	}
-	// keyword=value form
-	re := regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-	return re.ReplaceAllString(s, "${1}xxxxx")
+	// A URL that does not parse, or the keyword=value form: mask by pattern.
+	s = urlUserinfoRe.ReplaceAllString(s, "${1}xxxxx@")
+	return passwordKVRe.ReplaceAllString(s, "${1}xxxxx")
 }
+
+var (
+	urlUserinfoRe = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+	passwordKVRe  = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)`)
+)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -241,7 +242,10 @@ func (p *Producer) Run(ctx context.Context) error {
 // classify names an error for the publish_errors_total reason label.
 func classify(err error) string {
 	var kerr sarama.KError
+	var cerr sarama.ConfigurationError
 	switch {
+	case errors.As(err, &cerr) && strings.Contains(string(cerr), "larger than"):
+		return "message_too_large" // rejected locally by max_message_bytes
 	case errors.As(err, &kerr):
 		switch kerr {
 		case sarama.ErrMessageSizeTooLarge:

@@ -50,10 +50,14 @@ func ParseTemplate(s string) (Template, error) {
 	for _, p := range t.parts {
 		t.fixed = t.fixed && p.ref == 0
 	}
+	// Render with harmless values so bad literal parts fail at start, not
+	// at the first event.
+	check := func() error { _, err := t.Render("x", "x"); return err }
 	if t.fixed {
-		if err := ValidTopic(s); err != nil {
-			return Template{}, err
-		}
+		check = func() error { return ValidTopic(s) }
+	}
+	if err := check(); err != nil {
+		return Template{}, err
 	}
 	return t, nil
 }
