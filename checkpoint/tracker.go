@@ -70,7 +70,9 @@ func New(start pglogrepl.LSN, limits Limits) *Tracker {
 }
 
 // Add registers a transaction that ends at end with n events carrying bytes
-// payload bytes. It must be called in log order from one goroutine (the
+// payload bytes. A large transaction may be added in chunks: every chunk but
+// the last has end 0, and the watermark cannot pass a chunk until the
+// transaction's last chunk (with its end LSN) is acked too. It must be called in log order from one goroutine (the
 // replication handler). It blocks while the in-flight limits are reached, and
 // returns ctx.Err() if ctx ends first. A transaction with n == 0 is complete at
 // once but still keeps its place, so the watermark reaches it only after every
@@ -80,7 +82,7 @@ func (t *Tracker) Add(ctx context.Context, end pglogrepl.LSN, n int, bytes int64
 		return nil, fmt.Errorf("add transaction ending at %s: negative size (%d events, %d bytes)", end, n, bytes)
 	}
 	t.mu.Lock()
-	if end <= t.lastAdded {
+	if end != 0 && end <= t.lastAdded {
 		last := t.lastAdded
 		t.mu.Unlock()
 		// Postgres may resend transactions below the start position after a
@@ -98,7 +100,9 @@ func (t *Tracker) Add(ctx context.Context, end pglogrepl.LSN, n int, bytes int64
 		t.mu.Lock()
 	}
 	p := &Pending{t: t, end: end, remaining: n, bytes: bytes}
-	t.lastAdded = end
+	if end != 0 {
+		t.lastAdded = end
+	}
 	t.events += n
 	t.bytes += bytes
 	t.pending = append(t.pending, p)
@@ -158,6 +162,8 @@ func (p *Pending) End() pglogrepl.LSN { return p.end }
 func (t *Tracker) advanceLocked() {
 	moved := false
 	for t.head < len(t.pending) && t.pending[t.head].remaining == 0 {
+		// A chunk (end 0) is not a transaction boundary: it is popped when
+		// acked but only the transaction's last chunk moves the watermark.
 		if end := t.pending[t.head].end; end > t.watermark {
 			t.watermark = end // stays monotonic after an idle advance
 		}
@@ -207,6 +213,9 @@ func (t *Tracker) Flushed() pglogrepl.LSN {
 	defer t.mu.Unlock()
 	return t.watermark
 }
+
+// Limits returns the configured in-flight limits.
+func (t *Tracker) Limits() (events int, bytes int64) { return t.limits.MaxEvents, t.limits.MaxBytes }
 
 // InFlight returns the events and payload bytes added but not yet acked.
 func (t *Tracker) InFlight() (events int, bytes int64) {

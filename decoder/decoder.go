@@ -64,6 +64,11 @@ type Txn struct {
 	EndLSN     pglogrepl.LSN // TransactionEndLSN from Commit: the unit to checkpoint
 	CommitTime time.Time     // UTC
 	Events     []Event       // in log order; empty when the transaction had no outbox rows
+	// Partial marks a chunk of a transaction larger than the chunk limits
+	// (SetChunk): more events of it follow, EndLSN is zero and CommitLSN is
+	// the final LSN announced by Begin (the same value Commit carries). The
+	// last chunk comes on Commit with Partial false.
+	Partial bool
 }
 
 // Counts are running totals since New. Read them with Decoder.Counts, from
@@ -103,6 +108,13 @@ type Decoder struct {
 	// aggregate_type and event_type take few distinct values, so they are
 	// interned: most rows need no allocation for them.
 	intern map[string]string
+
+	// Chunk limits: an open transaction is handed out in pieces once it
+	// buffers this many events or payload bytes, so memory stays bounded
+	// for transactions of any size. Zero means no limit.
+	chunkEvents int
+	chunkBytes  int
+	buffered    int // payload bytes in txn.Events
 }
 
 // Interning stops at this many strings, or at strings this long, so that a
@@ -159,13 +171,40 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 	case 'R':
 		return nil, d.relation(walStart, body)
 	case 'I':
-		return nil, d.insert(walStart, body)
+		if err := d.insert(walStart, body); err != nil {
+			return nil, err
+		}
+		return d.maybeChunk(), nil
 	default:
 		// Update, Delete, Truncate, Type, Origin, Message, and anything newer:
 		// none of them can create an outbox event.
 		d.counts.OtherMessages++
 		return nil, nil
 	}
+}
+
+// SetChunk sets the chunk limits (see Txn.Partial); zero disables one. Call
+// before the first Decode.
+func (d *Decoder) SetChunk(events, bytes int) {
+	d.chunkEvents, d.chunkBytes = events, bytes
+}
+
+// maybeChunk hands out the open transaction's events when a chunk limit is
+// reached. pgoutput v1 sends a transaction only after it committed, so its
+// events may be published before Commit arrives; only the checkpoint must
+// wait for the end LSN.
+func (d *Decoder) maybeChunk() *Txn {
+	n := len(d.txn.Events)
+	if n == 0 || (d.chunkEvents == 0 || n < d.chunkEvents) && (d.chunkBytes == 0 || d.buffered < d.chunkBytes) {
+		return nil
+	}
+	part := d.txn
+	part.CommitLSN = part.BeginLSN
+	part.Partial = true
+	d.txn.Events = nil
+	d.buffered = 0
+	d.counts.Events += uint64(n)
+	return &part
 }
 
 // InTxn reports whether the Decoder is between a Begin and its Commit. The
@@ -212,6 +251,7 @@ func (d *Decoder) commit(lsn pglogrepl.LSN, b []byte) (*Txn, error) {
 	txn.CommitTime = pgTime(c.u64())
 
 	d.txn = Txn{} // the caller owns txn.Events now
+	d.buffered = 0
 	d.inTxn = false
 	d.counts.Txns++
 	d.counts.Events += uint64(len(txn.Events))
@@ -294,6 +334,7 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 		return err
 	}
 	d.txn.Events = append(d.txn.Events, ev)
+	d.buffered += len(ev.Payload)
 	return nil
 }
 

@@ -273,6 +273,11 @@ func (s *Stream) observe(lsn pglogrepl.LSN) {
 
 // sendStatus sends a standby status update. Caller holds s.mu.
 func (s *Stream) sendStatus(requestReply bool) error {
+	if s.conn == nil || s.conn.IsClosed() {
+		// After a receive error pgconn closes the connection from its own
+		// goroutine; writing to it now would race with that close.
+		return errors.New("replication connection is closed")
+	}
 	flushed := s.progress.Flushed()
 	if flushed == 0 {
 		return nil // pglogrepl would copy Write into a zero Flush: never confirm unacked data
@@ -312,7 +317,7 @@ func (s *Stream) pinger(ctx context.Context) {
 		s.lastSentMu.Lock()
 		stale := time.Since(s.lastSentTime) >= s.cfg.StatusInterval
 		s.lastSentMu.Unlock()
-		if stale && s.conn != nil {
+		if stale && s.conn != nil && !s.conn.IsClosed() {
 			if err := s.sendStatus(false); err != nil {
 				s.log.Warn().Err(err).Msg("status update from pinger failed")
 			}
@@ -333,7 +338,7 @@ func (s *Stream) finish(ctx context.Context, stopPing func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.sendStatus(false); err != nil {
-		s.log.Warn().Err(err).Msg("final status update failed")
+		s.log.Info().Err(err).Msg("no final status update; the server resends from its confirmed position")
 	} else {
 		s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("final status update sent")
 	}

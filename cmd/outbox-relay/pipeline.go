@@ -50,12 +50,11 @@ type pipeline struct {
 
 func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl sink.Template,
 	log zerolog.Logger, reg prometheus.Registerer, fail func(error)) (*pipeline, error) {
-	dec, err := decoder.New(table)
-	if err != nil {
+	p := &pipeline{table: table, tracker: tracker, pub: pub, tmpl: tmpl, fail: fail, pubCtx: context.Background(),
+		log: log.With().Str("component", "pipeline").Logger()}
+	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
-	p := &pipeline{table: table, dec: dec, tracker: tracker, pub: pub, tmpl: tmpl, fail: fail, pubCtx: context.Background(),
-		log: log.With().Str("component", "pipeline").Logger()}
 	p.commitToAck = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "outbox_relay_commit_to_ack_seconds",
 		Help:    "Time from the PostgreSQL commit of an event's transaction to the Kafka ack (acks=all).",
@@ -97,10 +96,13 @@ func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	if txn == nil {
 		return nil
 	}
-	if txn.EndLSN <= p.tracker.Flushed() {
-		// Already delivered and confirmed: the server resent it after a
-		// reconnect that raced our last status update.
-		p.resent.Add(1)
+	if txn.CommitLSN < p.tracker.Flushed() {
+		// Already delivered and confirmed: the server resends a transaction
+		// iff its commit LSN >= the confirmed position, so this is a resend
+		// after a reconnect that raced our last status update.
+		if !txn.Partial {
+			p.resent.Add(1)
+		}
 		return nil
 	}
 	msgs := make([]sink.Message, len(txn.Events))
@@ -121,6 +123,7 @@ func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		}
 		bytes += int64(len(ev.Payload))
 	}
+	// A Partial chunk is added with end 0: it cannot move the watermark.
 	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(msgs), bytes)
 	if err != nil {
 		return err
@@ -145,6 +148,20 @@ func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 			return err
 		}
 	}
+	return nil
+}
+
+// resetDecoder starts a fresh decoder (a new session resends relations) whose
+// chunks keep one transaction's buffered events well inside the in-flight
+// limits, so a transaction of any size streams in bounded memory.
+func (p *pipeline) resetDecoder() error {
+	dec, err := decoder.New(p.table)
+	if err != nil {
+		return err
+	}
+	events, bytes := p.tracker.Limits()
+	dec.SetChunk(min(1000, max(1, events/2)), int(max(1, bytes/2)))
+	p.dec, p.prevDec = dec, decoder.Counts{}
 	return nil
 }
 
@@ -208,13 +225,8 @@ func (p *pipeline) Drain(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			dec, derr := decoder.New(p.table)
-			if derr != nil {
-				return derr
-			}
 			p.countDecoder()
-			p.dec, p.prevDec = dec, decoder.Counts{}
-			return nil
+			return p.resetDecoder()
 		case <-tick.C:
 			e, b := p.tracker.InFlight()
 			p.log.Warn().Int("events", e).Int64("bytes", b).Msg("waiting for kafka to ack in-flight events")

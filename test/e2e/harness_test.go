@@ -690,3 +690,31 @@ func (e *env) currentLSN(t *testing.T) pglogrepl.LSN {
 }
 
 var _ = pgx.ErrNoRows
+
+// bigTxn commits n events in ONE transaction with a single INSERT ... SELECT,
+// over k fresh "order" aggregates. Use it on a writer that wrote nothing yet.
+func (w *writer) bigTxn(ctx context.Context, n, k int) error {
+	rows, err := w.e.db.Query(ctx, `INSERT INTO `+w.e.table+` (aggregate_type, aggregate_id, event_type, payload, headers)
+		SELECT 'order', 'order-' || (g % $2) * 3, 'order.updated',
+		       jsonb_build_object('aggregate', 'order-' || (g % $2) * 3, 'seq', g / $2 + 1),
+		       jsonb_build_object('trace_id', 'trace-order-' || (g % $2) * 3 || '-' || (g / $2 + 1), 'tenant_id', 'acme',
+		                          'schema_version', 2, 'traceparent', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01')
+		FROM generate_series(0, $1 - 1) AS g ORDER BY g
+		RETURNING id, aggregate_id, (payload->>'seq')::int`, n, k)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for rows.Next() {
+		var x written
+		if err := rows.Scan(&x.ID, &x.Aggregate, &x.Seq); err != nil {
+			return err
+		}
+		x.AggType = "order"
+		w.all = append(w.all, x)
+		w.seqs[x.Aggregate] = max(w.seqs[x.Aggregate], x.Seq)
+	}
+	return rows.Err()
+}
