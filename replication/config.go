@@ -32,6 +32,11 @@ type Config struct {
 	// StatusInterval is how often standby status updates are sent. It must
 	// stay below wal_sender_timeout/2, which is checked at start.
 	StatusInterval time.Duration `yaml:"status_interval"`
+	// ReceiveTimeout: a replication connection from which nothing arrives
+	// for this long, although a reply was requested, is closed and
+	// reconnected (like PostgreSQL's wal_receiver_timeout). At least three
+	// status intervals are always allowed.
+	ReceiveTimeout time.Duration `yaml:"receive_timeout"`
 	// ReconnectMin and ReconnectMax bound the exponential reconnect backoff.
 	ReconnectMin time.Duration `yaml:"reconnect_min"`
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
@@ -47,6 +52,7 @@ func DefaultConfig() Config {
 		Table:             "public.outbox",
 		CreatePublication: true,
 		StatusInterval:    time.Second,
+		ReceiveTimeout:    30 * time.Second,
 		ReconnectMin:      200 * time.Millisecond,
 		ReconnectMax:      30 * time.Second,
 		LagPollInterval:   5 * time.Second,
@@ -82,6 +88,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > time.Minute {
 		bad("status_interval", "%s is out of range: use 10ms..1m (default 1s)", c.StatusInterval)
+	}
+	if c.ReceiveTimeout < time.Second {
+		bad("receive_timeout", "%s is too short: use at least 1s (default 30s)", c.ReceiveTimeout)
 	}
 	if c.ReconnectMin <= 0 {
 		bad("reconnect_min", "%s must be positive (default 200ms)", c.ReconnectMin)

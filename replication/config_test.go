@@ -57,7 +57,7 @@ func TestValidate(t *testing.T) {
 		{"lag poll too short", func(c *Config) { c.LagPollInterval = 99 * time.Millisecond }, []string{"postgres.lag_poll_interval"}},
 		{"everything wrong", func(c *Config) { *c = Config{} }, []string{
 			"postgres.url", "postgres.slot", "postgres.publication", "postgres.table",
-			"postgres.status_interval", "postgres.reconnect_min", "postgres.lag_poll_interval",
+			"postgres.status_interval", "postgres.receive_timeout", "postgres.reconnect_min", "postgres.lag_poll_interval",
 		}},
 	}
 	for _, tt := range tests {

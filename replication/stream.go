@@ -184,13 +184,24 @@ func (s *Stream) checkSenderTimeout(ctx context.Context, conn *pgconn.PgConn) er
 // loop receives messages until ctx ends or the connection fails.
 func (s *Stream) loop(ctx context.Context, h Handler) error {
 	next := time.Now().Add(s.cfg.StatusInterval)
+	// heard is when the server last sent anything (or the handler last
+	// finished: time blocked on backpressure is not silence). A connection
+	// that stays silent past ReceiveTimeout although we asked for a reply is
+	// dead even if TCP has not noticed (a cut network, a frozen server).
+	heard := time.Now()
+	timeout := max(s.cfg.ReceiveTimeout, 3*s.cfg.StatusInterval)
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if silent := time.Since(heard); silent > timeout {
+			return fmt.Errorf("slot %q: no message from the server for %s (postgres.receive_timeout): connection presumed dead", s.cfg.Slot, silent.Round(time.Millisecond))
+		}
 		if !time.Now().Before(next) {
 			s.mu.Lock()
-			err := s.sendStatus(false)
+			// Ask for a reply once the server has been quiet for a third of
+			// the timeout, so an idle but healthy connection proves itself.
+			err := s.sendStatus(time.Since(heard) > timeout/3)
 			s.mu.Unlock()
 			if err != nil {
 				return err
@@ -211,11 +222,13 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 			}
 			return fmt.Errorf("receive from slot %q: %w", s.cfg.Slot, err)
 		}
+		heard = time.Now()
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := s.handleCopyData(ctx, h, m.Data); err != nil {
 				return err
 			}
+			heard = time.Now()
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("slot %q: server error: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.CopyDone:

@@ -138,6 +138,8 @@ var keys = []key{
 		boolean(func(c *Config) *bool { return &c.Postgres.CreatePublication })},
 	{"postgres.status_interval", "OUTBOX_RELAY_STATUS_INTERVAL", "status-interval", "standby status update interval (< wal_sender_timeout/2)",
 		dur(func(c *Config) *time.Duration { return &c.Postgres.StatusInterval })},
+	{"postgres.receive_timeout", "OUTBOX_RELAY_RECEIVE_TIMEOUT", "receive-timeout", "reconnect when the server sends nothing this long (dead connection)",
+		dur(func(c *Config) *time.Duration { return &c.Postgres.ReceiveTimeout })},
 	{"postgres.reconnect_min", "OUTBOX_RELAY_RECONNECT_MIN", "reconnect-min", "first replication reconnect backoff",
 		dur(func(c *Config) *time.Duration { return &c.Postgres.ReconnectMin })},
 	{"postgres.reconnect_max", "OUTBOX_RELAY_RECONNECT_MAX", "reconnect-max", "largest replication reconnect backoff",
@@ -199,6 +201,7 @@ var keys = []key{
 // from file, env and flags. Parse errors name the key and its source.
 func loadConfig(name string, args []string, getenv func(string) string) (Config, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // realMain prints errors and usage once, to its writer
 	path := fs.String("config", "", "YAML config file")
 	type flagVal struct {
 		k key

@@ -255,6 +255,7 @@ var invalidCases = []struct {
 	{key: "postgres.table", env: []string{"a.b.c"}, flag: []string{"", "public."}, file: []any{"public.out box"}},
 	{key: "postgres.create_publication", env: []string{"maybe"}, flag: []string{"2"}, file: []any{"maybe", []string{"x"}}},
 	{key: "postgres.status_interval", env: []string{"abc", "5ms"}, flag: []string{"2m", "1"}, file: []any{"0s", 5, "soon"}},
+	{key: "postgres.receive_timeout", env: []string{"500ms", "x"}, flag: []string{"0s"}, file: []any{"10ms"}},
 	{key: "postgres.reconnect_min", env: []string{"0s", "-1s"}, flag: []string{"x"}, file: []any{"0s"}},
 	{key: "postgres.reconnect_max", env: []string{"1ms"}, flag: []string{"100ms", "y"}, file: []any{"1ns"}},
 	{key: "postgres.lag_poll_interval", env: []string{"10ms", "soon"}, flag: []string{"0s"}, file: []any{"99ms", 5}},

@@ -67,6 +67,11 @@ func realMain(args []string, getenv func(string) string, stderr io.Writer) int {
 	}
 	cfg, err := loadConfig(cmd, rest, getenv)
 	if errors.Is(err, flag.ErrHelp) {
+		usage(stderr)
+		fmt.Fprintln(stderr, "\nflags (each overrides its env variable, which overrides --config FILE):")
+		for _, k := range keys {
+			fmt.Fprintf(stderr, "  --%-26s %s (env %s)\n", k.flag, k.usage, k.env)
+		}
 		return exitOK
 	}
 	if err != nil {

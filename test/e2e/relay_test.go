@@ -455,3 +455,49 @@ func TestHugeTransactionBoundedInFlight(t *testing.T) {
 	}
 	r.stop(syscall.SIGTERM, 30*time.Second)
 }
+
+// A replication connection that goes silent without closing (here: the
+// walsender process frozen with SIGSTOP, as behind a cut network) is
+// detected by postgres.receive_timeout and replaced; nothing is lost.
+func TestSilentReplicationConnectionIsReplaced(t *testing.T) {
+	e := newEnv(t, "silent")
+	r := e.startRelay("--receive-timeout", "3s", "--status-interval", "300ms", "--reconnect-max", "1s")
+	w := e.newWriter(12)
+	ctx := context.Background()
+	if err := w.run(ctx, 100, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "first batch acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 100 })
+	var pid int
+	if err := e.db.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name=$1", e.slot).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP walsender %d: %v", pid, err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}()
+	if err := w.run(ctx, 100, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the relay to give up on the silent connection", func() bool {
+		return r.metric("outbox_relay_replication_reconnects_total") >= 1
+	})
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	ws := w.written()
+	rs := consume(t, e.topics(), len(ws), 120*time.Second, 2*time.Second)
+	requireClean(t, check(t, ws, rs, e.partitions(t)), true)
+	if code := r.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if !strings.Contains(r.log(), "connection presumed dead") {
+		t.Fatal("the relay log does not say why it reconnected")
+	}
+}
