@@ -66,9 +66,13 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_connected",
 			Help: "1 while the producer can reach the Kafka cluster."}),
 	}
+	for _, r := range []string{"network", "message_too_large", "invalid_topic", "broker_rejected", "other"} {
+		m.errors.WithLabelValues(r) // export zeros, so rate() and alerts work from the start
+	}
 	if reg != nil {
 		reg.MustRegister(m.published, m.errors, m.connected)
 	}
+	routeSaramaLog(log)
 	return &Producer{cfg: cfg, sc: sc, metrics: m, drained: make(chan struct{}),
 		log: log.With().Str("component", "sink").Logger()}, nil
 }

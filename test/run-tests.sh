@@ -22,7 +22,7 @@ set +a
 
 echo "== end-to-end tests (real PostgreSQL, real Kafka, real consumer)"
 set +e
-go test -count=1 -tags e2e -timeout 12m -v ./test/... 2>&1 | tee "$OUTBOX_TEST_RUN_DIR/e2e.log" |
+go test -count=1 -tags e2e -timeout 12m -v ./test/e2e/ 2>&1 | tee "$OUTBOX_TEST_RUN_DIR/e2e.log" |
   grep --line-buffered -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test\.go)'
 status=${PIPESTATUS[0]}
 set -e
