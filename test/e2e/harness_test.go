@@ -718,3 +718,16 @@ func (w *writer) bigTxn(ctx context.Context, n, k int) error {
 	}
 	return rows.Err()
 }
+
+// walsenderPID returns the pid of the walsender serving the test's slot.
+func (e *env) walsenderPID(t *testing.T) int {
+	t.Helper()
+	var pid *int
+	if err := e.db.QueryRow(context.Background(), "SELECT active_pid FROM pg_replication_slots WHERE slot_name=$1", e.slot).Scan(&pid); err != nil {
+		t.Fatalf("read slot %s: %v", e.slot, err)
+	}
+	if pid == nil {
+		t.Fatalf("slot %s has no walsender", e.slot)
+	}
+	return *pid
+}

@@ -320,10 +320,7 @@ func TestBackpressureKeepsReplicationAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "first batch acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 100 })
-	var pid int
-	if err := e.db.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name=$1", e.slot).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := e.walsenderPID(t)
 	svc(t, "kafka-pause")
 	paused := true
 	defer func() {
@@ -344,11 +341,7 @@ func TestBackpressureKeepsReplicationAlive(t *testing.T) {
 	if n := r.metric("outbox_relay_replication_reconnects_total"); n != 0 {
 		t.Fatalf("replication reconnected %v times while blocked on backpressure: keepalives were starved", n)
 	}
-	var pid2 int
-	if err := e.db.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name=$1", e.slot).Scan(&pid2); err != nil {
-		t.Fatal(err)
-	}
-	if pid2 != pid {
+	if pid2 := e.walsenderPID(t); pid2 != pid {
 		t.Fatalf("walsender changed from pid %d to %d: the connection was dropped", pid, pid2)
 	}
 	if max := r.metric("outbox_relay_inflight_events"); max > 5 {
@@ -468,10 +461,7 @@ func TestSilentReplicationConnectionIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "first batch acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 100 })
-	var pid int
-	if err := e.db.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name=$1", e.slot).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	pid := e.walsenderPID(t)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatalf("SIGSTOP walsender %d: %v", pid, err)
 	}
