@@ -222,6 +222,11 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = "outbox-relay"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return nil, Fatal(fmt.Errorf("open replication connection as %q: %w; grant it with ALTER ROLE %s REPLICATION (and allow it in pg_hba.conf for the replication database)",
+			pc.User, err, pgx.Identifier{pc.User}.Sanitize()))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open replication connection: %w", err)
 	}

@@ -731,3 +731,24 @@ func (e *env) walsenderPID(t *testing.T) int {
 	}
 	return *pid
 }
+
+// runRelayToExit runs the relay with the env's flags plus extra and waits
+// (bounded) for it to exit; it returns the exit code and the log.
+func (e *env) runRelayToExit(d time.Duration, extra ...string) (int, string) {
+	e.t.Helper()
+	args := append(append([]string{"run"}, e.flags()...), "--metrics-addr", "")
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, relayBin, append(args, extra...)...)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		e.t.Fatalf("relay still running after %s; it should have stopped:\n%s", d, tail(out, 3000))
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return 0, string(out)
+}

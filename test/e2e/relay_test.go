@@ -491,3 +491,75 @@ func TestSilentReplicationConnectionIsReplaced(t *testing.T) {
 		t.Fatal("the relay log does not say why it reconnected")
 	}
 }
+
+// Setups the relay must refuse, each with exit 1 and a message that names
+// the problem and the fix, instead of retrying forever or doing damage.
+func TestRefusesBadSetups(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, e *env) []string // returns extra relay flags
+		want    []string
+	}{
+		{"slot with another plugin", func(t *testing.T, e *env) []string {
+			mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
+			mustExec(t, e, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", e.slot)
+			return nil
+		}, []string{"test_decoding", "needs a logical pgoutput slot", "choose another postgres.slot"}},
+		{"publication missing, creation disabled", func(t *testing.T, e *env) []string {
+			mustExec(t, e, "DROP PUBLICATION "+e.pub)
+			return []string{"--create-publication=false"}
+		}, []string{"does not exist", "CREATE PUBLICATION", "create_publication"}},
+		{"outbox table missing", func(t *testing.T, e *env) []string {
+			mustExec(t, e, "DROP TABLE "+e.table)
+			return nil
+		}, []string{"does not exist", "outbox-relay migrate"}},
+		{"role without REPLICATION", func(t *testing.T, e *env) []string {
+			role := e.slot + "_norepl"
+			mustExec(t, e, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE pg_read_all_stats")
+			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
+			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
+			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
+			return []string{"--postgres-url", u}
+		}, []string{"ALTER ROLE", "REPLICATION"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, "refuse")
+			extra := tt.prepare(t, e)
+			code, log := e.runRelayToExit(60*time.Second, extra...)
+			if code != 1 {
+				t.Fatalf("exit code %d, want 1:\n%s", code, tail([]byte(log), 3000))
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(log, w) {
+					t.Errorf("log lacks %q:\n%s", w, tail([]byte(log), 3000))
+				}
+			}
+			if strings.Contains(log, passwordOf(pgURL)) {
+				t.Error("the log contains the PostgreSQL password")
+			}
+		})
+	}
+}
+
+// A missing publication is created when allowed, and events flow.
+func TestMissingPublicationIsCreated(t *testing.T) {
+	e := newEnv(t, "createpub")
+	mustExec(t, e, "DROP PUBLICATION "+e.pub)
+	r := e.startRelay()
+	w := e.newWriter(13)
+	if err := w.run(context.Background(), 100, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	ws := w.written()
+	requireClean(t, check(t, ws, consume(t, e.topics(), len(ws), 60*time.Second, time.Second), e.partitions(t)), false)
+	r.stop(syscall.SIGTERM, 30*time.Second)
+}
+
+func mustExec(t *testing.T, e *env, sql string, args ...any) {
+	t.Helper()
+	if _, err := e.db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
