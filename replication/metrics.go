@@ -55,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // PollLag reads the slot's lag on a normal connection every interval until
 // ctx ends. It reconnects on errors and never stops the relay.
 func PollLag(ctx context.Context, cfg Config, m *Metrics, log zerolog.Logger) {
-	log = log.With().Str("component", "lag").Str("slot", cfg.Slot).Logger()
+	log = log.With().Str("component", "lag").Logger() // the caller's logger carries slot
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {

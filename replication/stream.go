@@ -63,7 +63,7 @@ func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*
 	}
 	return &Stream{
 		cfg: cfg, progress: progress, metrics: m, DrainTimeout: 30 * time.Second,
-		log: log.With().Str("component", "replication").Str("slot", cfg.Slot).Logger(),
+		log: log.With().Str("component", "replication").Logger(), // the caller's logger carries slot
 	}, nil
 }
 

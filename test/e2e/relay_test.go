@@ -163,7 +163,7 @@ func mustAtoi(s string) int {
 // pending events; broker back: everything arrives.
 func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 	e := newEnv(t, "brokerdown")
-	r := e.startRelay()
+	r := e.startRelay("--lag-poll-interval", "200ms")
 	w := e.newWriter(5)
 	if err := w.run(context.Background(), 200, 5, 20, 0, ""); err != nil {
 		t.Fatal(err)
@@ -185,6 +185,10 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 		return r.metric("outbox_relay_received_lsn") > float64(before)
 	})
 	waitFor(t, 20*time.Second, "/readyz to report not ready while kafka is down", func() bool { return r.readyStatus() == 503 })
+	// The lag gauge, read from pg_replication_slots, must show the backlog.
+	waitFor(t, 20*time.Second, "outbox_relay_slot_lag_bytes to show the pending events", func() bool {
+		return r.metric("outbox_relay_slot_lag_bytes") > 50_000
+	})
 	// Several status intervals pass; sample what the slot confirms meanwhile.
 	var maxConfirmed pglogrepl.LSN
 	for i := 0; i < 5; i++ {
@@ -205,6 +209,10 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 		t.Fatalf("slot confirmed %s while the broker was down, past the first pending commit %s", maxConfirmed, first)
 	}
 	waitFor(t, 30*time.Second, "slot to advance after the broker came back", func() bool { return e.slotLSN(t) > first })
+	waitFor(t, 30*time.Second, "outbox_relay_slot_lag_bytes to drop after the broker came back", func() bool {
+		v := r.metric("outbox_relay_slot_lag_bytes")
+		return v >= 0 && v < 50_000
+	})
 	t.Logf("broker down: %d duplicates after it came back", rep.Duplicates)
 	r.stop(syscall.SIGTERM, 30*time.Second)
 }
