@@ -23,11 +23,17 @@ type SlotInfo struct {
 	Created        bool  // created by this call
 }
 
+// ErrSlotVanished is returned (as a FatalError) when a slot that existed
+// earlier in this process is gone: recreating it silently would skip every
+// event written in between.
+var ErrSlotVanished = errors.New("replication slot vanished")
+
 // Prepare checks the server and the outbox objects on a normal connection and
-// creates the publication and slot when missing. Every problem an operator
-// must fix comes back as a FatalError that says how to fix it. It is safe to
-// call concurrently with another relay: creation races are tolerated.
-func Prepare(ctx context.Context, cfg Config) (SlotInfo, error) {
+// creates the publication and, when createSlot is true, the slot if missing.
+// Every problem an operator must fix comes back as a FatalError that says how
+// to fix it. It is safe to call concurrently with another relay: creation
+// races are tolerated.
+func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error) {
 	conn, err := pgx.Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotInfo{}, fmt.Errorf("connect to postgres: %w", err)
@@ -51,8 +57,11 @@ func Prepare(ctx context.Context, cfg Config) (SlotInfo, error) {
 	if err != nil {
 		return SlotInfo{}, err
 	}
+	if !found && !createSlot {
+		return SlotInfo{}, Fatal(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recreate it with `outbox-relay migrate`, then republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id)", cfg.Slot, ErrSlotVanished))
+	}
 	if !found {
-		if err := createSlot(ctx, cfg); err != nil {
+		if err := createReplicationSlot(ctx, cfg); err != nil {
 			return SlotInfo{}, err
 		}
 		info, found, err = readSlot(ctx, conn, cfg.Slot)
@@ -196,7 +205,7 @@ func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool,
 	return info, true, nil
 }
 
-func createSlot(ctx context.Context, cfg Config) error {
+func createReplicationSlot(ctx context.Context, cfg Config) error {
 	conn, err := connectReplication(ctx, cfg.URL)
 	if err != nil {
 		return err

@@ -45,6 +45,7 @@ type Stream struct {
 	mu   sync.Mutex // guards conn: pgconn is not safe for concurrent use
 	conn *pgconn.PgConn
 
+	slotSeen     bool          // the slot existed or was created in this process
 	received     atomic.Uint64 // highest WAL position seen
 	streaming    atomic.Bool
 	lastSentMu   sync.Mutex
@@ -113,10 +114,13 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 	if err := s.progress.Drain(ctx); err != nil {
 		return err
 	}
-	info, err := Prepare(ctx, s.cfg)
+	// Only a process that has never seen its slot may create it; a slot
+	// that disappears mid-run is an operator error worth stopping for.
+	info, err := Prepare(ctx, s.cfg, !s.slotSeen)
 	if err != nil {
 		return err
 	}
+	s.slotSeen = true
 	if info.Created {
 		s.log.Warn().Msg("created replication slot; outbox rows committed before now are not streamed (republish them from the table if needed)")
 	}

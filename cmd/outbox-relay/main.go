@@ -140,7 +140,7 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	}
 	// The slot is created here too, so every row inserted after migrate is
 	// streamed even if the relay starts later.
-	info, err := replication.Prepare(ctx, cfg.Postgres)
+	info, err := replication.Prepare(ctx, cfg.Postgres, true)
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: slot and publication check failed")
 		return exitFatal
@@ -256,7 +256,7 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 func prepareWithRetry(ctx context.Context, cfg replication.Config, log zerolog.Logger) (replication.SlotInfo, error) {
 	backoff := cfg.ReconnectMin
 	for {
-		info, err := replication.Prepare(ctx, cfg)
+		info, err := replication.Prepare(ctx, cfg, true)
 		if err == nil || replication.IsFatal(err) || ctx.Err() != nil {
 			return info, err
 		}

@@ -571,3 +571,36 @@ func mustExec(t *testing.T, e *env, sql string, args ...any) {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// A slot dropped while the relay runs must not be silently recreated (that
+// would skip every event committed in between): the relay stops and says
+// how to recover.
+func TestSlotDroppedWhileRunningStops(t *testing.T) {
+	e := newEnv(t, "slotdrop")
+	r := e.startRelay("--reconnect-min", "2s", "--reconnect-max", "3s")
+	w := e.newWriter(14)
+	if err := w.run(context.Background(), 50, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "events acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 50 })
+	mustExec(t, e, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", e.slot)
+	waitFor(t, 10*time.Second, "the walsender to exit", func() bool {
+		_, err := e.db.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
+		return err == nil
+	})
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay kept running (and may have recreated the slot) after its slot was dropped")
+	}
+	if code := r.stop(syscall.SIGTERM, time.Second); code != 1 {
+		t.Fatalf("exit code %d, want 1", code)
+	}
+	if log := r.log(); !strings.Contains(log, "existed earlier but is gone") || !strings.Contains(log, "republish") {
+		t.Fatalf("the log does not explain the vanished slot:\n%s", tail([]byte(log), 2000))
+	}
+	var n int
+	if err := e.db.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("slot recreated (count %d, err %v)", n, err)
+	}
+}
