@@ -20,6 +20,10 @@ import (
 //go:embed *.sql
 var files embed.FS
 
+// SlotRegistry is the table, in the outbox table's schema, that remembers
+// which slots the relay created.
+const SlotRegistry = "outbox_relay_slots"
+
 // Names are the configured object names substituted into the SQL.
 type Names struct {
 	Schema, Table, Publication string
@@ -41,6 +45,7 @@ func Load(n Names) ([]Migration, error) {
 	repl := strings.NewReplacer(
 		"{{table}}", pgx.Identifier{n.Schema, n.Table}.Sanitize(),
 		"{{index}}", pgx.Identifier{n.Table + "_unpublished_idx"}.Sanitize(),
+		"{{slot_registry}}", pgx.Identifier{n.Schema, SlotRegistry}.Sanitize(),
 		"{{publication}}", pgx.Identifier{n.Publication}.Sanitize(),
 		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",
 	)

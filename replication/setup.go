@@ -57,6 +57,15 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 	if err != nil {
 		return SlotInfo{}, err
 	}
+	registry := registryName(cfg.Table)
+	created, registered, err := readRegistry(ctx, conn, registry, cfg.Slot)
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	if !found && registered {
+		return SlotInfo{}, Fatal(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (dropped?): %w. Events committed while it was missing were not streamed. Republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id), then DELETE FROM %s WHERE slot_name = '%s' and start again: the relay will create a fresh slot",
+			cfg.Slot, created.at, created.lsn, ErrSlotVanished, registry, cfg.Slot))
+	}
 	if !found && !createSlot {
 		return SlotInfo{}, Fatal(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recreate it with `outbox-relay migrate`, then republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id)", cfg.Slot, ErrSlotVanished))
 	}
@@ -73,7 +82,51 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		}
 		info.Created = true
 	}
+	if !registered {
+		if err := register(ctx, conn, registry, cfg.Slot, info.ConfirmedFlush); err != nil {
+			return SlotInfo{}, err
+		}
+	}
 	return info, nil
+}
+
+// registryName is the slot registry table beside the outbox table (see
+// migrations/0002_slot_registry.sql).
+func registryName(table string) string {
+	schema, _, _ := SplitTable(table)
+	return pgx.Identifier{schema, "outbox_relay_slots"}.Sanitize()
+}
+
+type registryRow struct{ at, lsn string }
+
+// readRegistry reports whether the slot is registered. Without the registry
+// table (a schema not made by migrate) there is nothing to compare with.
+func readRegistry(ctx context.Context, conn *pgx.Conn, registry, slot string) (registryRow, bool, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", registry).Scan(&exists); err != nil || !exists {
+		return registryRow{}, false, err
+	}
+	var r registryRow
+	err := conn.QueryRow(ctx, "SELECT created_at::text, coalesce(created_lsn::text, '?') FROM "+registry+" WHERE slot_name = $1", slot).Scan(&r.at, &r.lsn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("read slot registry %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", registry, err, registry)
+	}
+	return r, true, nil
+}
+
+func register(ctx context.Context, conn *pgx.Conn, registry, slot string, lsn pglogrepl.LSN) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", registry).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+registry+" (slot_name, created_lsn) VALUES ($1, $2::pg_lsn) ON CONFLICT (slot_name) DO NOTHING",
+		slot, lsn.String()); err != nil {
+		return fmt.Errorf("record slot %q in %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", slot, registry, err, registry)
+	}
+	return nil
 }
 
 func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
