@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     payload        JSONB       NOT NULL,          -- the event body, published byte for byte
     headers        JSONB,                         -- trace_id, tenant_id, schema_version, traceparent...
     created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-    published_at   TIMESTAMPTZ,                   -- NULL = not yet confirmed as published
+    published_at   TIMESTAMPTZ,                   -- for a polling fallback; the CDC relay leaves it NULL
     attempt_count  INTEGER     NOT NULL DEFAULT 0,
     last_error     TEXT
 );
