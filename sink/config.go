@@ -39,6 +39,9 @@ type Config struct {
 	// RetryMax is how many times one batch is retried before the error
 	// stops the relay (default 1000: about an hour with a 5s backoff cap).
 	RetryMax int `yaml:"retry_max"`
+	// SASL and TLS secure the broker connections.
+	SASL SASLConfig `yaml:"sasl"`
+	TLS  TLSConfig  `yaml:"tls"`
 }
 
 // DefaultConfig returns the defaults documented in the README.
@@ -105,6 +108,8 @@ func (c Config) Validate(prefix string) error {
 	if c.RetryBackoffMax < 10*time.Millisecond {
 		bad("retry_backoff_max", "%s is too short: use at least 10ms (default 5s)", c.RetryBackoffMax)
 	}
+	c.SASL.validate(bad)
+	c.TLS.validate(bad)
 	if c.RetryMax < 1 || c.RetryMax > 100000 {
 		bad("retry_max", "%d is out of range: use 1..100000 (default 1000)", c.RetryMax)
 	}

@@ -123,6 +123,9 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Net.DialTimeout = 5 * time.Second
 	sc.Net.ReadTimeout = 30 * time.Second
 	sc.Net.WriteTimeout = 10 * time.Second
+	if err := applySecurity(cfg, sc); err != nil {
+		return nil, err
+	}
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka producer config: %w", err)
 	}
@@ -143,6 +146,10 @@ func (p *Producer) Connect(ctx context.Context) error {
 			p.setConnected(true)
 			p.log.Info().Strs("brokers", p.cfg.Brokers).Msg("connected to kafka")
 			return nil
+		}
+		if IsAuthError(err) {
+			return fmt.Errorf("kafka refused the credentials of user %q (SASL %s): %w; check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)",
+				p.cfg.SASL.Username, p.cfg.SASL.Mechanism, err)
 		}
 		p.log.Warn().Err(err).Strs("brokers", p.cfg.Brokers).Dur("retry_in", backoff).Msg("kafka not reachable; retrying")
 		select {

@@ -205,6 +205,10 @@ OUTBOX_TEST_PG_TMP=$PG_TMP
 OUTBOX_TEST_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
 OUTBOX_TEST_KAFKA_PORT=$KAFKA_PORT
 OUTBOX_TEST_KAFKA_CONTROLLER_PORT=$KAFKA_CONTROLLER_PORT
+OUTBOX_TEST_KAFKA_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
+OUTBOX_TEST_KAFKA_SASL_PORT=$KAFKA_SASL_PORT
+OUTBOX_TEST_KAFKA_SASL_USER=relay
+OUTBOX_TEST_KAFKA_SASL_PASSWORD=$KAFKA_SASL_PASSWORD
 OUTBOX_TEST_KAFKA_PID=$KAFKA_PID
 OUTBOX_TEST_KAFKA_DIR=$KAFKA_DIR
 OUTBOX_TEST_KAFKA_LOG=$KAFKA_LOG
@@ -244,6 +248,8 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
       OUTBOX_TEST_PG_TMP) PG_TMP=$v ;;
       OUTBOX_TEST_KAFKA_PORT) KAFKA_PORT=$v ;;
       OUTBOX_TEST_KAFKA_CONTROLLER_PORT) KAFKA_CONTROLLER_PORT=$v ;;
+      OUTBOX_TEST_KAFKA_SASL_PORT) KAFKA_SASL_PORT=$v ;;
+      OUTBOX_TEST_KAFKA_SASL_PASSWORD) KAFKA_SASL_PASSWORD=$v ;;
       OUTBOX_TEST_KAFKA_PID) KAFKA_PID=$v ;;
       OUTBOX_TEST_KAFKA_DIR) KAFKA_DIR=$v ;;
       OUTBOX_TEST_KAFKA_LIBS) KAFKA_LIBS=$v ;;
@@ -254,6 +260,7 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
 
 PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP=""
 KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
+KAFKA_SASL_PORT="" KAFKA_SASL_PASSWORD=""
 
 pg_url() { echo "postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"; }
 
@@ -473,11 +480,16 @@ kafka_write_configs() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+# A second, authenticated listener for the relay's SASL tests: SCRAM-SHA-512 users come from
+# StorageTool format --add-scram, PLAIN users from the JAAS line below.
+sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_relay="$KAFKA_SASL_PASSWORD";
 log.dirs=$KAFKA_DIR/kraft-combined-logs
 auto.create.topics.enable=true
 num.partitions=4
@@ -531,6 +543,7 @@ EOF
 kafka_format() {
   if ! "$JAVA" -Xmx256m -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" -cp "$KAFKA_LIBS/*" \
        kafka.tools.StorageTool format --standalone -t "$KAFKA_CLUSTER_ID" -c "$KAFKA_DIR/server.properties" \
+       --add-scram "SCRAM-SHA-512=[name=relay,password=$KAFKA_SASL_PASSWORD]" \
        >"$KAFKA_DIR/format.log" 2>&1; then
     tail_file "$KAFKA_DIR/format.log"
     return 1
@@ -600,9 +613,11 @@ kafka_setup() { # fresh data dir, format, start, wait; sets KAFKA_*
   : >"$KAFKA_LOG"
   for attempt in 1 2 3; do
     KAFKA_DIR="$(mktemp -d "$TMP_PARENT/outbox-kafka.XXXXXX")"
-    ports="$(pick_ports 2)"
+    ports="$(pick_ports 3)"
     KAFKA_PORT="$(sed -n 1p <<<"$ports")"
     KAFKA_CONTROLLER_PORT="$(sed -n 2p <<<"$ports")"
+    KAFKA_SASL_PORT="$(sed -n 3p <<<"$ports")"
+    KAFKA_SASL_PASSWORD="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
     kafka_write_configs
     kafka_format || { rm -rf "$KAFKA_DIR"; KAFKA_DIR=""; die "kafka StorageTool format failed"; }
     kafka_launch
@@ -712,7 +727,7 @@ cmd_kafka_start() {
     return 0
   fi
   libs_ok || die "Kafka jars missing from $KAFKA_LIBS"
-  wait_port_free 60 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" || die "kafka ports are still taken"
+  wait_port_free 60 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" || die "kafka ports are still taken"
   kafka_launch
   if ! kafka_wait_ready; then
     kafka_kill_pid "$KAFKA_PID"

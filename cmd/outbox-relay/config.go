@@ -176,6 +176,24 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.Kafka.RetryBackoffMax })},
 	{"kafka.retry_max", "OUTBOX_RELAY_KAFKA_RETRY_MAX", "kafka-retry-max", "retries of one produce batch before the relay stops (slot kept)",
 		integer(func(c *Config) *int { return &c.Kafka.RetryMax })},
+	{"kafka.sasl.mechanism", "OUTBOX_RELAY_KAFKA_SASL_MECHANISM", "kafka-sasl-mechanism", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty = no SASL)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.Mechanism })},
+	{"kafka.sasl.username", "OUTBOX_RELAY_KAFKA_SASL_USERNAME", "kafka-sasl-username", "SASL user",
+		str(func(c *Config) *string { return &c.Kafka.SASL.Username })},
+	{"kafka.sasl.password", "OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "kafka-sasl-password", "SASL password (prefer the env variable; never logged)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
+	{"kafka.tls.enabled", "OUTBOX_RELAY_KAFKA_TLS_ENABLED", "kafka-tls", "connect to the brokers with TLS",
+		boolean(func(c *Config) *bool { return &c.Kafka.TLS.Enabled })},
+	{"kafka.tls.ca_file", "OUTBOX_RELAY_KAFKA_TLS_CA_FILE", "kafka-tls-ca-file", "PEM CA bundle (empty = system roots)",
+		str(func(c *Config) *string { return &c.Kafka.TLS.CAFile })},
+	{"kafka.tls.cert_file", "OUTBOX_RELAY_KAFKA_TLS_CERT_FILE", "kafka-tls-cert-file", "PEM client certificate (mTLS)",
+		str(func(c *Config) *string { return &c.Kafka.TLS.CertFile })},
+	{"kafka.tls.key_file", "OUTBOX_RELAY_KAFKA_TLS_KEY_FILE", "kafka-tls-key-file", "PEM client key (mTLS)",
+		str(func(c *Config) *string { return &c.Kafka.TLS.KeyFile })},
+	{"kafka.tls.server_name", "OUTBOX_RELAY_KAFKA_TLS_SERVER_NAME", "kafka-tls-server-name", "override the name checked in the broker certificate",
+		str(func(c *Config) *string { return &c.Kafka.TLS.ServerName })},
+	{"kafka.tls.insecure_skip_verify", "OUTBOX_RELAY_KAFKA_TLS_INSECURE_SKIP_VERIFY", "kafka-tls-insecure-skip-verify", "do not verify the broker certificate (testing only)",
+		boolean(func(c *Config) *bool { return &c.Kafka.TLS.InsecureSkipVerify })},
 	{"inflight.max_events", "OUTBOX_RELAY_MAX_INFLIGHT_EVENTS", "max-inflight-events", "events published but not acked before reading pauses",
 		integer(func(c *Config) *int { return &c.InFlight.MaxEvents })},
 	{"inflight.max_bytes", "OUTBOX_RELAY_MAX_INFLIGHT_BYTES", "max-inflight-bytes", "payload bytes published but not acked before reading pauses",
@@ -311,6 +329,9 @@ func lookupEnv(getenv func(string) string, name string) (string, bool) {
 // redacted returns the config as YAML with secrets removed, for the start log.
 func (c Config) redacted() string {
 	c.Postgres.URL = replication.RedactURL(c.Postgres.URL)
+	if c.Kafka.SASL.Password != "" {
+		c.Kafka.SASL.Password = "xxxxx"
+	}
 	b, _ := yaml.Marshal(c)
 	return string(b)
 }

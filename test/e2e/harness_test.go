@@ -740,6 +740,7 @@ func (e *env) runRelayToExit(d time.Duration, extra ...string) (int, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, relayBin, append(args, extra...)...)
+	cmd.Env = append(os.Environ(), e.extra...)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		e.t.Fatalf("relay still running after %s; it should have stopped:\n%s", d, tail(out, 3000))

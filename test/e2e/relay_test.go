@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -636,4 +637,38 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 	}
 	waitFor(t, 60*time.Second, "events after the fresh slot", func() bool { return r2.metric("outbox_relay_events_published_total") >= 20 })
 	r2.stop(syscall.SIGTERM, 30*time.Second)
+}
+
+// The producer authenticates with SASL/SCRAM-SHA-512 on the broker's SASL
+// listener (the consumer reads through the plain one); a wrong password
+// stops the relay with the keys to check, and the secret is never logged.
+func TestSASLScramAuthentication(t *testing.T) {
+	sasl := os.Getenv("OUTBOX_TEST_KAFKA_SASL_BROKERS")
+	user, pass := os.Getenv("OUTBOX_TEST_KAFKA_SASL_USER"), os.Getenv("OUTBOX_TEST_KAFKA_SASL_PASSWORD")
+	if sasl == "" || user == "" || pass == "" {
+		t.Fatal("OUTBOX_TEST_KAFKA_SASL_* not set: test/services.sh must start the SASL listener")
+	}
+	e := newEnv(t, "sasl")
+	e.extra = []string{"OUTBOX_RELAY_KAFKA_SASL_PASSWORD=" + pass}
+	r := e.startRelay("--kafka-brokers", sasl, "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", user)
+	w := e.newWriter(16)
+	if err := w.run(context.Background(), 200, 5, 20, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	ws := w.written()
+	requireClean(t, check(t, ws, consume(t, e.topics(), len(ws), 60*time.Second, time.Second), e.partitions(t)), false)
+	r.stop(syscall.SIGTERM, 30*time.Second)
+	if strings.Contains(r.log(), pass) {
+		t.Fatal("the relay log contains the SASL password")
+	}
+
+	wrong := "not-" + pass
+	e.extra = []string{"OUTBOX_RELAY_KAFKA_SASL_PASSWORD=" + wrong}
+	code, log := e.runRelayToExit(60*time.Second, "--kafka-brokers", sasl, "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", user)
+	if code != 1 || !strings.Contains(log, "kafka.sasl.password") {
+		t.Fatalf("wrong password: exit %d, want 1 naming kafka.sasl.password:\n%s", code, tail([]byte(log), 2000))
+	}
+	if strings.Contains(log, wrong) {
+		t.Fatal("the relay log contains the (wrong) SASL password")
+	}
 }
