@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -146,6 +147,10 @@ func (p *Producer) Connect(ctx context.Context) error {
 			p.setConnected(true)
 			p.log.Info().Strs("brokers", p.cfg.Brokers).Msg("connected to kafka")
 			return nil
+		}
+		var certErr *tls.CertificateVerificationError
+		if errors.As(err, &certErr) {
+			return fmt.Errorf("kafka broker certificate not trusted: %w; set kafka.tls.ca_file to the CA that signed it (kafka.tls.server_name if the name differs)", err)
 		}
 		if IsAuthError(err) {
 			return fmt.Errorf("kafka refused the credentials of user %q (SASL %s): %w; check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)",

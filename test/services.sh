@@ -209,6 +209,9 @@ OUTBOX_TEST_KAFKA_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
 OUTBOX_TEST_KAFKA_SASL_PORT=$KAFKA_SASL_PORT
 OUTBOX_TEST_KAFKA_SASL_USER=relay
 OUTBOX_TEST_KAFKA_SASL_PASSWORD=$KAFKA_SASL_PASSWORD
+OUTBOX_TEST_KAFKA_TLS_BROKERS=127.0.0.1:$KAFKA_TLS_PORT
+OUTBOX_TEST_KAFKA_TLS_PORT=$KAFKA_TLS_PORT
+OUTBOX_TEST_KAFKA_TLS_CA_FILE=$KAFKA_DIR/tls/ca.pem
 OUTBOX_TEST_KAFKA_PID=$KAFKA_PID
 OUTBOX_TEST_KAFKA_DIR=$KAFKA_DIR
 OUTBOX_TEST_KAFKA_LOG=$KAFKA_LOG
@@ -249,6 +252,7 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
       OUTBOX_TEST_KAFKA_PORT) KAFKA_PORT=$v ;;
       OUTBOX_TEST_KAFKA_CONTROLLER_PORT) KAFKA_CONTROLLER_PORT=$v ;;
       OUTBOX_TEST_KAFKA_SASL_PORT) KAFKA_SASL_PORT=$v ;;
+      OUTBOX_TEST_KAFKA_TLS_PORT) KAFKA_TLS_PORT=$v ;;
       OUTBOX_TEST_KAFKA_SASL_PASSWORD) KAFKA_SASL_PASSWORD=$v ;;
       OUTBOX_TEST_KAFKA_PID) KAFKA_PID=$v ;;
       OUTBOX_TEST_KAFKA_DIR) KAFKA_DIR=$v ;;
@@ -260,7 +264,8 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
 
 PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP=""
 KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
-KAFKA_SASL_PORT="" KAFKA_SASL_PASSWORD=""
+KAFKA_SASL_PORT="" KAFKA_SASL_PASSWORD="" KAFKA_TLS_PORT=""
+KEYTOOL="${JAVA_HOME:+$JAVA_HOME/bin/}keytool"
 
 pg_url() { echo "postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"; }
 
@@ -480,11 +485,18 @@ kafka_write_configs() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL
+# A TLS listener for the relay's TLS tests: a self-signed certificate for 127.0.0.1 made by keytool
+# (kafka_make_cert); its PEM export is the CA file the client trusts.
+ssl.keystore.location=$KAFKA_DIR/tls/broker.p12
+ssl.keystore.type=PKCS12
+ssl.keystore.password=$KAFKA_DIR_STOREPASS
+ssl.key.password=$KAFKA_DIR_STOREPASS
+ssl.client.auth=none
 # A second, authenticated listener for the relay's SASL tests: SCRAM-SHA-512 users come from
 # StorageTool format --add-scram, PLAIN users from the JAAS line below.
 sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN
@@ -538,6 +550,20 @@ appender.console.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.stderr.ref = STDERR
 EOF
+}
+
+KAFKA_DIR_STOREPASS=outbox-test-store
+# kafka_make_cert: self-signed certificate for 127.0.0.1 in a PKCS12 keystore, plus its PEM (the CA file)
+kafka_make_cert() {
+  mkdir -p "$KAFKA_DIR/tls"
+  if ! { "$KEYTOOL" -genkeypair -alias broker -keyalg RSA -keysize 2048 -validity 30 -dname CN=127.0.0.1 \
+           -ext SAN=ip:127.0.0.1,dns:localhost -storetype PKCS12 -keystore "$KAFKA_DIR/tls/broker.p12" \
+           -storepass "$KAFKA_DIR_STOREPASS" -keypass "$KAFKA_DIR_STOREPASS" &&
+         "$KEYTOOL" -exportcert -rfc -alias broker -keystore "$KAFKA_DIR/tls/broker.p12" \
+           -storepass "$KAFKA_DIR_STOREPASS" -file "$KAFKA_DIR/tls/ca.pem"; } >"$KAFKA_DIR/keytool.log" 2>&1; then
+    tail_file "$KAFKA_DIR/keytool.log"
+    return 1
+  fi
 }
 
 kafka_format() {
@@ -613,12 +639,14 @@ kafka_setup() { # fresh data dir, format, start, wait; sets KAFKA_*
   : >"$KAFKA_LOG"
   for attempt in 1 2 3; do
     KAFKA_DIR="$(mktemp -d "$TMP_PARENT/outbox-kafka.XXXXXX")"
-    ports="$(pick_ports 3)"
+    ports="$(pick_ports 4)"
     KAFKA_PORT="$(sed -n 1p <<<"$ports")"
     KAFKA_CONTROLLER_PORT="$(sed -n 2p <<<"$ports")"
     KAFKA_SASL_PORT="$(sed -n 3p <<<"$ports")"
+    KAFKA_TLS_PORT="$(sed -n 4p <<<"$ports")"
     KAFKA_SASL_PASSWORD="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
     kafka_write_configs
+    kafka_make_cert || { rm -rf "$KAFKA_DIR"; KAFKA_DIR=""; die "keytool could not make the broker's TLS certificate"; }
     kafka_format || { rm -rf "$KAFKA_DIR"; KAFKA_DIR=""; die "kafka StorageTool format failed"; }
     kafka_launch
     if kafka_wait_ready; then
@@ -727,7 +755,7 @@ cmd_kafka_start() {
     return 0
   fi
   libs_ok || die "Kafka jars missing from $KAFKA_LIBS"
-  wait_port_free 60 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" || die "kafka ports are still taken"
+  wait_port_free 60 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT" || die "kafka ports are still taken"
   kafka_launch
   if ! kafka_wait_ready; then
     kafka_kill_pid "$KAFKA_PID"

@@ -215,6 +215,11 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 }
 
+// boolKeys are the keys whose flag may stand alone (--kafka-tls).
+var boolKeys = map[string]bool{
+	"postgres.create_publication": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
+}
+
 // loadConfig parses args (flags of one subcommand) and builds the config
 // from file, env and flags. Parse errors name the key and its source.
 func loadConfig(name string, args []string, getenv func(string) string) (Config, error) {
@@ -227,10 +232,15 @@ func loadConfig(name string, args []string, getenv func(string) string) (Config,
 	}
 	var fromFlags []flagVal
 	for _, k := range keys {
-		fs.Func(k.flag, k.usage+" (env "+k.env+")", func(v string) error {
+		record := func(v string) error {
 			fromFlags = append(fromFlags, flagVal{k, v})
 			return nil
-		})
+		}
+		if boolKeys[k.name] {
+			fs.BoolFunc(k.flag, k.usage+" (env "+k.env+")", record) // --kafka-tls alone means true
+		} else {
+			fs.Func(k.flag, k.usage+" (env "+k.env+")", record)
+		}
 	}
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err

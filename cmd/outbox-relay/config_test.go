@@ -568,3 +568,22 @@ func TestRedactURL(t *testing.T) {
 		})
 	}
 }
+
+func TestBoolFlagsStandAlone(t *testing.T) {
+	for name := range boolKeys {
+		var k key
+		for _, x := range keys {
+			if x.name == name {
+				k = x
+			}
+		}
+		if k.name == "" {
+			t.Fatalf("boolKeys names unknown key %s", name)
+		}
+		// A bool flag followed by another flag must not swallow it.
+		if _, err := loadConfig("run", []string{"--" + k.flag, "--slot", "s1"}, requiredEnv(nil)); err != nil &&
+			strings.Contains(err.Error(), "unexpected arguments") {
+			t.Errorf("--%s alone swallowed the next flag: %v", k.flag, err)
+		}
+	}
+}

@@ -672,3 +672,27 @@ func TestSASLScramAuthentication(t *testing.T) {
 		t.Fatal("the relay log contains the (wrong) SASL password")
 	}
 }
+
+// The producer speaks TLS to the broker's SSL listener, verifying its
+// certificate against kafka.tls.ca_file; without the CA it stops and says
+// which key to set.
+func TestTLSProducer(t *testing.T) {
+	tlsBrokers, ca := os.Getenv("OUTBOX_TEST_KAFKA_TLS_BROKERS"), os.Getenv("OUTBOX_TEST_KAFKA_TLS_CA_FILE")
+	if tlsBrokers == "" || ca == "" {
+		t.Fatal("OUTBOX_TEST_KAFKA_TLS_* not set: test/services.sh must start the TLS listener")
+	}
+	e := newEnv(t, "tls")
+	r := e.startRelay("--kafka-brokers", tlsBrokers, "--kafka-tls", "--kafka-tls-ca-file", ca)
+	w := e.newWriter(17)
+	if err := w.run(context.Background(), 200, 5, 20, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	ws := w.written()
+	requireClean(t, check(t, ws, consume(t, e.topics(), len(ws), 60*time.Second, time.Second), e.partitions(t)), false)
+	r.stop(syscall.SIGTERM, 30*time.Second)
+
+	code, log := e.runRelayToExit(60*time.Second, "--kafka-brokers", tlsBrokers, "--kafka-tls")
+	if code != 1 || !strings.Contains(log, "kafka.tls.ca_file") {
+		t.Fatalf("untrusted certificate: exit %d, want 1 naming kafka.tls.ca_file:\n%s", code, tail([]byte(log), 2000))
+	}
+}
