@@ -7,11 +7,13 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
@@ -74,7 +76,14 @@ func Apply(ctx context.Context, url string, n Names, log zerolog.Logger) ([]int,
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.Connect(ctx, url)
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("parse postgres.url: not a valid connection string")
+	}
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = 10 * time.Second
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}

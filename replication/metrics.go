@@ -66,7 +66,7 @@ func PollLag(ctx context.Context, cfg Config, m *Metrics, log zerolog.Logger) {
 	defer t.Stop()
 	for {
 		if conn == nil {
-			c, err := pgx.Connect(ctx, cfg.URL)
+			c, err := Connect(ctx, cfg.URL)
 			if err != nil {
 				m.lagPollErrors.Inc()
 				log.Debug().Err(err).Msg("lag poll connect failed")

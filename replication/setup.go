@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -34,7 +35,7 @@ var ErrSlotVanished = errors.New("replication slot vanished")
 // to fix it. It is safe to call concurrently with another relay: creation
 // races are tolerated.
 func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error) {
-	conn, err := pgx.Connect(ctx, cfg.URL)
+	conn, err := Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotInfo{}, fmt.Errorf("connect to postgres: %w", err)
 	}
@@ -281,6 +282,9 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	if err != nil {
 		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
 	}
+	if pc.ConnectTimeout == 0 {
+		pc.ConnectTimeout = defaultConnectTimeout
+	}
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = "outbox-relay"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
@@ -293,4 +297,22 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 		return nil, fmt.Errorf("open replication connection: %w", err)
 	}
 	return conn, nil
+}
+
+// defaultConnectTimeout bounds a connection attempt whose URL sets no
+// connect_timeout, so a blackholed server fails fast and is retried instead
+// of hanging for the kernel's TCP timeout.
+const defaultConnectTimeout = 10 * time.Second
+
+// Connect opens a normal (non-replication) connection with the default
+// connect timeout unless the URL sets one.
+func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
+	}
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = defaultConnectTimeout
+	}
+	return pgx.ConnectConfig(ctx, cc)
 }
