@@ -7,13 +7,11 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
@@ -70,24 +68,12 @@ func Load(n Names) ([]Migration, error) {
 
 // Apply runs every migration not yet recorded, each in its own transaction,
 // under an advisory lock so concurrent runs do not race. It returns the
-// versions it applied.
-func Apply(ctx context.Context, url string, n Names, log zerolog.Logger) ([]int, error) {
+// versions it applied. conn is a normal connection the caller owns.
+func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]int, error) {
 	ms, err := Load(n)
 	if err != nil {
 		return nil, err
 	}
-	cc, err := pgx.ParseConfig(url)
-	if err != nil {
-		return nil, errors.New("parse postgres.url: not a valid connection string")
-	}
-	if cc.ConnectTimeout == 0 {
-		cc.ConnectTimeout = 10 * time.Second
-	}
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return nil, fmt.Errorf("connect to postgres: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	history := pgx.Identifier{n.Schema, "outbox_relay_migrations"}.Sanitize()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{n.Schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create schema %s: %w", n.Schema, err)

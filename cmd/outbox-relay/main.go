@@ -133,7 +133,13 @@ func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 
 func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
-	applied, err := migrations.Apply(ctx, cfg.Postgres.URL, migrations.Names{Schema: schema, Table: table, Publication: cfg.Postgres.Publication}, log)
+	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
+	if err != nil {
+		log.Error().Err(err).Msg("migrate: connect to postgres")
+		return exitFatal
+	}
+	applied, err := migrations.Apply(ctx, conn, migrations.Names{Schema: schema, Table: table, Publication: cfg.Postgres.Publication}, log)
+	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
 		log.Error().Err(err).Msg("migrate failed")
 		return exitFatal

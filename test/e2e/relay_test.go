@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -694,5 +695,32 @@ func TestTLSProducer(t *testing.T) {
 	code, log := e.runRelayToExit(60*time.Second, "--kafka-brokers", tlsBrokers, "--kafka-tls")
 	if code != 1 || !strings.Contains(log, "kafka.tls.ca_file") {
 		t.Fatalf("untrusted certificate: exit %d, want 1 naming kafka.tls.ca_file:\n%s", code, tail([]byte(log), 2000))
+	}
+}
+
+// migrate is idempotent: a second run applies nothing, the history records
+// each version once, and the objects it made exist.
+func TestMigrateIdempotent(t *testing.T) {
+	e := newEnv(t, "migrate") // ran migrate once
+	out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("second migrate: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `"applied":[]`) {
+		t.Fatalf("second migrate applied something:\n%s", out)
+	}
+	var versions, pubs, idx int
+	ctx := context.Background()
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM "+e.schema+".outbox_relay_migrations WHERE target = $1", e.table).Scan(&versions); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT pubupdate AND NOT pubdelete", e.pub).Scan(&pubs); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE (published_at IS NULL)%'", e.schema).Scan(&idx); err != nil {
+		t.Fatal(err)
+	}
+	if versions != 2 || pubs != 1 || idx != 1 {
+		t.Fatalf("after two migrates: %d recorded versions (want 2), %d insert-only publications (want 1), %d partial indexes (want 1)", versions, pubs, idx)
 	}
 }
