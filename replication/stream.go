@@ -48,8 +48,7 @@ type Stream struct {
 	slotSeen     bool          // the slot existed or was created in this process
 	received     atomic.Uint64 // highest WAL position seen
 	streaming    atomic.Bool
-	lastSentMu   sync.Mutex
-	lastSentTime time.Time
+	lastSentTime time.Time // guarded by mu, like every status update
 	// DrainTimeout bounds the wait for acks at shutdown.
 	DrainTimeout time.Duration
 }
@@ -107,7 +106,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 }
 
 // session runs one replication connection from setup to end.
-func (s *Stream) session(ctx context.Context, h Handler) (err error) {
+func (s *Stream) session(ctx context.Context, h Handler) error {
 	// Everything handed over in an earlier session must be acked before the
 	// new one starts, so the start position covers it and nothing is sent
 	// twice by the server.
@@ -132,7 +131,11 @@ func (s *Stream) session(ctx context.Context, h Handler) (err error) {
 		conn.Close(context.WithoutCancel(ctx))
 		return err
 	}
-	start := max(info.ConfirmedFlush, s.progress.Flushed())
+	// Everything before the slot's confirmed position is durable downstream
+	// and nothing is in flight (drained above): seed the watermark with it,
+	// so status updates never carry less than the server already has.
+	s.progress.Idle(info.ConfirmedFlush)
+	start := s.progress.Flushed()
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
@@ -226,13 +229,11 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 			}
 			return fmt.Errorf("receive from slot %q: %w", s.cfg.Slot, err)
 		}
-		heard = time.Now()
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := s.handleCopyData(ctx, h, m.Data); err != nil {
 				return err
 			}
-			heard = time.Now()
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("slot %q: server error: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.CopyDone:
@@ -240,6 +241,7 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 		default:
 			s.log.Debug().Type("message", msg).Msg("unexpected message ignored")
 		}
+		heard = time.Now() // after the handler: time blocked on backpressure is not silence
 	}
 }
 
@@ -311,9 +313,7 @@ func (s *Stream) sendStatus(requestReply bool) error {
 		return fmt.Errorf("send standby status (flush %s) on slot %q: %w", flushed, s.cfg.Slot, err)
 	}
 	s.metrics.confirmed.Set(float64(flushed))
-	s.lastSentMu.Lock()
 	s.lastSentTime = time.Now()
-	s.lastSentMu.Unlock()
 	return nil
 }
 
@@ -331,10 +331,7 @@ func (s *Stream) pinger(ctx context.Context) {
 		if !s.mu.TryLock() {
 			continue // the loop holds the conn and sends on its own deadline
 		}
-		s.lastSentMu.Lock()
-		stale := time.Since(s.lastSentTime) >= s.cfg.StatusInterval
-		s.lastSentMu.Unlock()
-		if stale && s.conn != nil && !s.conn.IsClosed() {
+		if time.Since(s.lastSentTime) >= s.cfg.StatusInterval {
 			if err := s.sendStatus(false); err != nil {
 				s.log.Warn().Err(err).Msg("status update from pinger failed")
 			}
@@ -343,14 +340,17 @@ func (s *Stream) pinger(ctx context.Context) {
 	}
 }
 
-// finish drains acks (bounded), sends the final status update and closes the
-// connection. The pinger keeps answering while the drain waits.
+// finish closes the session. At shutdown it first drains acks (bounded, the
+// pinger answering meanwhile) and sends the final status update; after a
+// connection error there is nothing to send on, and the next session drains.
 func (s *Stream) finish(ctx context.Context, stopPing func()) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.DrainTimeout)
-	if err := s.progress.Drain(dctx); err != nil {
-		s.log.Warn().Err(err).Msg("in-flight events not all acked before the drain deadline; they will be resent after restart")
+	if ctx.Err() != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.DrainTimeout)
+		if err := s.progress.Drain(dctx); err != nil {
+			s.log.Warn().Err(err).Msg("in-flight events not all acked before the drain deadline; they will be resent after restart")
+		}
+		cancel()
 	}
-	cancel()
 	stopPing()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -198,16 +198,6 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		}()
 	}
 
-	// The slot's confirmed position is where the watermark starts; wait for
-	// Postgres if it is not up yet instead of crash-looping.
-	info, err := prepareWithRetry(runCtx, cfg.Postgres, log)
-	if err != nil {
-		if ctx.Err() != nil {
-			return exitOK
-		}
-		log.Error().Err(err).Msg("cannot start replication")
-		return exitFatal
-	}
 	if err := producer.Connect(runCtx); err != nil {
 		if ctx.Err() != nil {
 			return exitOK
@@ -225,16 +215,20 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		<-producerDone
 	}()
 
-	tracker := checkpoint.New(info.ConfirmedFlush, checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes})
-	pipe, err := newPipeline(cfg.Postgres.Table, tracker, producer, tmpl, log, reg, func(err error) { cancel(err) })
+	// Publishing outlives the run context by the shutdown timeout (see
+	// pipeline.pubCtx).
+	pubCtx, hardStop := context.WithCancel(context.Background())
+	defer hardStop()
+	context.AfterFunc(runCtx, func() { time.AfterFunc(cfg.ShutdownTimeout, hardStop) })
+	// The watermark starts at 0; each replication session seeds it with the
+	// slot's confirmed position before streaming (Stream.session). Postgres
+	// being down at start is retried there, with readiness false meanwhile.
+	tracker := checkpoint.New(0, checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes})
+	pipe, err := newPipeline(cfg.Postgres.Table, tracker, producer, tmpl, pubCtx, log, reg, func(err error) { cancel(err) })
 	if err != nil {
 		log.Error().Err(err).Msg("pipeline")
 		return exitConfig
 	}
-	pubCtx, hardStop := context.WithCancel(context.Background())
-	defer hardStop()
-	context.AfterFunc(runCtx, func() { time.AfterFunc(cfg.ShutdownTimeout, hardStop) })
-	pipe.pubCtx = pubCtx
 	stream, err := replication.NewStream(cfg.Postgres, pipe, log, repMetrics)
 	if err != nil {
 		log.Error().Err(err).Msg("replication config")
@@ -257,23 +251,6 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	}
 	log.Info().Str("lsn", tracker.Flushed().String()).Msg("relay stopped")
 	return exitOK
-}
-
-func prepareWithRetry(ctx context.Context, cfg replication.Config, log zerolog.Logger) (replication.SlotInfo, error) {
-	backoff := cfg.ReconnectMin
-	for {
-		info, err := replication.Prepare(ctx, cfg, true)
-		if err == nil || replication.IsFatal(err) || ctx.Err() != nil {
-			return info, err
-		}
-		log.Warn().Err(err).Dur("retry_in", backoff).Msg("postgres not reachable; retrying")
-		select {
-		case <-ctx.Done():
-			return info, ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, cfg.ReconnectMax)
-	}
 }
 
 func serveHTTP(addr string, reg *prometheus.Registry, ready func() (bool, string), log zerolog.Logger) (*http.Server, error) {

@@ -48,9 +48,9 @@ type pipeline struct {
 	commitToAck prometheus.Histogram
 }
 
-func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl sink.Template,
+func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl sink.Template, pubCtx context.Context,
 	log zerolog.Logger, reg prometheus.Registerer, fail func(error)) (*pipeline, error) {
-	p := &pipeline{table: table, tracker: tracker, pub: pub, tmpl: tmpl, fail: fail, pubCtx: context.Background(),
+	p := &pipeline{table: table, tracker: tracker, pub: pub, tmpl: tmpl, fail: fail, pubCtx: pubCtx,
 		log: log.With().Str("component", "pipeline").Logger()}
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
@@ -89,13 +89,13 @@ func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl 
 // goroutine and blocks while the in-flight limits are reached.
 func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData []byte) error {
 	txn, err := p.dec.Decode(walStart, walData)
-	p.countDecoder()
 	if err != nil {
 		return fmt.Errorf("decode: %w", err)
 	}
 	if txn == nil {
 		return nil
 	}
+	p.countDecoder() // per transaction or chunk, not per message; Drain counts the rest
 	if txn.CommitLSN < p.tracker.Flushed() {
 		// Already delivered and confirmed: the server resends a transaction
 		// iff its commit LSN >= the confirmed position, so this is a resend
