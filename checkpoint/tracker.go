@@ -46,7 +46,8 @@ type Tracker struct {
 	watermark pglogrepl.LSN
 	events    int           // events in flight
 	bytes     int64         // payload bytes in flight
-	space     chan struct{} // closed and replaced whenever in-flight work shrinks
+	space     chan struct{} // closed and replaced when in-flight work shrinks and someone waits
+	waiting   bool          // a goroutine waits on space: only then does an ack pay for a new channel
 	advanced  chan struct{} // cap 1: a non-blocking "watermark moved" signal
 }
 
@@ -90,7 +91,7 @@ func (t *Tracker) Add(ctx context.Context, end pglogrepl.LSN, n int, bytes int64
 		return nil, fmt.Errorf("add transaction ending at %s after %s: %w", end, last, ErrOutOfOrder)
 	}
 	for !t.fits(n, bytes) {
-		wait := t.space
+		wait := t.spaceLocked()
 		t.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -149,9 +150,19 @@ func (p *Pending) Ack(bytes int64) {
 		t.bytes -= p.bytes
 		p.bytes = 0
 	}
-	close(t.space)
-	t.space = make(chan struct{})
+	if t.waiting {
+		close(t.space)
+		t.space = make(chan struct{})
+		t.waiting = false
+	}
 	t.advanceLocked()
+}
+
+// spaceLocked returns the channel closed by the next ack and marks that
+// someone waits on it. Caller holds t.mu.
+func (t *Tracker) spaceLocked() <-chan struct{} {
+	t.waiting = true
+	return t.space
 }
 
 // End is the LSN the transaction ends at.
@@ -238,7 +249,7 @@ func (t *Tracker) WaitDrained(ctx context.Context) error {
 			t.mu.Unlock()
 			return nil
 		}
-		wait := t.space
+		wait := t.spaceLocked()
 		t.mu.Unlock()
 		select {
 		case <-ctx.Done():

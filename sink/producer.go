@@ -194,7 +194,9 @@ func (p *Producer) dial(hc *sarama.Config) error {
 func (p *Producer) Connected() bool { return p.connected.Load() }
 
 func (p *Producer) setConnected(ok bool) {
-	p.connected.Store(ok)
+	if p.connected.Swap(ok) == ok {
+		return // unchanged: the common case, once per ack
+	}
 	if ok {
 		p.metrics.connected.Set(1)
 	} else {
@@ -268,12 +270,8 @@ func classify(err error) string {
 			return "message_too_large"
 		case sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed:
 			return "invalid_topic"
-		case sarama.ErrOutOfBrokers, sarama.ErrNotConnected:
-			return "network"
 		}
 		return "broker_rejected"
-	case errors.Is(err, sarama.ErrMessageSizeTooLarge):
-		return "message_too_large"
 	case errors.Is(err, sarama.ErrOutOfBrokers), errors.Is(err, sarama.ErrNotConnected):
 		return "network"
 	}
