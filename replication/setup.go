@@ -59,7 +59,7 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		return SlotInfo{}, err
 	}
 	registry := registryName(cfg.Table)
-	created, registered, err := readRegistry(ctx, conn, registry, cfg.Slot)
+	created, registered, hasRegistry, err := readRegistry(ctx, conn, registry, cfg.Slot)
 	if err != nil {
 		return SlotInfo{}, err
 	}
@@ -83,7 +83,7 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		}
 		info.Created = true
 	}
-	if !registered {
+	if hasRegistry && !registered {
 		if err := register(ctx, conn, registry, cfg.Slot, info.ConfirmedFlush); err != nil {
 			return SlotInfo{}, err
 		}
@@ -100,29 +100,24 @@ func registryName(table string) string {
 
 type registryRow struct{ at, lsn string }
 
-// readRegistry reports whether the slot is registered. Without the registry
-// table (a schema not made by migrate) there is nothing to compare with.
-func readRegistry(ctx context.Context, conn *pgx.Conn, registry, slot string) (registryRow, bool, error) {
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", registry).Scan(&exists); err != nil || !exists {
-		return registryRow{}, false, err
+// readRegistry reports whether the registry table exists and whether the
+// slot is registered in it. Without the table (a schema not made by migrate)
+// there is nothing to compare with.
+func readRegistry(ctx context.Context, conn *pgx.Conn, registry, slot string) (r registryRow, registered, exists bool, err error) {
+	if err = conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", registry).Scan(&exists); err != nil || !exists {
+		return r, false, false, err
 	}
-	var r registryRow
-	err := conn.QueryRow(ctx, "SELECT created_at::text, coalesce(created_lsn::text, '?') FROM "+registry+" WHERE slot_name = $1", slot).Scan(&r.at, &r.lsn)
+	err = conn.QueryRow(ctx, "SELECT created_at::text, coalesce(created_lsn::text, '?') FROM "+registry+" WHERE slot_name = $1", slot).Scan(&r.at, &r.lsn)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return r, false, nil
+		return r, false, true, nil
 	}
 	if err != nil {
-		return r, false, fmt.Errorf("read slot registry %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", registry, err, registry)
+		return r, false, true, fmt.Errorf("read slot registry %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", registry, err, registry)
 	}
-	return r, true, nil
+	return r, true, true, nil
 }
 
 func register(ctx context.Context, conn *pgx.Conn, registry, slot string, lsn pglogrepl.LSN) error {
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", registry).Scan(&exists); err != nil || !exists {
-		return err
-	}
 	if _, err := conn.Exec(ctx, "INSERT INTO "+registry+" (slot_name, created_lsn) VALUES ($1, $2::pg_lsn) ON CONFLICT (slot_name) DO NOTHING",
 		slot, lsn.String()); err != nil {
 		return fmt.Errorf("record slot %q in %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", slot, registry, err, registry)
@@ -282,9 +277,7 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	if err != nil {
 		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
 	}
-	if pc.ConnectTimeout == 0 {
-		pc.ConnectTimeout = defaultConnectTimeout
-	}
+	withConnectTimeout(pc)
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = "outbox-relay"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
@@ -304,6 +297,12 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 // of hanging for the kernel's TCP timeout.
 const defaultConnectTimeout = 10 * time.Second
 
+func withConnectTimeout(c *pgconn.Config) {
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = defaultConnectTimeout
+	}
+}
+
 // Connect opens a normal (non-replication) connection with the default
 // connect timeout unless the URL sets one.
 func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
@@ -311,8 +310,6 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
 	}
-	if cc.ConnectTimeout == 0 {
-		cc.ConnectTimeout = defaultConnectTimeout
-	}
+	withConnectTimeout(&cc.Config)
 	return pgx.ConnectConfig(ctx, cc)
 }
