@@ -44,6 +44,12 @@ type Event struct {
 	Headers []Header
 	// LSN is the WAL position of the Insert: the walStart passed to Decode.
 	LSN pglogrepl.LSN
+	// Err is set when the row cannot become an event (a poison row): a
+	// required column NULL, empty, missing or not text, an id that is not
+	// an integer, headers that are not a JSON object. The other fields then
+	// hold what could be read (text columns as sent, Headers nil), so the
+	// caller can dead-letter the row or stop on it; the stream goes on.
+	Err *RowError
 }
 
 // Header is one top-level key of the headers JSON object. A JSON string value
@@ -152,9 +158,10 @@ func New(table string) (*Decoder, error) {
 // WALStart; it becomes Event.LSN and appears in errors.
 //
 // walData is not retained: the caller may reuse its buffer once Decode
-// returns. Errors are a *RowError for an outbox row that cannot become an
-// event, or wrap ErrProtocol for malformed or out-of-order messages. Either
-// way the stream cannot continue (see Decoder).
+// returns. An outbox row that cannot become an event is not an error: it
+// comes out as an Event with Err set, in its place in the transaction.
+// Errors wrap ErrProtocol (malformed or out-of-order messages); the stream
+// cannot continue after one (see Decoder).
 //
 // Decode is called from the replication loop's goroutine only and does not
 // block.
@@ -329,17 +336,38 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 		d.counts.OtherTableRows++
 		return nil
 	}
-	ev, err := d.event(rel, lsn)
-	if err != nil {
-		return err
+	ev, rowErr := d.event(rel, lsn)
+	if rowErr != nil {
+		ev = d.poison(ev, rowErr)
 	}
 	d.txn.Events = append(d.txn.Events, ev)
 	d.buffered += len(ev.Payload)
 	return nil
 }
 
+// poison returns the Event of a row that cannot become one: Err, ID and LSN,
+// and every other required column that arrived as text, copied, so that a
+// dead letter carries as much of the row as there is.
+func (d *Decoder) poison(ev Event, err *RowError) Event {
+	ev.Err = err
+	ev.ID = err.ID
+	if f := d.fields[roleAggregateType]; f.kind == 't' {
+		ev.AggregateType = d.str(f.data)
+	}
+	if f := d.fields[roleAggregateID]; f.kind == 't' {
+		ev.AggregateID = string(f.data)
+	}
+	if f := d.fields[roleEventType]; f.kind == 't' {
+		ev.EventType = d.str(f.data)
+	}
+	if f := d.fields[rolePayload]; f.kind == 't' {
+		ev.Payload = append([]byte(nil), f.data...)
+	}
+	return ev
+}
+
 // event builds an Event from d.fields, copying every byte it keeps.
-func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, error) {
+func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 	ev := Event{LSN: lsn}
 
 	// Parse the id first, so that every later error can name the row.

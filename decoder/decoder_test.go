@@ -483,29 +483,36 @@ func TestRowErrors(t *testing.T) {
 				rel = outboxRelation()
 			}
 			d, _ := decoder.New("public.outbox")
-			_, at, err := feed(t, d, [][]byte{begin(0x2000, 1), rel, insert(outboxID, tt.row...)})
-			if err == nil {
-				t.Fatal("Decode: no error")
+			msgs := [][]byte{begin(0x2000, 1), rel, insert(outboxID, tt.row...)}
+			want := 1
+			if tt.rel == nil { // a good row after the bad one must come out too
+				msgs, want = append(msgs, insert(outboxID, row("43", "order", "o-2", "E", "{}", null)...)), 2
 			}
-			if at != 2 {
-				t.Errorf("error at message %d, want 2 (the Insert): %v", at, err)
+			txns, at, err := feed(t, d, append(msgs, commit(0x2000, 0x2030)))
+			if err != nil {
+				t.Fatalf("Decode at message %d: %v; a bad row must not stop the stream", at, err)
 			}
-			var re *decoder.RowError
-			if !errors.As(err, &re) {
-				t.Fatalf("error %T %v, want *decoder.RowError", err, err)
+			if len(txns) != 1 || len(txns[0].Events) != want {
+				t.Fatalf("got %d txns, want 1 with %d events (the bad row in its place, then the good one)", len(txns), want)
 			}
-			if errors.Is(err, decoder.ErrProtocol) {
-				t.Error("a RowError must not match ErrProtocol")
+			ev := txns[0].Events[0]
+			if next := txns[0].Events[want-1]; want == 2 && (next.Err != nil || next.ID != 43) {
+				t.Errorf("the row after the bad one: ID %d, Err %v; want 43 and no error", next.ID, next.Err)
 			}
-			if re.Table != "public.outbox" || re.Column != tt.column || re.ID != tt.id || re.LSN != lsnAt(2) {
-				t.Errorf("RowError{Table: %q, Column: %q, ID: %d, LSN: %s}, want {public.outbox, %q, %d, %s}",
-					re.Table, re.Column, re.ID, re.LSN, tt.column, tt.id, lsnAt(2))
+			re := ev.Err
+			if re == nil {
+				t.Fatalf("event %+v has no Err", ev)
+			}
+			if re.Table != "public.outbox" || re.Column != tt.column || re.ID != tt.id || re.LSN != lsnAt(2) ||
+				ev.ID != tt.id || ev.LSN != lsnAt(2) {
+				t.Errorf("RowError{Table: %q, Column: %q, ID: %d, LSN: %s}, Event{ID: %d}, want {public.outbox, %q, %d, %s}",
+					re.Table, re.Column, re.ID, re.LSN, ev.ID, tt.column, tt.id, lsnAt(2))
 			}
 			idText := "id=?"
 			if tt.id != 0 {
 				idText = "id=" + strconv.FormatInt(tt.id, 10)
 			}
-			msg := err.Error()
+			msg := re.Error()
 			for _, want := range []string{"public.outbox", idText, "LSN " + lsnAt(2).String(), `column "` + tt.column + `"`, tt.reason} {
 				if !strings.Contains(msg, want) {
 					t.Errorf("Error() = %q, want it to contain %q", msg, want)
@@ -520,13 +527,32 @@ func TestRowErrors(t *testing.T) {
 	t.Run("missing column says what to do", func(t *testing.T) {
 		t.Parallel()
 		d, _ := decoder.New("public.outbox")
-		_, _, err := feed(t, d, [][]byte{
+		txns, _, err := feed(t, d, [][]byte{
 			begin(0x2000, 1),
 			relation(outboxID, "public", "outbox", "id", "aggregate_type", "aggregate_id", "event_type"),
 			insert(outboxID, text("42"), text("order"), text("o-1"), text("E")),
+			commit(0x2000, 0x2030),
 		})
-		if err == nil || !strings.Contains(err.Error(), "restore the column") || !strings.Contains(err.Error(), "resumes from the slot") {
-			t.Errorf("Error() = %v, want advice to restore the column and resume from the slot", err)
+		if err != nil || len(txns) != 1 || len(txns[0].Events) != 1 || txns[0].Events[0].Err == nil {
+			t.Fatalf("want one poison event, got %v, %v", txns, err)
+		}
+		if msg := txns[0].Events[0].Err.Error(); !strings.Contains(msg, "restore the column") {
+			t.Errorf("Error() = %v, want advice to restore the column", msg)
+		}
+	})
+
+	t.Run("poison event keeps what it could read", func(t *testing.T) {
+		t.Parallel()
+		d, _ := decoder.New("public.outbox")
+		txns, _, err := feed(t, d, [][]byte{begin(0x2000, 1), outboxRelation(),
+			insert(outboxID, row("42", "order", "o-1", "E", `{"a": 1}`, text(`[1]`))...), commit(0x2000, 0x2030)})
+		if err != nil || len(txns) != 1 {
+			t.Fatal(err)
+		}
+		ev := txns[0].Events[0]
+		if ev.Err == nil || ev.AggregateType != "order" || ev.AggregateID != "o-1" || ev.EventType != "E" ||
+			string(ev.Payload) != `{"a": 1}` || ev.Headers != nil {
+			t.Errorf("poison event %+v, want the readable columns copied and no headers", ev)
 		}
 	})
 }

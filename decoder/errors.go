@@ -18,12 +18,11 @@ func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 	return fmt.Errorf("decode %s at LSN %s: %w: %s", msg, lsn, ErrProtocol, fmt.Sprintf(format, args...))
 }
 
-// RowError is returned by Decode for an outbox row that cannot become an
-// event: a required column that is NULL, missing or not text, an empty
-// aggregate_id, an id that is not an integer, or headers that are not a JSON
-// object. The row is in the WAL and the slot resumes before it, so the relay
-// stops on it again at every restart until someone acts. The error text says
-// what to do. The replication loop matches it with errors.As.
+// RowError says why an outbox row cannot become an event (Event.Err): a
+// required column that is NULL, missing or not text, an empty aggregate_id,
+// an id that is not an integer, or headers that are not a JSON object. The
+// bytes in the WAL never change, so retrying cannot help: the relay
+// dead-letters the row or stops on it (on_poison). The text says what to do.
 type RowError struct {
 	Table  string        // schema.name
 	ID     int64         // outbox.id; 0 if unknown
@@ -35,11 +34,9 @@ type RowError struct {
 
 // Hints that end a RowError's text.
 const (
-	hintProducer = "fix the producer that wrote it; the relay stops at this row on every restart " +
-		"until the slot is advanced past its transaction (pg_replication_slot_advance)"
-	hintMissing = "restore the column (ALTER TABLE ... ADD COLUMN) and restart the relay, which resumes " +
-		"from the slot; rows inserted while the column was missing still fail and must be skipped by " +
-		"advancing the slot past them (pg_replication_slot_advance)"
+	hintProducer = "fix the producer that wrote it"
+	hintMissing  = "restore the column (ALTER TABLE ... ADD COLUMN); rows inserted while it was missing " +
+		"cannot be published as they are"
 	hintToast  = "check that the slot uses the pgoutput plugin"
 	hintBinary = "start replication without the binary option"
 )

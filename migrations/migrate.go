@@ -45,6 +45,7 @@ func Load(n Names) ([]Migration, error) {
 	repl := strings.NewReplacer(
 		"{{table}}", pgx.Identifier{n.Schema, n.Table}.Sanitize(),
 		"{{index}}", pgx.Identifier{n.Table + "_unpublished_idx"}.Sanitize(),
+		"{{dlq_index}}", pgx.Identifier{n.Table + "_dead_lettered_idx"}.Sanitize(),
 		"{{slot_registry}}", pgx.Identifier{n.Schema, SlotRegistry}.Sanitize(),
 		"{{publication}}", pgx.Identifier{n.Publication}.Sanitize(),
 		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,6 +15,10 @@ import (
 
 // RequiredColumns are the outbox columns the relay reads; headers is optional.
 var RequiredColumns = []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload"}
+
+// BookkeepingColumns are the columns the relay writes when an event is
+// dead-lettered or halts it (migration 0003).
+var BookkeepingColumns = []string{"attempt_count", "last_error", "dead_lettered_at", "dlq_resolved_at"}
 
 // SlotInfo is what the relay needs to know about its slot at start.
 type SlotInfo struct {
@@ -143,18 +148,20 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 	if len(have) == 0 {
 		return Fatal(fmt.Errorf("outbox table %s does not exist: run `outbox-relay migrate` with the same config, or set postgres.table", table))
 	}
-	var missing []string
-	for _, c := range RequiredColumns {
-		found := false
-		for _, h := range have {
-			found = found || h == c
+	missing := func(want []string) string {
+		var m []string
+		for _, c := range want {
+			if !slices.Contains(have, c) {
+				m = append(m, c)
+			}
 		}
-		if !found {
-			missing = append(missing, c)
-		}
+		return strings.Join(m, ", ")
 	}
-	if len(missing) > 0 {
-		return Fatal(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, strings.Join(missing, ", ")))
+	if m := missing(RequiredColumns); m != "" {
+		return Fatal(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, m))
+	}
+	if m := missing(BookkeepingColumns); m != "" {
+		return Fatal(fmt.Errorf("outbox table %s lacks column(s) %s, where poison events are recorded: run `outbox-relay migrate` (migration 0003 adds them)", table, m))
 	}
 	return nil
 }
@@ -236,7 +243,7 @@ func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool,
 	}
 	info.WALStatus = str(walStatus)
 	if info.WALStatus == "lost" {
-		return info, false, Fatal(fmt.Errorf("slot %q is invalidated (wal_status = lost): WAL it needed was removed, so events may be missing. Drop and recreate the slot (SELECT pg_drop_replication_slot('%s')), then republish rows with published_at IS NULL from the outbox table; raise max_slot_wal_keep_size to prevent it", slot, slot))
+		return info, false, Fatal(fmt.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events after its last confirmed position %s may never be streamed. Retrying cannot fix this. Drop and recreate the slot (SELECT pg_drop_replication_slot('%s'); then outbox-relay migrate), then replay from the outbox table the rows created since the relay last ran healthy (INSERT INTO <table> (aggregate_type, aggregate_id, event_type, payload, headers) SELECT ... WHERE created_at >= ...); consumers deduplicate on event_id. Raise max_slot_wal_keep_size or alert on slot lag to prevent it", slot, info.ConfirmedFlush, slot))
 	}
 	if confirmed != nil {
 		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,7 +41,15 @@ type Producer struct {
 	connected atomic.Bool
 	closeOnce sync.Once
 	drained   chan struct{}
+
+	// inputMu lets Publish run on several goroutines (the pipeline and its
+	// retry timers) and never send on the input of a closed producer.
+	inputMu sync.RWMutex
+	closed  bool
 }
+
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("kafka producer is closed")
 
 type metrics struct {
 	published *prometheus.CounterVec
@@ -63,17 +70,18 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_events_published_total",
 			Help: "Events acked by Kafka (acks=all), by topic."}, []string{"topic"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_publish_errors_total",
-			Help: "Produce errors returned after sarama's retries, by reason."}, []string{"reason"}),
+			Help: "Failed produce attempts, by reason: sarama's internal retries and the errors it returns. Transient ones are retried for ever."},
+			[]string{"reason"}),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_connected",
 			Help: "1 while the producer can reach the Kafka cluster."}),
 	}
-	for _, r := range []string{"network", "message_too_large", "invalid_topic", "broker_rejected", "other"} {
+	for _, r := range Reasons {
 		m.errors.WithLabelValues(r) // export zeros, so rate() and alerts work from the start
 	}
 	if reg != nil {
 		reg.MustRegister(m.published, m.errors, m.connected)
 	}
-	routeSaramaLog(log)
+	routeSaramaLog(log, m.errors)
 	return &Producer{cfg: cfg, sc: sc, metrics: m, drained: make(chan struct{}),
 		log: log.With().Str("component", "sink").Logger()}, nil
 }
@@ -225,7 +233,7 @@ func (p *Producer) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		for perr := range p.ap.Errors() {
-			reason := classify(perr.Err)
+			reason, _ := Classify(perr.Err)
 			p.metrics.errors.WithLabelValues(reason).Inc()
 			if reason == "network" {
 				p.setConnected(false)
@@ -257,30 +265,15 @@ func (p *Producer) Run(ctx context.Context) error {
 	return nil
 }
 
-// classify names an error for the publish_errors_total reason label.
-func classify(err error) string {
-	var kerr sarama.KError
-	var cerr sarama.ConfigurationError
-	switch {
-	case errors.As(err, &cerr) && strings.Contains(string(cerr), "larger than"):
-		return "message_too_large" // rejected locally by max_message_bytes
-	case errors.As(err, &kerr):
-		switch kerr {
-		case sarama.ErrMessageSizeTooLarge:
-			return "message_too_large"
-		case sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed:
-			return "invalid_topic"
-		}
-		return "broker_rejected"
-	case errors.Is(err, sarama.ErrOutOfBrokers), errors.Is(err, sarama.ErrNotConnected):
-		return "network"
-	}
-	return "other"
-}
-
 // Publish hands m to the producer. It blocks while sarama's input buffer is
-// full (backpressure) or until ctx ends. Call from one goroutine.
+// full (backpressure) or until ctx ends. Safe for concurrent use; records
+// published from one goroutine keep their order.
 func (p *Producer) Publish(ctx context.Context, m *Message) error {
+	p.inputMu.RLock()
+	defer p.inputMu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
 	pm := &sarama.ProducerMessage{
 		Topic:     m.Topic,
 		Key:       sarama.ByteEncoder(m.Key),
@@ -304,6 +297,9 @@ func (p *Producer) Close(timeout time.Duration) {
 		if p.ap == nil {
 			return
 		}
+		p.inputMu.Lock() // waits for a Publish blocked on a full input
+		p.closed = true
+		p.inputMu.Unlock()
 		p.ap.AsyncClose()
 		select {
 		case <-p.drained:

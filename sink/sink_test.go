@@ -7,8 +7,11 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,32 +178,77 @@ func TestTemplate(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	tests := []struct {
-		name string
-		err  error
-		want string
+		name   string
+		err    error
+		reason string
+		kind   Kind
 	}{
-		{"message too large", sarama.ErrMessageSizeTooLarge, "message_too_large"},
-		{"wrapped message too large", fmt.Errorf("produce: %w", sarama.ErrMessageSizeTooLarge), "message_too_large"},
-		{"invalid topic", sarama.ErrInvalidTopic, "invalid_topic"},
-		{"topic authorization", sarama.ErrTopicAuthorizationFailed, "invalid_topic"},
-		{"wrapped topic authorization", fmt.Errorf("x: %w", sarama.ErrTopicAuthorizationFailed), "invalid_topic"},
-		{"out of brokers", sarama.ErrOutOfBrokers, "network"},
-		{"not connected", sarama.ErrNotConnected, "network"},
-		{"wrapped out of brokers", fmt.Errorf("metadata: %w", sarama.ErrOutOfBrokers), "network"},
-		{"not leader", sarama.ErrNotLeaderForPartition, "broker_rejected"},
-		{"record list too large", sarama.ErrMessageSetSizeTooLarge, "broker_rejected"},
-		{"out of order sequence", sarama.ErrOutOfOrderSequenceNumber, "broker_rejected"},
-		{"cluster authorization", sarama.ErrClusterAuthorizationFailed, "broker_rejected"},
-		{"plain error", errors.New("boom"), "other"},
-		{"EOF", io.EOF, "other"},
-		{"nil", nil, "other"},
+		{"message too large", sarama.ErrMessageSizeTooLarge, "message_too_large", Poison},
+		{"wrapped message too large", fmt.Errorf("produce: %w", sarama.ErrMessageSizeTooLarge), "message_too_large", Poison},
+		{"local size check", sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes: 2000 > 1024"), "message_too_large", Poison},
+		{"record list too large", sarama.ErrMessageSetSizeTooLarge, "message_too_large", Poison},
+		{"invalid topic", sarama.ErrInvalidTopic, "invalid_topic", Poison},
+		{"invalid record", sarama.ErrInvalidRecord, "broker_rejected", Poison},
+		{"invalid timestamp", sarama.ErrInvalidTimestamp, "broker_rejected", Poison},
+		{"topic authorization", sarama.ErrTopicAuthorizationFailed, "authorization", Refused},
+		{"wrapped topic authorization", fmt.Errorf("x: %w", sarama.ErrTopicAuthorizationFailed), "authorization", Refused},
+		{"cluster authorization", sarama.ErrClusterAuthorizationFailed, "authorization", Refused},
+		{"SASL failed", sarama.ErrSASLAuthenticationFailed, "authorization", Refused},
+		{"out of brokers", sarama.ErrOutOfBrokers, "network", Transient},
+		{"not connected", sarama.ErrNotConnected, "network", Transient},
+		{"wrapped out of brokers", fmt.Errorf("metadata: %w", sarama.ErrOutOfBrokers), "network", Transient},
+		{"connection refused", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, "network", Transient},
+		{"connection reset", fmt.Errorf("read: %w", syscall.ECONNRESET), "network", Transient},
+		{"EOF", io.EOF, "network", Transient},
+		{"broker not available", sarama.ErrBrokerNotAvailable, "network", Transient},
+		{"shutting down", sarama.ErrShuttingDown, "network", Transient},
+		{"leader not available", sarama.ErrLeaderNotAvailable, "leader_not_available", Transient},
+		{"not leader", sarama.ErrNotLeaderForPartition, "leader_not_available", Transient},
+		{"not enough replicas", sarama.ErrNotEnoughReplicas, "not_enough_replicas", Transient},
+		{"not enough replicas after append", sarama.ErrNotEnoughReplicasAfterAppend, "not_enough_replicas", Transient},
+		{"request timed out", sarama.ErrRequestTimedOut, "request_timed_out", Transient},
+		{"unknown topic", sarama.ErrUnknownTopicOrPartition, "unknown_topic", Transient},
+		{"out of order sequence", sarama.ErrOutOfOrderSequenceNumber, "producer_state", Transient},
+		{"plain error", errors.New("boom"), "other", Transient},
+		{"nil", nil, "other", Transient},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := classify(tt.err); got != tt.want {
-				t.Errorf("classify(%v) = %q, want %q", tt.err, got, tt.want)
+			reason, kind := Classify(tt.err)
+			if reason != tt.reason || kind != tt.kind {
+				t.Errorf("Classify(%v) = %q, %d; want %q, %d", tt.err, reason, kind, tt.reason, tt.kind)
+			}
+			if !slices.Contains(Reasons, reason) {
+				t.Errorf("reason %q is not in Reasons, so it is not exported at zero", reason)
 			}
 		})
+	}
+}
+
+// sarama retries transient errors internally and only logs them; the log
+// hook counts them by reason, and ignores every other log line.
+func TestSaramaLogCountsInternalRetries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p, err := New(validConfig(), zerolog.Nop(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p
+	sarama.Logger.Printf("producer/broker/%d state change to [retrying] on %s/%d because %v\n", int32(1), "t", int32(0), sarama.ErrNotEnoughReplicas)
+	sarama.Logger.Printf("producer/broker/%d state change to [closing] because %s\n", int32(1), &net.OpError{Op: "write", Err: syscall.EPIPE})
+	sarama.Logger.Printf("producer/broker/%d state change to [closing] because %s\n", int32(1), io.EOF)
+	sarama.Logger.Printf("producer/leader/%s/%d selected broker %d\n", "t", int32(0), int32(1))
+	sarama.Logger.Printf("Failed refreshing metadata because of %v\n", sarama.ErrOutOfBrokers)
+	got := counterValues(t, reg)
+	want := map[string]float64{
+		"outbox_relay_publish_errors_total{reason=not_enough_replicas}": 1,
+		"outbox_relay_publish_errors_total{reason=network}":             2,
+		"outbox_relay_publish_errors_total{reason=other}":               0,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+		}
 	}
 }
 
@@ -613,7 +661,7 @@ func TestProducerRunCallsDoneOnce(t *testing.T) {
 		"outbox_relay_events_published_total{topic=t.ok}":             3,
 		"outbox_relay_publish_errors_total{reason=network}":           1,
 		"outbox_relay_publish_errors_total{reason=message_too_large}": 1,
-		"outbox_relay_publish_errors_total{reason=invalid_topic}":     1,
+		"outbox_relay_publish_errors_total{reason=authorization}":     1,
 		"outbox_relay_kafka_connected":                                0, // after Close
 	}
 	got := counterValues(t, reg)

@@ -23,6 +23,8 @@ type Config struct {
 	Postgres        replication.Config `yaml:"postgres"`
 	Kafka           sink.Config        `yaml:"kafka"`
 	InFlight        InFlightConfig     `yaml:"inflight"`
+	OnPoison        string             `yaml:"on_poison"`
+	DeadLetter      DeadLetterConfig   `yaml:"dead_letter"`
 	MetricsAddr     string             `yaml:"metrics_addr"`
 	Log             LogConfig          `yaml:"log"`
 	ShutdownTimeout time.Duration      `yaml:"shutdown_timeout"`
@@ -32,6 +34,14 @@ type Config struct {
 type InFlightConfig struct {
 	MaxEvents int   `yaml:"max_events"`
 	MaxBytes  int64 `yaml:"max_bytes"`
+}
+
+// DeadLetterConfig is where and when poison events are dead-lettered
+// (on_poison: dlq).
+type DeadLetterConfig struct {
+	Topic        string        `yaml:"topic"`
+	MaxAttempts  int           `yaml:"max_attempts"`
+	RetryBackoff time.Duration `yaml:"retry_backoff"`
 }
 
 // LogConfig selects the log level and format (json or console).
@@ -46,6 +56,8 @@ func DefaultConfig() Config {
 		Postgres:        replication.DefaultConfig(),
 		Kafka:           sink.DefaultConfig(),
 		InFlight:        InFlightConfig{MaxEvents: 10000, MaxBytes: 64 << 20},
+		OnPoison:        "dlq",
+		DeadLetter:      DeadLetterConfig{Topic: "outbox.dlq", MaxAttempts: 5, RetryBackoff: 500 * time.Millisecond},
 		MetricsAddr:     ":9187",
 		Log:             LogConfig{Level: "info", Format: "json"},
 		ShutdownTimeout: 30 * time.Second,
@@ -60,6 +72,18 @@ func (c Config) Validate() error {
 	}
 	if c.InFlight.MaxBytes < 1024 {
 		errs = append(errs, fmt.Errorf("inflight.max_bytes: %d must be at least 1024 (default 67108864)", c.InFlight.MaxBytes))
+	}
+	if c.OnPoison != "dlq" && c.OnPoison != "halt" {
+		errs = append(errs, fmt.Errorf("on_poison: %q is not dlq (dead-letter the event and go on) or halt (stop publishing, keep the slot)", c.OnPoison))
+	}
+	if err := sink.ValidTopic(c.DeadLetter.Topic); err != nil {
+		errs = append(errs, fmt.Errorf("dead_letter.topic: %w (default outbox.dlq)", err))
+	}
+	if c.DeadLetter.MaxAttempts < 1 || c.DeadLetter.MaxAttempts > 100 {
+		errs = append(errs, fmt.Errorf("dead_letter.max_attempts: %d is out of range: use 1..100 (default 5)", c.DeadLetter.MaxAttempts))
+	}
+	if c.DeadLetter.RetryBackoff < 10*time.Millisecond || c.DeadLetter.RetryBackoff > time.Minute {
+		errs = append(errs, fmt.Errorf("dead_letter.retry_backoff: %s is out of range: use 10ms..1m (default 500ms)", c.DeadLetter.RetryBackoff))
 	}
 	if c.MetricsAddr != "" && !strings.Contains(c.MetricsAddr, ":") {
 		errs = append(errs, fmt.Errorf("metrics_addr: %q is not host:port or :port", c.MetricsAddr))
@@ -205,6 +229,14 @@ var keys = []key{
 			c.InFlight.MaxBytes = n
 			return nil
 		}},
+	{"on_poison", "OUTBOX_RELAY_ON_POISON", "on-poison", "poison event (can never be published): dlq = dead-letter it and go on, halt = stop publishing and keep the slot",
+		str(func(c *Config) *string { return &c.OnPoison })},
+	{"dead_letter.topic", "OUTBOX_RELAY_DLQ_TOPIC", "dlq-topic", "dead-letter topic",
+		str(func(c *Config) *string { return &c.DeadLetter.Topic })},
+	{"dead_letter.max_attempts", "OUTBOX_RELAY_DLQ_MAX_ATTEMPTS", "dlq-max-attempts", "publish attempts of a poison event before on_poison applies",
+		integer(func(c *Config) *int { return &c.DeadLetter.MaxAttempts })},
+	{"dead_letter.retry_backoff", "OUTBOX_RELAY_DLQ_RETRY_BACKOFF", "dlq-retry-backoff", "first backoff between attempts of a poison event (doubles)",
+		dur(func(c *Config) *time.Duration { return &c.DeadLetter.RetryBackoff })},
 	{"metrics_addr", "OUTBOX_RELAY_METRICS_ADDR", "metrics-addr", "HTTP address for /metrics, /healthz, /readyz (empty = off)",
 		str(func(c *Config) *string { return &c.MetricsAddr })},
 	{"log.level", "OUTBOX_RELAY_LOG_LEVEL", "log-level", "trace, debug, info, warn or error",
@@ -222,10 +254,14 @@ var boolKeys = map[string]bool{
 
 // loadConfig parses args (flags of one subcommand) and builds the config
 // from file, env and flags. Parse errors name the key and its source.
-func loadConfig(name string, args []string, getenv func(string) string) (Config, error) {
+// extra registers a subcommand's own flags (dlq replay --id).
+func loadConfig(name string, args []string, getenv func(string) string, extra ...func(*flag.FlagSet)) (Config, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // realMain prints errors and usage once, to its writer
 	path := fs.String("config", "", "YAML config file")
+	for _, f := range extra {
+		f(fs)
+	}
 	type flagVal struct {
 		k key
 		v string

@@ -283,6 +283,10 @@ var invalidCases = []struct {
 	{key: "kafka.tls.insecure_skip_verify", env: []string{"maybe"}, flag: []string{"2"}, file: []any{"sure"}},
 	{key: "inflight.max_events", env: []string{"0", "x"}, flag: []string{"-1"}, file: []any{0, "ten"}},
 	{key: "inflight.max_bytes", env: []string{"100", "1e6"}, flag: []string{"1023", "-1"}, file: []any{10, "1MiB"}},
+	{key: "on_poison", env: []string{"skip", "DLQ"}, flag: []string{""}, file: []any{"ignore", 1}},
+	{key: "dead_letter.topic", env: []string{"dead letters"}, flag: []string{"", "a/b"}, file: []any{"..", []string{"x"}}},
+	{key: "dead_letter.max_attempts", env: []string{"0", "x"}, flag: []string{"101", "-1"}, file: []any{0, "five"}},
+	{key: "dead_letter.retry_backoff", env: []string{"1ms", "soon"}, flag: []string{"2m"}, file: []any{"0s", 5}},
 	{key: "metrics_addr", env: []string{"9187"}, flag: []string{"localhost"}, file: []any{"metrics", []string{":1"}}},
 	{key: "log.level", env: []string{"loud", "INFO"}, flag: []string{""}, file: []any{"verbose"}},
 	{key: "log.format", env: []string{"xml"}, flag: []string{"", "text"}, file: []any{"logfmt"}},
@@ -475,11 +479,16 @@ func TestRealMainExitCodes(t *testing.T) {
 		{"version", []string{"version"}, envOf(nil), exitOK, []string{"outbox-relay " + version}},
 		{"help", []string{"help"}, envOf(nil), exitOK, []string{"usage:"}},
 		{"run -h", []string{"run", "-h"}, envOf(nil), exitOK, nil},
+		{"dlq without command", []string{"dlq"}, requiredEnv(nil), exitConfig, []string{"usage: outbox-relay dlq"}},
+		{"dlq unknown command", []string{"dlq", "purge"}, requiredEnv(nil), exitConfig, []string{`unknown dlq command "purge"`}},
+		{"dlq replay without id", []string{"dlq", "replay"}, requiredEnv(nil), exitConfig, []string{"--id is required"}},
+		{"dlq resolve bad id", []string{"dlq", "resolve", "--id", "x"}, requiredEnv(nil), exitConfig, []string{"id"}},
+		{"dlq list bad config", []string{"dlq", "list", "--on-poison", "skip"}, requiredEnv(nil), exitConfig, []string{"on_poison"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			if got := realMain(tt.args, tt.getenv, &buf); got != tt.wantCode {
+			if got := realMain(tt.args, tt.getenv, &buf, &buf); got != tt.wantCode {
 				t.Errorf("exit code %d, want %d; output:\n%s", got, tt.wantCode, buf.String())
 			}
 			for _, w := range tt.want {

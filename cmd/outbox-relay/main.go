@@ -4,6 +4,7 @@
 //
 //	outbox-relay run      [--config FILE] [flags]   the relay
 //	outbox-relay migrate  [--config FILE] [flags]   create the outbox table, index, publication and slot
+//	outbox-relay dlq list|replay|resolve       inspect and replay dead-lettered events
 //	outbox-relay version
 package main
 
@@ -27,6 +28,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -43,10 +45,10 @@ const (
 )
 
 func main() {
-	os.Exit(realMain(os.Args[1:], os.Getenv, os.Stderr))
+	os.Exit(realMain(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-func realMain(args []string, getenv func(string) string, stderr io.Writer) int {
+func realMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stderr)
 		return exitConfig
@@ -57,6 +59,8 @@ func realMain(args []string, getenv func(string) string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "outbox-relay", version)
 		return exitOK
 	case "run", "migrate":
+	case "dlq":
+		return dlqMain(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stderr)
 		return exitOK
@@ -93,6 +97,7 @@ func usage(w io.Writer) {
 commands:
   run       stream outbox inserts from the replication slot to Kafka
   migrate   create the outbox table, its index, the publication and the slot
+  dlq       list | replay --id N | resolve --id N: dead-lettered events
   version   print the version
 
 Run "outbox-relay run -h" for every flag; each has an OUTBOX_RELAY_* env twin.
@@ -175,7 +180,11 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	repMetrics := replication.NewMetrics(reg)
 
 	var streamRef atomic.Pointer[replication.Stream] // read by /readyz
+	var pipeRef atomic.Pointer[pipeline]
 	ready := func() (bool, string) {
+		if p := pipeRef.Load(); p != nil && p.Halted() != nil {
+			return false, "halted on a poison event: " + p.Halted().Error()
+		}
 		switch s := streamRef.Load(); {
 		case s == nil || !s.Streaming():
 			return false, "replication not streaming"
@@ -224,7 +233,16 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	// slot's confirmed position before streaming (Stream.session). Postgres
 	// being down at start is retried there, with readiness false meanwhile.
 	tracker := checkpoint.New(0, checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes})
-	pipe, err := newPipeline(cfg.Postgres.Table, tracker, producer, tmpl, pubCtx, log, reg, func(err error) { cancel(err) })
+	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
+	store, err := deadletter.Open(ctx, cfg.Postgres.URL, schema, table)
+	if err != nil {
+		log.Error().Err(err).Msg("dead-letter store")
+		return exitConfig
+	}
+	defer store.Close()
+	policy := poisonPolicy{halt: cfg.OnPoison == "halt", topic: cfg.DeadLetter.Topic, maxAttempts: cfg.DeadLetter.MaxAttempts,
+		backoff: cfg.DeadLetter.RetryBackoff, transientMax: cfg.Kafka.RetryBackoffMax}
+	pipe, err := newPipeline(cfg.Postgres.Table, tracker, producer, tmpl, store, policy, pubCtx, log, reg)
 	if err != nil {
 		log.Error().Err(err).Msg("pipeline")
 		return exitConfig
@@ -236,10 +254,12 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	}
 	stream.DrainTimeout = cfg.ShutdownTimeout
 	streamRef.Store(stream)
+	pipeRef.Store(pipe)
 
 	lagCtx, stopLag := context.WithCancel(runCtx)
 	defer stopLag()
 	go replication.PollLag(lagCtx, cfg.Postgres, repMetrics, log)
+	go pollUnresolved(lagCtx, store, reg, cfg.Postgres.LagPollInterval, log)
 
 	err = stream.Run(runCtx, pipe.Handle)
 	if cause := context.Cause(runCtx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
@@ -251,6 +271,28 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	}
 	log.Info().Str("lsn", tracker.Flushed().String()).Msg("relay stopped")
 	return exitOK
+}
+
+// pollUnresolved keeps outbox_relay_dlq_unresolved_rows current: the "DLQ
+// size > 0, an operator is needed" alert of the seeds.
+func pollUnresolved(ctx context.Context, store *deadletter.Store, reg prometheus.Registerer, every time.Duration, log zerolog.Logger) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_dlq_unresolved_rows",
+		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
+	reg.MustRegister(g)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if n, err := store.Unresolved(ctx); err == nil {
+			g.Set(float64(n))
+		} else if ctx.Err() == nil {
+			log.Debug().Err(err).Msg("count dead-lettered rows")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func serveHTTP(addr string, reg *prometheus.Registry, ready func() (bool, string), log zerolog.Logger) (*http.Server, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -13,13 +14,31 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// publisher is what the pipeline needs from the sink.
+// publisher is what the pipeline needs from the sink. Publish is called
+// from the replication loop and from retry timers.
 type publisher interface {
 	Publish(ctx context.Context, m *sink.Message) error
+}
+
+// rowMarker is what the pipeline needs from the dead-letter store.
+type rowMarker interface {
+	MarkDead(ctx context.Context, id int64, attempts int, lastErr string) (bool, error)
+	MarkFailed(ctx context.Context, id int64, attempts int, lastErr string) error
+}
+
+// poisonPolicy says what happens to an event that can never be published as
+// it is (config on_poison and dead_letter.*).
+type poisonPolicy struct {
+	halt         bool
+	topic        string        // dead-letter topic
+	maxAttempts  int           // publish attempts before the policy applies
+	backoff      time.Duration // first backoff between attempts of a poison event
+	transientMax time.Duration // cap of the backoff of transient errors
 }
 
 // pipeline is the glue of the data path: replication hands it WAL, it
@@ -32,26 +51,36 @@ type pipeline struct {
 	tracker *checkpoint.Tracker
 	pub     publisher
 	tmpl    sink.Template
+	marker  rowMarker
+	policy  poisonPolicy
 	log     zerolog.Logger
-	fail    func(error) // stops the relay; called at most once matters
 	// pubCtx outlives the run context by the shutdown timeout: once a
 	// transaction is registered with the tracker, all its events must reach
 	// the producer, or the final drain waits for acks that cannot come.
 	pubCtx context.Context
 
-	failed    atomic.Bool
+	halted    atomic.Pointer[haltCause]
+	haltCh    chan struct{} // closed on halt
 	otherRows atomic.Uint64
 	decoded   atomic.Uint64
 	resent    atomic.Uint64
 	prevDec   decoder.Counts
 
-	commitToAck prometheus.Histogram
+	commitToAck  prometheus.Histogram
+	deadLettered *prometheus.CounterVec
+	haltedGauge  prometheus.Gauge
 }
 
-func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl sink.Template, pubCtx context.Context,
-	log zerolog.Logger, reg prometheus.Registerer, fail func(error)) (*pipeline, error) {
-	p := &pipeline{table: table, tracker: tracker, pub: pub, tmpl: tmpl, fail: fail, pubCtx: pubCtx,
-		log: log.With().Str("component", "pipeline").Logger()}
+// haltCause is why publishing stopped (on_poison: halt, or a dead letter
+// that could not be written).
+type haltCause struct {
+	err error
+}
+
+func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl sink.Template, marker rowMarker,
+	policy poisonPolicy, pubCtx context.Context, log zerolog.Logger, reg prometheus.Registerer) (*pipeline, error) {
+	p := &pipeline{table: table, tracker: tracker, pub: pub, tmpl: tmpl, marker: marker, policy: policy, pubCtx: pubCtx,
+		haltCh: make(chan struct{}), log: log.With().Str("component", "pipeline").Logger()}
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
@@ -60,8 +89,15 @@ func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl 
 		Help:    "Time from the PostgreSQL commit of an event's transaction to the Kafka ack (acks=all).",
 		Buckets: []float64{.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56, 5, 10, 30, 60},
 	})
+	p.deadLettered = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_dead_lettered_total",
+		Help: "Poison events written to the dead-letter topic (acked), by reason."}, []string{"reason"})
+	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonInvalidTopic, "message_too_large", "broker_rejected"} {
+		p.deadLettered.WithLabelValues(r)
+	}
+	p.haltedGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_halted",
+		Help: "1 when publishing stopped on a poison event (on_poison: halt, or the dead-letter write failed)."})
 	if reg != nil {
-		reg.MustRegister(p.commitToAck,
+		reg.MustRegister(p.commitToAck, p.deadLettered, p.haltedGauge,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_inflight_events",
 				Help: "Events published and not yet acked by Kafka."},
 				func() float64 { e, _ := tracker.InFlight(); return float64(e) }),
@@ -86,8 +122,12 @@ func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl 
 }
 
 // Handle is the replication.Handler. It runs on the replication loop
-// goroutine and blocks while the in-flight limits are reached.
+// goroutine and blocks while the in-flight limits are reached, and for good
+// once the pipeline halted (the slot stays where it is; keepalives go on).
 func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData []byte) error {
+	if err := p.waitIfHalted(ctx); err != nil {
+		return err
+	}
 	txn, err := p.dec.Decode(walStart, walData)
 	if err != nil {
 		return fmt.Errorf("decode: %w", err)
@@ -105,50 +145,211 @@ func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		}
 		return nil
 	}
-	msgs := make([]sink.Message, len(txn.Events))
+	ds := make([]delivery, len(txn.Events))
 	var bytes int64
 	for i := range txn.Events {
 		ev := &txn.Events[i]
+		d := &ds[i]
+		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload))}
+		d.msg = sink.Message{Key: []byte(ev.AggregateID), Value: ev.Payload, Headers: headers(ev, txn.CommitLSN),
+			Timestamp: txn.CommitTime, Done: d.done}
+		bytes += d.size
+		if ev.Err != nil {
+			// The WAL bytes never change: no attempt can succeed.
+			if err := p.poisonRow(ctx, d, deadletter.ReasonBadRow, ev.Err); err != nil {
+				return err
+			}
+			continue
+		}
 		topic, err := p.tmpl.Render(ev.AggregateType, ev.EventType)
 		if err != nil {
-			return fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q): %w; fix the row or kafka.topic_template",
-				p.table, ev.ID, ev.LSN, ev.AggregateType, err)
+			err = fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w; fix kafka.topic_template or the row",
+				p.table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err)
+			if err := p.poisonRow(ctx, d, deadletter.ReasonInvalidTopic, err); err != nil {
+				return err
+			}
+			continue
 		}
-		msgs[i] = sink.Message{
-			Topic:     topic,
-			Key:       []byte(ev.AggregateID),
-			Value:     ev.Payload,
-			Headers:   headers(ev, txn.CommitLSN),
-			Timestamp: txn.CommitTime,
-		}
-		bytes += int64(len(ev.Payload))
+		d.msg.Topic = topic
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.
-	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(msgs), bytes)
+	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(ds), bytes)
 	if err != nil {
 		return err
 	}
-	commit := txn.CommitTime
-	for i := range msgs {
-		m := &msgs[i]
-		id, lsn, size := txn.Events[i].ID, txn.Events[i].LSN, int64(len(m.Value))
-		m.Done = func(err error) {
-			if err != nil {
-				// The tracker never passes this event, so the slot keeps it.
-				p.stop(fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, id, lsn, err))
-				return
-			}
-			p.commitToAck.Observe(time.Since(commit).Seconds())
-			pend.Ack(size)
-		}
+	for i := range ds {
+		d := &ds[i]
+		d.pend = pend
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Int64("id", id).Str("lsn", lsn.String()).Str("topic", m.Topic).Msg("publish")
+			p.log.Debug().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
-		if err := p.pub.Publish(p.pubCtx, m); err != nil {
+		if err := p.pub.Publish(p.pubCtx, &d.msg); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// poisonRow handles an event that cannot even be built (a bad row, an
+// invalid topic), before its transaction enters the tracker: under halt it
+// stops here, so nothing of the transaction is published or confirmed;
+// under dlq the event becomes its dead letter at once.
+func (p *pipeline) poisonRow(ctx context.Context, d *delivery, reason string, err error) error {
+	d.attempts = 1
+	if p.policy.halt {
+		p.halt(d, err)
+		return p.waitIfHalted(ctx)
+	}
+	p.toDeadLetter(d, reason, err)
+	return nil
+}
+
+// delivery is one event on its way to Kafka, through retries and maybe the
+// dead-letter topic. Its Done runs on the producer's goroutines.
+type delivery struct {
+	p        *pipeline
+	pend     *checkpoint.Pending
+	msg      sink.Message
+	id       int64
+	lsn      pglogrepl.LSN
+	commit   time.Time
+	size     int64
+	attempts int                // failed publish attempts so far
+	letter   *deadletter.Letter // set once the event is being dead-lettered
+}
+
+func (d *delivery) done(err error) {
+	p := d.p
+	if err == nil {
+		if d.letter == nil {
+			p.commitToAck.Observe(time.Since(d.commit).Seconds())
+			d.pend.Ack(d.size)
+			return
+		}
+		p.deadLettered.WithLabelValues(d.letter.Reason).Inc()
+		go p.markDead(d) // acks once the row says so
+		return
+	}
+	d.attempts++
+	reason, kind := sink.Classify(err)
+	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+		Str("reason", reason).Int("attempt", d.attempts).Logger()
+	switch {
+	case kind == sink.Transient:
+		// Retried for ever; the tracker holds the slot before this event
+		// meanwhile, whatever is acked after it.
+		if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
+			ev.Warn().Err(err).Msg("transient publish error; retrying until the broker takes it")
+		}
+		p.retry(d, backoff(p.policy.backoff/5, p.policy.transientMax, d.attempts))
+	case d.letter != nil:
+		p.halt(d, fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err))
+	case kind == sink.Refused:
+		// Not the event's fault: dead-lettering would empty the outbox into the DLQ.
+		p.halt(d, fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err))
+	case d.attempts < p.policy.maxAttempts:
+		ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
+		p.retry(d, backoff(p.policy.backoff, time.Minute, d.attempts))
+	case p.policy.halt:
+		p.halt(d, fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err))
+	default:
+		p.toDeadLetter(d, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
+		go p.publish(d) // never from the producer's goroutine: its input may be full
+	}
+}
+
+// backoff is exponential from first, capped, with jitter on the upper half.
+func backoff(first, cap time.Duration, attempt int) time.Duration {
+	d := min(first<<min(attempt-1, 20), cap)
+	return d/2 + rand.N(d/2+1)
+}
+
+func (p *pipeline) retry(d *delivery, after time.Duration) {
+	time.AfterFunc(after, func() { p.publish(d) })
+}
+
+// publish sends d again, off the replication loop. If the relay is shutting
+// down it gives up: the event stays unacked and the slot keeps it.
+func (p *pipeline) publish(d *delivery) {
+	if err := p.pub.Publish(p.pubCtx, &d.msg); err != nil {
+		p.log.Warn().Err(err).Int64("id", d.id).Msg("not resent: shutting down; the slot keeps the event")
+	}
+}
+
+// toDeadLetter turns d into its dead letter: the dead-letter topic, the same
+// key, the payload unless it is what the broker refused, and the dlq.*
+// headers. The caller publishes it.
+func (p *pipeline) toDeadLetter(d *delivery, reason string, cause error) {
+	d.letter = &deadletter.Letter{Table: p.table, ID: d.id, LSN: d.lsn, Topic: d.msg.Topic, Key: d.msg.Key,
+		Value: d.msg.Value, Headers: d.msg.Headers, Reason: reason, Err: cause.Error(), Attempts: d.attempts,
+		OmitPayload: reason == "message_too_large"}
+	value, headers := d.letter.Record(time.Now())
+	d.msg = sink.Message{Topic: p.policy.topic, Key: d.msg.Key, Value: value, Headers: headers,
+		Timestamp: d.msg.Timestamp, Done: d.done}
+	p.log.Error().Err(cause).Int64("id", d.id).Str("lsn", d.lsn.String()).Str("reason", reason).
+		Str("dlq_topic", p.policy.topic).Int("attempts", d.attempts).
+		Msg("poison event: dead-lettering it; later events of its aggregate go on")
+}
+
+// markDead records the dead letter on the outbox row, then acks the event:
+// only a dead letter that is both in Kafka and findable with SQL lets the
+// slot move past it. PostgreSQL being down is waited out.
+func (p *pipeline) markDead(d *delivery) {
+	for attempt := 1; d.id != 0; attempt++ {
+		found, err := p.marker.MarkDead(p.pubCtx, d.id, d.letter.Attempts, d.letter.Err)
+		if err == nil {
+			if !found {
+				p.log.Warn().Int64("id", d.id).Msg("dead-lettered outbox row no longer exists; the dead letter holds the event")
+			}
+			break
+		}
+		if p.pubCtx.Err() != nil {
+			return // shutting down: unacked, so the event comes back after restart
+		}
+		p.log.Warn().Err(err).Int64("id", d.id).Msg("cannot mark the dead-lettered row yet; retrying")
+		select {
+		case <-time.After(backoff(time.Second, 30*time.Second, attempt)):
+		case <-p.pubCtx.Done():
+			return
+		}
+	}
+	d.pend.Ack(d.size)
+}
+
+// halt stops publishing for good: nothing after this is read, the slot
+// stays before the event, /readyz fails. The row records why.
+func (p *pipeline) halt(d *delivery, err error) {
+	if !p.halted.CompareAndSwap(nil, &haltCause{err: err}) {
+		return
+	}
+	p.haltedGauge.Set(1)
+	close(p.haltCh)
+	p.log.Error().Err(err).Str("table", p.table).Int64("id", d.id).Str("lsn", d.lsn.String()).
+		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
+	if d.id != 0 {
+		go func() {
+			if err := p.marker.MarkFailed(p.pubCtx, d.id, d.attempts, err.Error()); err != nil {
+				p.log.Warn().Err(err).Msg("could not record the error on the outbox row")
+			}
+		}()
+	}
+}
+
+// Halted returns why publishing stopped, or nil. Any goroutine (/readyz).
+func (p *pipeline) Halted() error {
+	if c := p.halted.Load(); c != nil {
+		return c.err
+	}
+	return nil
+}
+
+// waitIfHalted blocks until ctx ends once the pipeline halted.
+func (p *pipeline) waitIfHalted(ctx context.Context) error {
+	if p.halted.Load() == nil {
+		return nil
+	}
+	<-ctx.Done()
+	return ctx.Err()
 }
 
 // resetDecoder starts a fresh decoder (a new session resends relations) whose
@@ -163,12 +364,6 @@ func (p *pipeline) resetDecoder() error {
 	dec.SetChunk(min(1000, max(1, events/2)), int(max(1, bytes/2)))
 	p.dec, p.prevDec = dec, decoder.Counts{}
 	return nil
-}
-
-func (p *pipeline) stop(err error) {
-	if p.failed.CompareAndSwap(false, true) {
-		p.fail(err)
-	}
 }
 
 func (p *pipeline) countDecoder() {
@@ -201,7 +396,7 @@ func (p *pipeline) Flushed() pglogrepl.LSN { return p.tracker.Flushed() }
 // Idle implements replication.Progress; called on the loop goroutine, so
 // the decoder's state is consistent with everything handled so far.
 func (p *pipeline) Idle(walEnd pglogrepl.LSN) {
-	if !p.dec.InTxn() {
+	if !p.dec.InTxn() && p.halted.Load() == nil { // a halt may sit before walEnd with nothing in flight
 		p.tracker.AdvanceIdle(walEnd)
 	}
 }
@@ -209,8 +404,8 @@ func (p *pipeline) Idle(walEnd pglogrepl.LSN) {
 // Drain implements replication.Progress: wait for acks, then start a fresh
 // decoder for the next session (relations are resent by the server).
 func (p *pipeline) Drain(ctx context.Context) error {
-	if p.failed.Load() {
-		// A failed event never acks; wait briefly for the others only.
+	if p.halted.Load() != nil {
+		// The halted event never acks; wait briefly for the others only.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()

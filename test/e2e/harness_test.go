@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -155,7 +156,16 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// startRelay starts a relay and waits until it is ready.
 func (e *env) startRelay(extraFlags ...string) *relay {
+	e.t.Helper()
+	r := e.launchRelay(extraFlags...)
+	r.waitReady(60 * time.Second)
+	return r
+}
+
+// launchRelay starts a relay without waiting for it to become ready.
+func (e *env) launchRelay(extraFlags ...string) *relay {
 	e.t.Helper()
 	r := &relay{t: e.t, metrics: freePort(e.t), done: make(chan struct{})}
 	r.logPath = filepath.Join(logDir, fmt.Sprintf("%s-%s-%d.log", e.t.Name(), e.slot, time.Now().UnixNano()%1e6))
@@ -189,7 +199,6 @@ func (e *env) startRelay(extraFlags ...string) *relay {
 			e.t.Logf("relay log %s (last 4k):\n%s", r.logPath, tail(b, 4096))
 		}
 	})
-	r.waitReady(60 * time.Second)
 	return r
 }
 
@@ -219,12 +228,30 @@ func (r *relay) waitReady(d time.Duration) {
 }
 
 func (r *relay) readyStatus() int {
-	resp, err := http.Get("http://" + r.metrics + "/readyz")
+	code, _ := r.get("/readyz")
+	return code
+}
+
+// get returns the status code and body of an HTTP endpoint of the relay (0
+// if it does not answer).
+func (r *relay) get(path string) (int, string) {
+	resp, err := http.Get("http://" + r.metrics + path)
 	if err != nil {
-		return 0
+		return 0, ""
 	}
-	resp.Body.Close()
-	return resp.StatusCode
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// running reports whether the relay process has not exited.
+func (r *relay) running() bool {
+	select {
+	case <-r.done:
+		return false
+	default:
+		return true
+	}
 }
 
 // metric returns the sum of all series of a metric family, or -1 if absent.

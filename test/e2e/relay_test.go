@@ -279,43 +279,6 @@ func TestOtherTablesIgnoredAndAlterTable(t *testing.T) {
 	}
 }
 
-// A row that cannot become an event stops the relay with an error naming the
-// table, the row id and the LSN; the slot does not move past it.
-func TestBadRowStopsRelayAndHoldsSlot(t *testing.T) {
-	e := newEnv(t, "badrow")
-	ctx := context.Background()
-	r := e.startRelay()
-	w := e.newWriter(8)
-	if err := w.run(ctx, 50, 5, 10, 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 60*time.Second, "good events acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 50 })
-	before := e.currentLSN(t)
-	var id int64
-	if err := e.db.QueryRow(ctx, "INSERT INTO "+e.table+` (aggregate_type, aggregate_id, event_type, payload, headers)
-		VALUES ('order', 'order-1', 'order.updated', '{}', '["not", "an", "object"]') RETURNING id`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-r.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay kept running after a row that cannot become an event")
-	}
-	code := r.stop(syscall.SIGTERM, time.Second)
-	if code != 1 {
-		t.Fatalf("exit code %d, want 1", code)
-	}
-	log := r.log()
-	for _, want := range []string{e.table, fmt.Sprintf("id=%d", id), "headers"} {
-		if !strings.Contains(log, want) {
-			t.Errorf("the error log does not name %q:\n%s", want, tail([]byte(log), 2000))
-		}
-	}
-	if c := e.slotLSN(t); c > before {
-		t.Fatalf("slot confirmed %s past the bad row (before %s)", c, before)
-	}
-}
-
 // Backpressure must never starve the walsender: with a tiny in-flight limit,
 // a paused broker and wal_sender_timeout at 2s, the handler blocks for three
 // timeouts; the replication connection must survive (no reconnect) and every

@@ -1,0 +1,191 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store reads and writes the dead-letter bookkeeping columns of the outbox
+// table (migration 0003). Safe for concurrent use.
+type Store struct {
+	db    *pgxpool.Pool
+	table string // schema.name, for messages
+	ident string // quoted, for SQL
+}
+
+// Open connects lazily: a PostgreSQL that is down at start delays the first
+// query, not the relay. url must reach the server directly, like the
+// replication connection.
+func Open(ctx context.Context, url, schema, table string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres.url: %w", err) // pgx redacts the password in this error
+	}
+	cfg.MaxConns = 2
+	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres pool: %w", err)
+	}
+	return &Store{db: db, table: schema + "." + table, ident: pgx.Identifier{schema, table}.Sanitize()}, nil
+}
+
+// Close closes the connections.
+func (s *Store) Close() { s.db.Close() }
+
+// MarkDead records that row id went to the dead-letter topic after attempts
+// publish attempts. It reports false when the row no longer exists (deleted
+// by retention), which is not an error: the dead letter holds the event.
+func (s *Store) MarkDead(ctx context.Context, id int64, attempts int, lastErr string) (bool, error) {
+	tag, err := s.db.Exec(ctx, `UPDATE `+s.ident+` SET attempt_count = $2, last_error = $3,
+		dead_lettered_at = COALESCE(dead_lettered_at, now()) WHERE id = $1`, id, attempts, Truncate(lastErr))
+	if err != nil {
+		return false, fmt.Errorf("mark outbox row %s id=%d dead-lettered: %w", s.table, id, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// MarkFailed records a failed attempt on row id without dead-lettering it
+// (on_poison=halt), so the operator sees why the relay stopped.
+func (s *Store) MarkFailed(ctx context.Context, id int64, attempts int, lastErr string) error {
+	_, err := s.db.Exec(ctx, `UPDATE `+s.ident+` SET attempt_count = $2, last_error = $3 WHERE id = $1`,
+		id, attempts, Truncate(lastErr))
+	if err != nil {
+		return fmt.Errorf("record error on outbox row %s id=%d: %w", s.table, id, err)
+	}
+	return nil
+}
+
+// Unresolved counts dead-lettered rows nobody has replayed or resolved yet:
+// the "DLQ size" an operator is alerted on.
+func (s *Store) Unresolved(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM `+s.ident+
+		` WHERE dead_lettered_at IS NOT NULL AND dlq_resolved_at IS NULL`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count dead-lettered rows of %s: %w", s.table, err)
+	}
+	return n, nil
+}
+
+// Row is one dead-lettered outbox row as `dlq list` shows it.
+type Row struct {
+	ID                                    int64
+	AggregateType, AggregateID, EventType string // "<NULL>" when NULL
+	Attempts                              int
+	LastError                             string
+	DeadLetteredAt                        time.Time
+	ResolvedAt                            *time.Time
+}
+
+// List returns dead-lettered rows, oldest first: unresolved ones, or all
+// when all is true.
+func (s *Store) List(ctx context.Context, all bool, limit int) ([]Row, error) {
+	where := "dead_lettered_at IS NOT NULL"
+	if !all {
+		where += " AND dlq_resolved_at IS NULL"
+	}
+	rows, err := s.db.Query(ctx, `SELECT id, COALESCE(aggregate_type::text, '<NULL>'), COALESCE(aggregate_id::text, '<NULL>'),
+		COALESCE(event_type::text, '<NULL>'), attempt_count, COALESCE(last_error, ''), dead_lettered_at, dlq_resolved_at
+		FROM `+s.ident+` WHERE `+where+` ORDER BY dead_lettered_at, id LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead-lettered rows of %s: %w", s.table, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
+		var x Row
+		err := r.Scan(&x.ID, &x.AggregateType, &x.AggregateID, &x.EventType, &x.Attempts, &x.LastError, &x.DeadLetteredAt, &x.ResolvedAt)
+		return x, err
+	})
+}
+
+// ErrNotReplayable is wrapped by Replay and Resolve errors about the row
+// itself (missing, not dead-lettered, already resolved, still invalid).
+var ErrNotReplayable = errors.New("row cannot be replayed")
+
+// Replay republishes dead-lettered row id through the normal path: in one
+// transaction it inserts a copy of the row as it is now (so fix the row
+// first, e.g. UPDATE ... SET headers = ...) and marks the old row resolved.
+// The copy gets a new id, so consumers that deduplicate on event_id see a
+// new event, which it is: the original only reached the dead-letter topic.
+func (s *Store) Replay(ctx context.Context, id int64) (newID int64, err error) {
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if err := s.lockDead(ctx, tx, id); err != nil {
+			return err
+		}
+		var hasHeaders bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass
+			AND attname = 'headers' AND NOT attisdropped)`, s.ident).Scan(&hasHeaders); err != nil {
+			return fmt.Errorf("read columns of %s: %w", s.table, err)
+		}
+		cols, check := "aggregate_type, aggregate_id, event_type, payload", ""
+		if hasHeaders {
+			cols += ", headers"
+			check = ` OR (headers IS NOT NULL AND jsonb_typeof(headers::jsonb) IS DISTINCT FROM 'object')`
+		}
+		var bad []string
+		err := tx.QueryRow(ctx, `SELECT array_remove(ARRAY[
+			CASE WHEN aggregate_type IS NULL THEN 'aggregate_type is NULL' END,
+			CASE WHEN aggregate_id IS NULL OR aggregate_id::text = '' THEN 'aggregate_id is NULL or empty' END,
+			CASE WHEN event_type IS NULL THEN 'event_type is NULL' END,
+			CASE WHEN payload IS NULL THEN 'payload is NULL' END,
+			CASE WHEN false`+check+` THEN 'headers is not a JSON object' END], NULL)
+			FROM `+s.ident+` WHERE id = $1`, id).Scan(&bad)
+		if err != nil {
+			return fmt.Errorf("check outbox row %s id=%d: %w", s.table, id, err)
+		}
+		if len(bad) > 0 {
+			return fmt.Errorf("%w: outbox row %s id=%d: %s; fix the row with UPDATE, then replay it",
+				ErrNotReplayable, s.table, id, strings.Join(bad, ", "))
+		}
+		if err := tx.QueryRow(ctx, `INSERT INTO `+s.ident+` (`+cols+`) SELECT `+cols+` FROM `+s.ident+
+			` WHERE id = $1 RETURNING id`, id).Scan(&newID); err != nil {
+			return fmt.Errorf("insert the replay of outbox row %s id=%d: %w", s.table, id, err)
+		}
+		return s.resolve(ctx, tx, id, fmt.Sprintf("replayed as id=%d", newID))
+	})
+	return newID, err
+}
+
+// Resolve marks dead-lettered row id resolved without republishing it: the
+// operator handled the event another way or decided it must not be sent.
+func (s *Store) Resolve(ctx context.Context, id int64) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if err := s.lockDead(ctx, tx, id); err != nil {
+			return err
+		}
+		return s.resolve(ctx, tx, id, "resolved without replay")
+	})
+}
+
+// lockDead locks row id and checks that it is dead-lettered and unresolved.
+func (s *Store) lockDead(ctx context.Context, tx pgx.Tx, id int64) error {
+	var dead, resolved *time.Time
+	err := tx.QueryRow(ctx, `SELECT dead_lettered_at, dlq_resolved_at FROM `+s.ident+` WHERE id = $1 FOR UPDATE`, id).
+		Scan(&dead, &resolved)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: outbox table %s has no row id=%d", ErrNotReplayable, s.table, id)
+	case err != nil:
+		return fmt.Errorf("read outbox row %s id=%d: %w", s.table, id, err)
+	case dead == nil:
+		return fmt.Errorf("%w: outbox row %s id=%d was not dead-lettered; see `outbox-relay dlq list`", ErrNotReplayable, s.table, id)
+	case resolved != nil:
+		return fmt.Errorf("%w: outbox row %s id=%d was already resolved at %s", ErrNotReplayable, s.table, id, resolved.Format(time.RFC3339))
+	}
+	return nil
+}
+
+func (s *Store) resolve(ctx context.Context, tx pgx.Tx, id int64, note string) error {
+	_, err := tx.Exec(ctx, `UPDATE `+s.ident+` SET dlq_resolved_at = now(),
+		last_error = COALESCE(last_error, '') || ' [' || $2 || ']' WHERE id = $1`, id, note)
+	if err != nil {
+		return fmt.Errorf("mark outbox row %s id=%d resolved: %w", s.table, id, err)
+	}
+	return nil
+}

@@ -1,0 +1,318 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// createTopic creates a topic with one partition and the given configs, so
+// a test can make the broker reject records (max.message.bytes).
+func createTopic(t *testing.T, name string, configs map[string]string) {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V3_6_0_0
+	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	if err != nil {
+		t.Fatalf("kafka admin: %v", err)
+	}
+	defer admin.Close()
+	entries := map[string]*string{}
+	for k, v := range configs {
+		entries[k] = &v
+	}
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: entries}, false); err != nil {
+		t.Fatalf("create topic %s: %v", name, err)
+	}
+}
+
+// cli runs an outbox-relay subcommand with the env's config and returns its
+// exit code and combined output.
+func (e *env) cli(args ...string) (int, string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, relayBin, append(args, e.flags()...)...)
+	cmd.Env = os.Environ()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		e.t.Fatalf("%v: %v", args, err)
+	}
+	return 0, string(out)
+}
+
+func (e *env) insertRow(t *testing.T, aggType, aggID any, eventType, payload, headers string) int64 {
+	t.Helper()
+	var id int64
+	err := e.db.QueryRow(context.Background(), "INSERT INTO "+e.table+
+		" (aggregate_type, aggregate_id, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5) RETURNING id",
+		aggType, aggID, eventType, payload, headers).Scan(&id)
+	if err != nil {
+		t.Fatalf("insert row: %v", err)
+	}
+	return id
+}
+
+// Every kind of poison event goes to the dead-letter topic with headers that
+// say why, its row is marked, the good events around it (same aggregate,
+// same topic) are all delivered in order, the slot moves on, and the
+// operator can list, replay and resolve with the CLI.
+func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
+	e := newEnv(t, "poison")
+	ctx := context.Background()
+	dlq := e.prefix + ".dlq"
+	mustExec(t, e, "ALTER TABLE "+e.table+" ALTER COLUMN aggregate_id DROP NOT NULL")
+	createTopic(t, e.prefix+".big", map[string]string{"max.message.bytes": "3000"})
+	r := e.startRelay("--dlq-topic", dlq, "--dlq-max-attempts", "2", "--dlq-retry-backoff", "50ms", "--lag-poll-interval", "200ms")
+
+	type poison struct {
+		reason, errText string
+		payload         string // "" when the dead letter carries none
+		attempts        int
+	}
+	poisons := map[int64]poison{}
+	big := `{"blob":"` + strings.Repeat("x", 5000) + `"}`
+	steps := []func(){
+		func() {
+			id := e.insertRow(t, "order", "order-1", "order.updated", `{"n": 1}`, `["not", "an", "object"]`)
+			poisons[id] = poison{"bad_row", `column "headers"`, `{"n": 1}`, 1}
+		},
+		func() {
+			id := e.insertRow(t, "order", nil, "order.updated", `{"n": 2}`, `{}`)
+			poisons[id] = poison{"bad_row", `column "aggregate_id": is NULL`, `{"n": 2}`, 1}
+		},
+		func() {
+			id := e.insertRow(t, "bad topic!", "order-1", "order.updated", `{"n": 3}`, `{}`)
+			poisons[id] = poison{"invalid_topic", "Kafka allows only", `{"n": 3}`, 1}
+		},
+		func() {
+			id := e.insertRow(t, "big", "order-1", "big.updated", big, `{}`)
+			poisons[id] = poison{"message_too_large", "too large", "", 2}
+		},
+		func() { // a required column dropped while running, then restored
+			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN event_type")
+			var id int64
+			if err := e.db.QueryRow(ctx, "INSERT INTO "+e.table+" (aggregate_type, aggregate_id, payload) VALUES ('order', 'order-1', '{\"n\": 5}') RETURNING id").Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			poisons[id] = poison{"bad_row", `column "event_type": is missing from the table`, `{"n": 5}`, 1}
+			mustExec(t, e, "ALTER TABLE "+e.table+" ADD COLUMN event_type TEXT")
+		},
+	}
+	w := e.newWriter(11)
+	for _, step := range append(steps, func() {}) {
+		if err := w.run(ctx, 100, 5, 10, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		step()
+	}
+	end := e.currentLSN(t)
+
+	rs := consume(t, e.topics(), len(w.written()), 90*time.Second, 3*time.Second)
+	requireClean(t, check(t, w.written(), rs, e.partitions(t)), false)
+
+	letters := consume(t, []string{dlq}, len(poisons), 60*time.Second, 2*time.Second)
+	if len(letters) != len(poisons) {
+		t.Fatalf("%d dead letters, want %d", len(letters), len(poisons))
+	}
+	for _, l := range letters {
+		id, _ := strconv.ParseInt(l.Headers["dlq.event_id"], 10, 64)
+		p, ok := poisons[id]
+		if !ok {
+			t.Errorf("dead letter for id %d, which is not a poison row: %v", id, l.Headers)
+			continue
+		}
+		h := l.Headers
+		if h["dlq.reason"] != p.reason || h["dlq.attempts"] != strconv.Itoa(p.attempts) || h["dlq.table"] != e.table ||
+			h["dlq.source_lsn"] == "" || h["dlq.failed_at"] == "" || !strings.Contains(h["dlq.error"], p.errText) {
+			t.Errorf("dead letter of id %d: headers %v, want reason %s, attempts %d, error containing %q", id, h, p.reason, p.attempts, p.errText)
+		}
+		if p.payload == "" && (len(l.Value) != 0 || h["dlq.payload_omitted"] != "true") {
+			t.Errorf("dead letter of too-large id %d carries %d payload bytes, want none and dlq.payload_omitted", id, len(l.Value))
+		}
+		if p.payload != "" && string(l.Value) != p.payload {
+			t.Errorf("dead letter of id %d: value %q, want the row's payload %q", id, l.Value, p.payload)
+		}
+		if p.reason == "message_too_large" && h["dlq.original_topic"] != e.prefix+".big" {
+			t.Errorf("dead letter of id %d: original topic %q", id, h["dlq.original_topic"])
+		}
+	}
+
+	// Rows are marked for the operator; the slot has moved past them all.
+	waitFor(t, 30*time.Second, "slot past every poison event", func() bool { return e.slotLSN(t) >= end })
+	rows, err := e.db.Query(ctx, "SELECT id, attempt_count, last_error FROM "+e.table+" WHERE dead_lettered_at IS NOT NULL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := 0
+	for rows.Next() {
+		var id int64
+		var attempts int
+		var lastErr string
+		if err := rows.Scan(&id, &attempts, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		p := poisons[id]
+		if p.reason == "" || attempts != p.attempts || !strings.Contains(lastErr, p.errText) {
+			t.Errorf("row %d marked with attempts %d, last_error %q; want a poison row with %d attempts, error containing %q", id, attempts, lastErr, p.attempts, p.errText)
+		}
+		marked++
+	}
+	if marked != len(poisons) {
+		t.Errorf("%d rows marked dead-lettered, want %d", marked, len(poisons))
+	}
+	waitFor(t, 15*time.Second, "dead-letter metrics", func() bool {
+		return r.metric("outbox_relay_dead_lettered_total") == float64(len(poisons)) &&
+			r.metric("outbox_relay_dlq_unresolved_rows") == float64(len(poisons))
+	})
+	if r.readyStatus() != 200 {
+		t.Error("relay not ready after dead-lettering: dlq must not halt")
+	}
+
+	// The operator's side.
+	var headersID, nullID int64
+	for id, p := range poisons {
+		switch p.errText {
+		case `column "headers"`:
+			headersID = id
+		case `column "aggregate_id": is NULL`:
+			nullID = id
+		}
+	}
+	code, out := e.cli("dlq", "list")
+	for id := range poisons {
+		if code != 0 || !strings.Contains(out, "\n"+strconv.FormatInt(id, 10)+" ") {
+			t.Errorf("dlq list (exit %d) does not show row %d:\n%s", code, id, out)
+		}
+	}
+	if code, out := e.cli("dlq", "replay", "--id", strconv.FormatInt(nullID, 10)); code != 1 || !strings.Contains(out, "aggregate_id is NULL") || !strings.Contains(out, "fix the row") {
+		t.Errorf("replay of a row that is still bad: exit %d, %s; want 1 and what to fix", code, out)
+	}
+	// Dropping event_type above emptied it in every row: fix that too.
+	mustExec(t, e, "UPDATE "+e.table+` SET headers = '{"fixed": true}', event_type = 'order.updated' WHERE id = $1`, headersID)
+	code, out = e.cli("dlq", "replay", "--id", strconv.FormatInt(headersID, 10))
+	var newID int64
+	if _, err := fmt.Sscanf(out[strings.Index(out, "replayed"):], "replayed outbox row %d as row %d", new(int64), &newID); code != 0 || err != nil {
+		t.Fatalf("dlq replay: exit %d, %s", code, out)
+	}
+	if code, out := e.cli("dlq", "replay", "--id", strconv.FormatInt(headersID, 10)); code != 1 || !strings.Contains(out, "already resolved") {
+		t.Errorf("second replay: exit %d, %s; want 1 and already resolved", code, out)
+	}
+	if code, out := e.cli("dlq", "resolve", "--id", strconv.FormatInt(nullID, 10)); code != 0 {
+		t.Errorf("dlq resolve: exit %d, %s", code, out)
+	}
+	replayed, orders := false, 0
+	for _, rec := range rs {
+		if rec.Topic == e.prefix+".order" {
+			orders++
+		}
+	}
+	for _, rec := range consume(t, []string{e.prefix + ".order"}, orders+1, 60*time.Second, 2*time.Second) {
+		if rec.Headers["event_id"] == strconv.FormatInt(newID, 10) {
+			replayed = rec.Key == "order-1" && rec.Headers["fixed"] == "true" && string(rec.Value) == `{"n": 1}`
+		}
+	}
+	if !replayed {
+		t.Errorf("replayed row %d not delivered to %s.order with its key, payload and fixed headers", newID, e.prefix)
+	}
+	waitFor(t, 15*time.Second, "unresolved gauge to drop by two", func() bool {
+		return r.metric("outbox_relay_dlq_unresolved_rows") == float64(len(poisons)-2)
+	})
+}
+
+// on_poison: halt stops publishing at the poison event: the relay stays up
+// but not ready, the slot stays before the event, the row says why. After
+// the operator switches to dlq and restarts, everything after it flows.
+func TestPoisonHaltHoldsSlot(t *testing.T) {
+	e := newEnv(t, "halt")
+	ctx := context.Background()
+	r := e.startRelay("--on-poison", "halt")
+	w := e.newWriter(8)
+	if err := w.run(ctx, 50, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "good events acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 50 })
+	before := e.currentLSN(t)
+	id := e.insertRow(t, "order", "order-1", "order.updated", `{}`, `["not", "an", "object"]`)
+	if err := w.run(ctx, 30, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "outbox_relay_halted = 1", func() bool { return r.metric("outbox_relay_halted") == 1 })
+	time.Sleep(2 * time.Second)
+	if !r.running() {
+		t.Fatal("the relay exited; halt must keep it up (not ready) so it does not crash-loop")
+	}
+	if code, body := r.get("/readyz"); code != 503 || !strings.Contains(body, "halted") {
+		t.Errorf("/readyz = %d %q, want 503 saying halted", code, body)
+	}
+	if code, _ := r.get("/healthz"); code != 200 {
+		t.Errorf("/healthz = %d, want 200", code)
+	}
+	if n := r.metric("outbox_relay_events_published_total"); n != 50 {
+		t.Errorf("%v events published, want 50: nothing after the poison event", n)
+	}
+	if c := e.slotLSN(t); c > before {
+		t.Fatalf("slot confirmed %s past the poison row (before %s)", c, before)
+	}
+	var attempts int
+	var lastErr string
+	waitFor(t, 10*time.Second, "row records the error", func() bool {
+		err := e.db.QueryRow(ctx, "SELECT attempt_count, COALESCE(last_error, '') FROM "+e.table+" WHERE id = $1", id).Scan(&attempts, &lastErr)
+		return err == nil && attempts == 1 && strings.Contains(lastErr, "headers")
+	})
+	log := r.log()
+	for _, want := range []string{e.table, fmt.Sprintf(`"id":%d`, id), "headers", "HALTED"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the log does not name %q:\n%s", want, tail([]byte(log), 2000))
+		}
+	}
+	if code := r.stop(syscall.SIGTERM, 15*time.Second); code != 0 {
+		t.Errorf("exit code %d after SIGTERM while halted, want 0", code)
+	}
+	if c := e.slotLSN(t); c > before {
+		t.Fatalf("slot confirmed %s past the poison row at shutdown (before %s)", c, before)
+	}
+
+	r = e.startRelay("--dlq-topic", e.prefix+".dlq")
+	rs := consume(t, e.topics(), len(w.written()), 60*time.Second, 3*time.Second)
+	requireClean(t, check(t, w.written(), rs, e.partitions(t)), true)
+	waitFor(t, 30*time.Second, "poison row dead-lettered", func() bool { return r.metric("outbox_relay_dead_lettered_total") == 1 })
+}
+
+// When the dead letter itself cannot be written, the relay halts rather than
+// drop the event.
+func TestDeadLetterWriteFailureHalts(t *testing.T) {
+	e := newEnv(t, "dlqfail")
+	dlq := e.prefix + ".dlq"
+	createTopic(t, dlq, map[string]string{"max.message.bytes": "1500"})
+	r := e.startRelay("--dlq-topic", dlq)
+	before := e.currentLSN(t)
+	id := e.insertRow(t, "bad topic!", "order-1", "order.updated", `{"blob":"`+strings.Repeat("y", 3000)+`"}`, `{}`)
+	waitFor(t, 30*time.Second, "halt", func() bool { return r.metric("outbox_relay_halted") == 1 })
+	if code, body := r.get("/readyz"); code != 503 || !strings.Contains(body, "dead letter") {
+		t.Errorf("/readyz = %d %q, want 503 naming the dead-letter failure", code, body)
+	}
+	if c := e.slotLSN(t); c > before {
+		t.Fatalf("slot confirmed %s past the event whose dead letter failed (before %s)", c, before)
+	}
+	var lastErr string
+	waitFor(t, 10*time.Second, "row records the error", func() bool {
+		return e.db.QueryRow(context.Background(), "SELECT COALESCE(last_error, '') FROM "+e.table+" WHERE id = $1", id).Scan(&lastErr) == nil &&
+			strings.Contains(lastErr, "dead letter")
+	})
+}
