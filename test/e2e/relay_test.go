@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -187,6 +188,9 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 		return r.metric("outbox_relay_received_lsn") > float64(before)
 	})
 	waitFor(t, 20*time.Second, "/readyz to report not ready while kafka is down", func() bool { return r.readyStatus() == 503 })
+	waitFor(t, 20*time.Second, "transient publish errors counted while kafka is down", func() bool {
+		return r.metric("outbox_relay_publish_errors_total") > 0
+	})
 	// The lag gauge, read from pg_replication_slots, must show the backlog.
 	waitFor(t, 20*time.Second, "outbox_relay_slot_lag_bytes to show the pending events", func() bool {
 		return r.metric("outbox_relay_slot_lag_bytes") > 50_000
@@ -487,6 +491,14 @@ func TestRefusesBadSetups(t *testing.T) {
 			mustExec(t, e, "DROP TABLE "+e.table)
 			return nil
 		}, []string{"does not exist", "outbox-relay migrate"}},
+		{"required column missing", func(t *testing.T, e *env) []string {
+			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN aggregate_id")
+			return nil
+		}, []string{"lacks required column(s) aggregate_id"}},
+		{"dead-letter columns missing", func(t *testing.T, e *env) []string {
+			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN dead_lettered_at")
+			return nil
+		}, []string{"dead_lettered_at", "outbox-relay migrate"}},
 		{"role without REPLICATION", func(t *testing.T, e *env) []string {
 			role := e.slot + "_norepl"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE pg_read_all_stats")
@@ -683,7 +695,13 @@ func TestMigrateIdempotent(t *testing.T) {
 	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE (published_at IS NULL)%'", e.schema).Scan(&idx); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 2 || pubs != 1 || idx != 1 {
-		t.Fatalf("after two migrates: %d recorded versions (want 2), %d insert-only publications (want 1), %d partial indexes (want 1)", versions, pubs, idx)
+	var dlqIdx int
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE ((dead_lettered_at IS NOT NULL) AND (dlq_resolved_at IS NULL))%'", e.schema).Scan(&dlqIdx); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob("../../migrations/*.sql")
+	if versions != len(files) || pubs != 1 || idx != 1 || dlqIdx != 1 {
+		t.Fatalf("after two migrates: %d recorded versions (want %d, one per migrations/*.sql), %d insert-only publications (want 1), %d partial indexes on published_at and %d on dead_lettered_at (want 1 each)",
+			versions, len(files), pubs, idx, dlqIdx)
 	}
 }
