@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +60,7 @@ type pipeline struct {
 	// the producer, or the final drain waits for acks that cannot come.
 	pubCtx context.Context
 
+	retries   retryQueue
 	halted    atomic.Pointer[haltCause]
 	haltCh    chan struct{} // closed on halt
 	otherRows atomic.Uint64
@@ -81,6 +83,8 @@ func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl 
 	policy poisonPolicy, pubCtx context.Context, log zerolog.Logger, reg prometheus.Registerer) (*pipeline, error) {
 	p := &pipeline{table: table, tracker: tracker, pub: pub, tmpl: tmpl, marker: marker, policy: policy, pubCtx: pubCtx,
 		haltCh: make(chan struct{}), log: log.With().Str("component", "pipeline").Logger()}
+	p.retries.wake = make(chan struct{}, 1)
+	go p.runRetries(pubCtx)
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
@@ -254,7 +258,7 @@ func (d *delivery) done(err error) {
 		p.halt(d, fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err))
 	default:
 		p.toDeadLetter(d, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
-		go p.publish(d) // never from the producer's goroutine: its input may be full
+		p.retry(d, 0) // never publish from the producer's goroutine: its input may be full
 	}
 }
 
@@ -264,15 +268,64 @@ func backoff(first, cap time.Duration, attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-func (p *pipeline) retry(d *delivery, after time.Duration) {
-	time.AfterFunc(after, func() { p.publish(d) })
+// retryQueue holds failed events until their backoff passes. One goroutine
+// republishes them in the order they failed: sarama reports the records of
+// a partition in order, so they are resent in order, whatever their
+// backoffs (per-message timers with jitter would shuffle them).
+type retryQueue struct {
+	mu    sync.Mutex
+	items []retryItem
+	wake  chan struct{}
 }
 
-// publish sends d again, off the replication loop. If the relay is shutting
-// down it gives up: the event stays unacked and the slot keeps it.
-func (p *pipeline) publish(d *delivery) {
-	if err := p.pub.Publish(p.pubCtx, &d.msg); err != nil {
-		p.log.Warn().Err(err).Int64("id", d.id).Msg("not resent: shutting down; the slot keeps the event")
+type retryItem struct {
+	d   *delivery
+	due time.Time
+}
+
+func (p *pipeline) retry(d *delivery, after time.Duration) {
+	q := &p.retries
+	q.mu.Lock()
+	q.items = append(q.items, retryItem{d, time.Now().Add(after)})
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// runRetries is the retry goroutine; it runs until ctx (pubCtx) ends.
+func (p *pipeline) runRetries(ctx context.Context) {
+	q := &p.retries
+	for {
+		q.mu.Lock()
+		if len(q.items) == 0 {
+			q.mu.Unlock()
+			select {
+			case <-q.wake:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		head := q.items[0]
+		q.mu.Unlock()
+		if wait := time.Until(head.due); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return
+			}
+		}
+		q.mu.Lock()
+		q.items[0] = retryItem{}
+		q.items = q.items[1:]
+		q.mu.Unlock()
+		// If the relay is shutting down the event stays unacked: the slot keeps it.
+		if err := p.pub.Publish(ctx, &head.d.msg); err != nil {
+			p.log.Warn().Err(err).Int64("id", head.d.id).Msg("not resent: shutting down; the slot keeps the event")
+			return
+		}
 	}
 }
 
