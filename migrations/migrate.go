@@ -47,6 +47,7 @@ func Load(n Names) ([]Migration, error) {
 		"{{index}}", pgx.Identifier{n.Table + "_unpublished_idx"}.Sanitize(),
 		"{{dlq_index}}", pgx.Identifier{n.Table + "_dead_lettered_idx"}.Sanitize(),
 		"{{slot_registry}}", pgx.Identifier{n.Schema, SlotRegistry}.Sanitize(),
+		"{{leader_table}}", pgx.Identifier{n.Schema, "outbox_relay_leader"}.Sanitize(),
 		"{{publication}}", pgx.Identifier{n.Publication}.Sanitize(),
 		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",
 	)

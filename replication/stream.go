@@ -51,7 +51,22 @@ type Stream struct {
 	lastSentTime time.Time // guarded by mu, like every status update
 	// DrainTimeout bounds the wait for acks at shutdown.
 	DrainTimeout time.Duration
+	// Fence, when set, guards the slot against this process after it lost
+	// its leadership: no session starts unless Check passes, and no status
+	// update is sent unless Valid.
+	Fence Fence
 }
+
+// Fence is what the stream needs from leader election.
+type Fence interface {
+	// Check verifies with a round trip that this process may stream.
+	Check(ctx context.Context) error
+	// Valid reports, without blocking, whether it may still confirm.
+	Valid() bool
+}
+
+// errFenced is returned by sendStatus when the Fence forbids confirming.
+var errFenced = errors.New("not the leader any more: confirming nothing")
 
 // NewStream validates cfg and allocates; it starts nothing.
 func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*Stream, error) {
@@ -130,6 +145,14 @@ func (s *Stream) session(ctx context.Context, h Handler) error {
 	if err := s.checkSenderTimeout(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return err
+	}
+	if s.Fence != nil {
+		// Just before taking the slot: a leader that lost its lease while
+		// reconnecting must not grab the slot from its successor.
+		if err := s.Fence.Check(ctx); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return err
+		}
 	}
 	// Everything before the slot's confirmed position is durable downstream
 	// and nothing is in flight (drained above): seed the watermark with it,
@@ -301,6 +324,9 @@ func (s *Stream) sendStatus(requestReply bool) error {
 	if flushed == 0 {
 		return nil // pglogrepl would copy Write into a zero Flush: never confirm unacked data
 	}
+	if s.Fence != nil && !s.Fence.Valid() {
+		return errFenced
+	}
 	write := max(s.Received(), flushed)
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: write,
@@ -344,7 +370,8 @@ func (s *Stream) pinger(ctx context.Context) {
 // pinger answering meanwhile) and sends the final status update; after a
 // connection error there is nothing to send on, and the next session drains.
 func (s *Stream) finish(ctx context.Context, stopPing func()) {
-	if ctx.Err() != nil {
+	// A fenced leader does not wait for acks it may not confirm.
+	if ctx.Err() != nil && (s.Fence == nil || s.Fence.Valid()) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.DrainTimeout)
 		if err := s.progress.Drain(dctx); err != nil {
 			s.log.Warn().Err(err).Msg("in-flight events not all acked before the drain deadline; they will be resent after restart")

@@ -25,6 +25,7 @@ type Config struct {
 	InFlight        InFlightConfig     `yaml:"inflight"`
 	OnPoison        string             `yaml:"on_poison"`
 	DeadLetter      DeadLetterConfig   `yaml:"dead_letter"`
+	Leader          LeaderConfig       `yaml:"leader"`
 	MetricsAddr     string             `yaml:"metrics_addr"`
 	Log             LogConfig          `yaml:"log"`
 	ShutdownTimeout time.Duration      `yaml:"shutdown_timeout"`
@@ -44,6 +45,16 @@ type DeadLetterConfig struct {
 	RetryBackoff time.Duration `yaml:"retry_backoff"`
 }
 
+// LeaderConfig is the leader election among instances with the same slot.
+type LeaderConfig struct {
+	Enabled       bool          `yaml:"enabled"`
+	LeaseTTL      time.Duration `yaml:"lease_ttl"`
+	RenewInterval time.Duration `yaml:"renew_interval"`
+	PollInterval  time.Duration `yaml:"poll_interval"`
+	// InstanceID names this instance in the lease; default host-pid.
+	InstanceID string `yaml:"instance_id"`
+}
+
 // LogConfig selects the log level and format (json or console).
 type LogConfig struct {
 	Level  string `yaml:"level"`
@@ -58,6 +69,7 @@ func DefaultConfig() Config {
 		InFlight:        InFlightConfig{MaxEvents: 10000, MaxBytes: 64 << 20},
 		OnPoison:        "dlq",
 		DeadLetter:      DeadLetterConfig{Topic: "outbox.dlq", MaxAttempts: 5, RetryBackoff: 500 * time.Millisecond},
+		Leader:          LeaderConfig{Enabled: true, LeaseTTL: 10 * time.Second, RenewInterval: time.Second, PollInterval: time.Second},
 		MetricsAddr:     ":9187",
 		Log:             LogConfig{Level: "info", Format: "json"},
 		ShutdownTimeout: 30 * time.Second,
@@ -84,6 +96,18 @@ func (c Config) Validate() error {
 	}
 	if c.DeadLetter.RetryBackoff < 10*time.Millisecond || c.DeadLetter.RetryBackoff > time.Minute {
 		errs = append(errs, fmt.Errorf("dead_letter.retry_backoff: %s is out of range: use 10ms..1m (default 500ms)", c.DeadLetter.RetryBackoff))
+	}
+	if c.Leader.RenewInterval < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("leader.renew_interval: %s is too short: use at least 100ms (default 1s)", c.Leader.RenewInterval))
+	}
+	if c.Leader.LeaseTTL < 2*c.Leader.RenewInterval || c.Leader.LeaseTTL > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("leader.lease_ttl: %s must be between twice leader.renew_interval (%s) and 5m (default 10s)", c.Leader.LeaseTTL, 2*c.Leader.RenewInterval))
+	}
+	if c.Leader.PollInterval < 100*time.Millisecond || c.Leader.PollInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("leader.poll_interval: %s must be between 100ms and 1m (default 1s)", c.Leader.PollInterval))
+	}
+	if len(c.Leader.InstanceID) > 128 || strings.ContainsFunc(c.Leader.InstanceID, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		errs = append(errs, fmt.Errorf("leader.instance_id: %q must be at most 128 printable characters (default host-pid)", c.Leader.InstanceID))
 	}
 	if c.MetricsAddr != "" && !strings.Contains(c.MetricsAddr, ":") {
 		errs = append(errs, fmt.Errorf("metrics_addr: %q is not host:port or :port", c.MetricsAddr))
@@ -237,6 +261,16 @@ var keys = []key{
 		integer(func(c *Config) *int { return &c.DeadLetter.MaxAttempts })},
 	{"dead_letter.retry_backoff", "OUTBOX_RELAY_DLQ_RETRY_BACKOFF", "dlq-retry-backoff", "first backoff between attempts of a poison event (doubles)",
 		dur(func(c *Config) *time.Duration { return &c.DeadLetter.RetryBackoff })},
+	{"leader.enabled", "OUTBOX_RELAY_LEADER_ENABLED", "leader-election", "elect one active instance per slot with a lease in PostgreSQL (false: run alone)",
+		boolean(func(c *Config) *bool { return &c.Leader.Enabled })},
+	{"leader.lease_ttl", "OUTBOX_RELAY_LEADER_LEASE_TTL", "leader-lease-ttl", "a leader not renewing this long is fenced and replaced",
+		dur(func(c *Config) *time.Duration { return &c.Leader.LeaseTTL })},
+	{"leader.renew_interval", "OUTBOX_RELAY_LEADER_RENEW_INTERVAL", "leader-renew-interval", "how often the leader renews its lease",
+		dur(func(c *Config) *time.Duration { return &c.Leader.RenewInterval })},
+	{"leader.poll_interval", "OUTBOX_RELAY_LEADER_POLL_INTERVAL", "leader-poll-interval", "how often a standby tries to take over",
+		dur(func(c *Config) *time.Duration { return &c.Leader.PollInterval })},
+	{"leader.instance_id", "OUTBOX_RELAY_INSTANCE_ID", "instance-id", "this instance's name in the lease (default host-pid)",
+		str(func(c *Config) *string { return &c.Leader.InstanceID })},
 	{"metrics_addr", "OUTBOX_RELAY_METRICS_ADDR", "metrics-addr", "HTTP address for /metrics, /healthz, /readyz (empty = off)",
 		str(func(c *Config) *string { return &c.MetricsAddr })},
 	{"log.level", "OUTBOX_RELAY_LOG_LEVEL", "log-level", "trace, debug, info, warn or error",
@@ -250,6 +284,7 @@ var keys = []key{
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).
 var boolKeys = map[string]bool{
 	"postgres.create_publication": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
+	"leader.enabled": true,
 }
 
 // loadConfig parses args (flags of one subcommand) and builds the config

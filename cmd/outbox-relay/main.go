@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -25,10 +26,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -164,38 +167,59 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	log = log.With().Str("slot", cfg.Postgres.Slot).Logger()
 	log.Info().Str("version", version).Str("config", cfg.redacted()).Msg("starting outbox-relay")
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	runCtx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-
-	producer, err := sink.New(cfg.Kafka, log, reg)
-	if err != nil {
+	if _, err := sink.New(cfg.Kafka, log, nil); err != nil { // validate before campaigning
 		log.Error().Err(err).Msg("kafka config")
 		return exitConfig
 	}
-	tmpl, _ := sink.ParseTemplate(cfg.Kafka.TopicTemplate)
-	repMetrics := replication.NewMetrics(reg)
 
-	var streamRef atomic.Pointer[replication.Stream] // read by /readyz
-	var pipeRef atomic.Pointer[pipeline]
-	ready := func() (bool, string) {
-		if p := pipeRef.Load(); p != nil && p.Halted() != nil {
-			return false, "halted on a poison event: " + p.Halted().Error()
-		}
-		switch s := streamRef.Load(); {
-		case s == nil || !s.Streaming():
-			return false, "replication not streaming"
-		case !producer.Connected():
-			return false, "kafka not connected"
-		}
-		return true, "ok"
+	base := prometheus.NewRegistry()
+	base.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := &termGatherer{base: base}
+
+	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
+	store, err := deadletter.Open(ctx, cfg.Postgres.URL, schema, table)
+	if err != nil {
+		log.Error().Err(err).Msg("dead-letter store")
+		return exitConfig
 	}
-	var srv *http.Server
+	defer store.Close()
+
+	var elector *leader.Elector
+	if cfg.Leader.Enabled {
+		if cfg.Leader.InstanceID == "" {
+			host, _ := os.Hostname()
+			cfg.Leader.InstanceID = fmt.Sprintf("%s-%d", host, os.Getpid())
+		}
+		elector, err = leader.New(leader.Config{URL: cfg.Postgres.URL, Slot: cfg.Postgres.Slot, Schema: schema,
+			InstanceID: cfg.Leader.InstanceID, TTL: cfg.Leader.LeaseTTL, Renew: cfg.Leader.RenewInterval,
+			Poll: cfg.Leader.PollInterval}, log, leader.NewMetrics(base))
+		if err != nil {
+			log.Error().Err(err).Msg("leader config")
+			return exitConfig
+		}
+	}
+	var current atomic.Pointer[term] // the running leadership term, for /readyz
+	ready := func() (bool, string) {
+		if t := current.Load(); t != nil {
+			return t.ready()
+		}
+		if elector == nil {
+			return false, "starting"
+		}
+		if st := elector.Status(); st.Connected {
+			return true, "standby: lease connection up, ready to take over from " + st.Holder
+		} else {
+			return false, "standby: lease connection down: " + st.LastError
+		}
+	}
+	role := func() any {
+		if elector == nil {
+			return map[string]any{"role": "leader", "election": "disabled"}
+		}
+		return elector.Status()
+	}
 	if cfg.MetricsAddr != "" {
-		srv, err = serveHTTP(cfg.MetricsAddr, reg, ready, log)
+		srv, err := serveHTTP(cfg.MetricsAddr, metrics, ready, role, log)
 		if err != nil {
 			log.Error().Err(err).Msg("metrics listener")
 			return exitFatal
@@ -206,71 +230,147 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 			_ = srv.Shutdown(sctx)
 		}()
 	}
+	lagCtx, stopLag := context.WithCancel(ctx)
+	defer stopLag()
+	go pollUnresolved(lagCtx, store, base, cfg.Postgres.LagPollInterval, log)
 
-	if err := producer.Connect(runCtx); err != nil {
-		if ctx.Err() != nil {
-			return exitOK
+	lead := func(ctx context.Context, epoch int64) error {
+		t := &term{cfg: cfg, log: log.With().Int64("epoch", epoch).Logger(), store: store, gatherer: metrics}
+		if elector != nil {
+			t.fence = elector
 		}
-		log.Error().Err(err).Msg("cannot connect to kafka")
+		current.Store(t)
+		defer current.Store(nil)
+		return t.run(ctx)
+	}
+	if elector != nil {
+		err = elector.Run(ctx, lead)
+	} else {
+		err = lead(ctx, 0)
+	}
+	if err != nil {
+		log.Error().Err(err).Msg("relay stopped on error; it resumes from the slot on restart")
 		return exitFatal
 	}
+	log.Info().Msg("relay stopped")
+	return exitOK
+}
+
+// term is one leadership term: a producer, a tracker, a pipeline and a
+// replication stream, all new, so nothing of an earlier term (sarama's
+// idempotent sequence numbers, in-flight events) leaks into it.
+type term struct {
+	cfg      Config
+	log      zerolog.Logger
+	store    *deadletter.Store
+	gatherer *termGatherer
+	fence    replication.Fence // nil when election is disabled
+
+	stream   atomic.Pointer[replication.Stream]
+	pipe     atomic.Pointer[pipeline]
+	producer atomic.Pointer[sink.Producer]
+}
+
+func (t *term) ready() (bool, string) {
+	if p := t.pipe.Load(); p != nil && p.Halted() != nil {
+		return false, "halted on a poison event: " + p.Halted().Error()
+	}
+	switch s, pr := t.stream.Load(), t.producer.Load(); {
+	case s == nil || !s.Streaming():
+		return false, "leader: replication not streaming"
+	case pr == nil || !pr.Connected():
+		return false, "leader: kafka not connected"
+	}
+	return true, "leader: streaming"
+}
+
+// fenced reports whether the term ended because the lease was lost.
+func (t *term) fenced() bool { return t.fence != nil && !t.fence.Valid() }
+
+func (t *term) run(ctx context.Context) error {
+	cfg, log := t.cfg, t.log
+	reg := prometheus.NewRegistry() // this term's metrics, shown while it runs
+	t.gatherer.term.Store(reg)
+	defer t.gatherer.term.Store(nil)
+
+	producer, err := sink.New(cfg.Kafka, log, reg)
+	if err != nil {
+		return err
+	}
+	t.producer.Store(producer)
+	if err := producer.Connect(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("cannot connect to kafka: %w", err)
+	}
+	// Publishing outlives the term's context by the shutdown timeout (see
+	// pipeline.pubCtx), unless the lease was lost: then it stops at once.
+	pubCtx, hardStop := context.WithCancel(context.Background())
+	defer hardStop()
+	context.AfterFunc(ctx, func() {
+		if t.fenced() {
+			hardStop()
+			return
+		}
+		time.AfterFunc(cfg.ShutdownTimeout, hardStop)
+	})
 	producerDone := make(chan struct{})
 	go func() {
 		defer close(producerDone)
-		_ = producer.Run(context.WithoutCancel(runCtx))
+		_ = producer.Run(pubCtx)
 	}()
 	defer func() {
-		producer.Close(5 * time.Second)
+		wait := 5 * time.Second
+		if t.fenced() {
+			wait = 0 // a fenced leader stops publishing at once
+		}
+		producer.Close(wait)
 		<-producerDone
 	}()
 
-	// Publishing outlives the run context by the shutdown timeout (see
-	// pipeline.pubCtx).
-	pubCtx, hardStop := context.WithCancel(context.Background())
-	defer hardStop()
-	context.AfterFunc(runCtx, func() { time.AfterFunc(cfg.ShutdownTimeout, hardStop) })
 	// The watermark starts at 0; each replication session seeds it with the
-	// slot's confirmed position before streaming (Stream.session). Postgres
-	// being down at start is retried there, with readiness false meanwhile.
+	// slot's confirmed position before streaming (Stream.session).
 	tracker := checkpoint.New(0, checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes})
-	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
-	store, err := deadletter.Open(ctx, cfg.Postgres.URL, schema, table)
-	if err != nil {
-		log.Error().Err(err).Msg("dead-letter store")
-		return exitConfig
-	}
-	defer store.Close()
+	tmpl, _ := sink.ParseTemplate(cfg.Kafka.TopicTemplate)
 	policy := poisonPolicy{halt: cfg.OnPoison == "halt", topic: cfg.DeadLetter.Topic, maxAttempts: cfg.DeadLetter.MaxAttempts,
 		backoff: cfg.DeadLetter.RetryBackoff, transientMax: cfg.Kafka.RetryBackoffMax}
-	pipe, err := newPipeline(cfg.Postgres.Table, tracker, producer, tmpl, store, policy, pubCtx, log, reg)
+	pipe, err := newPipeline(cfg.Postgres.Table, tracker, producer, tmpl, t.store, policy, pubCtx, log, reg)
 	if err != nil {
-		log.Error().Err(err).Msg("pipeline")
-		return exitConfig
+		return err
 	}
+	repMetrics := replication.NewMetrics(reg)
 	stream, err := replication.NewStream(cfg.Postgres, pipe, log, repMetrics)
 	if err != nil {
-		log.Error().Err(err).Msg("replication config")
-		return exitConfig
+		return err
 	}
 	stream.DrainTimeout = cfg.ShutdownTimeout
-	streamRef.Store(stream)
-	pipeRef.Store(pipe)
+	stream.Fence = t.fence
+	t.stream.Store(stream)
+	t.pipe.Store(pipe)
 
-	lagCtx, stopLag := context.WithCancel(runCtx)
+	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
 	go replication.PollLag(lagCtx, cfg.Postgres, repMetrics, log)
-	go pollUnresolved(lagCtx, store, reg, cfg.Postgres.LagPollInterval, log)
 
-	err = stream.Run(runCtx, pipe.Handle)
-	if cause := context.Cause(runCtx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
-		err = cause
+	err = stream.Run(ctx, pipe.Handle)
+	log.Info().Str("lsn", tracker.Flushed().String()).Bool("fenced", t.fenced()).Err(err).Msg("leader term ended")
+	return err
+}
+
+// termGatherer serves the process's own metrics plus those of the running
+// leadership term: a standby shows no producer or slot metrics.
+type termGatherer struct {
+	base *prometheus.Registry
+	term atomic.Pointer[prometheus.Registry]
+}
+
+func (g *termGatherer) Gather() ([]*dto.MetricFamily, error) {
+	gs := prometheus.Gatherers{g.base}
+	if t := g.term.Load(); t != nil {
+		gs = append(gs, t)
 	}
-	if err != nil {
-		log.Error().Err(err).Str("lsn", tracker.Flushed().String()).Msg("relay stopped on error; it resumes from the slot on restart")
-		return exitFatal
-	}
-	log.Info().Str("lsn", tracker.Flushed().String()).Msg("relay stopped")
-	return exitOK
+	return gs.Gather()
 }
 
 // pollUnresolved keeps outbox_relay_dlq_unresolved_rows current: the "DLQ
@@ -295,9 +395,13 @@ func pollUnresolved(ctx context.Context, store *deadletter.Store, reg prometheus
 	}
 }
 
-func serveHTTP(addr string, reg *prometheus.Registry, ready func() (bool, string), log zerolog.Logger) (*http.Server, error) {
+func serveHTTP(addr string, g prometheus.Gatherer, ready func() (bool, string), role func() any, log zerolog.Logger) (*http.Server, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/role", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(role())
+	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
@@ -318,6 +422,6 @@ func serveHTTP(addr string, reg *prometheus.Registry, ready func() (bool, string
 			log.Error().Err(err).Msg("metrics server stopped")
 		}
 	}()
-	log.Info().Str("addr", ln.Addr().String()).Msg("serving /metrics, /healthz, /readyz")
+	log.Info().Str("addr", ln.Addr().String()).Msg("serving /metrics, /healthz, /readyz, /role")
 	return srv, nil
 }

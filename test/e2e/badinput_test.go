@@ -38,8 +38,7 @@ func TestKafkaDownAtStartIsWaitedFor(t *testing.T) {
 func TestPostgresUnreachableAtStartIsRetried(t *testing.T) {
 	e := newEnv(t, "pglate")
 	closed := freePort(t) // nothing listens there
-	u := strings.Replace(pgURL, pgURL[strings.LastIndex(pgURL, "@")+1:strings.LastIndex(pgURL, "/")], closed, 1)
-	r := e.launchRelay("--postgres-url", u, "--reconnect-max", "1s")
+	r := e.launchRelay("--postgres-url", replaceHostPort(pgURL, closed), "--reconnect-max", "1s")
 	notReadyButAlive(t, r, 6*time.Second)
 	log := r.log()
 	if !strings.Contains(log, "reconnecting") || !strings.Contains(log, closed) {

@@ -168,7 +168,7 @@ func (e *env) startRelay(extraFlags ...string) *relay {
 func (e *env) launchRelay(extraFlags ...string) *relay {
 	e.t.Helper()
 	r := &relay{t: e.t, metrics: freePort(e.t), done: make(chan struct{})}
-	r.logPath = filepath.Join(logDir, fmt.Sprintf("%s-%s-%d.log", e.t.Name(), e.slot, time.Now().UnixNano()%1e6))
+	r.logPath = filepath.Join(logDir, fmt.Sprintf("%s-%s-%d.log", strings.ReplaceAll(e.t.Name(), "/", "_"), e.slot, time.Now().UnixNano()%1e6))
 	f, err := os.Create(r.logPath)
 	if err != nil {
 		e.t.Fatal(err)

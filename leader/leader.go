@@ -1,0 +1,498 @@
+// Package leader makes one relay instance per slot the leader, with a lease
+// kept in PostgreSQL itself: no extra infrastructure.
+//
+// The lease is two things on one dedicated connection:
+//
+//   - a session advisory lock, which PostgreSQL releases the moment the
+//     holder's connection ends (process killed, connection reset): a
+//     standby polling pg_try_advisory_lock takes over within a poll
+//     interval;
+//   - a row (slot, holder, epoch, renewed_at) the leader renews every
+//     renew interval. A leader that stalls with its sockets open (SIGSTOP,
+//     GC pause, frozen VM, blackholed network) keeps the lock but stops
+//     renewing; a standby that sees renewed_at older than the TTL, by the
+//     database's own clock, terminates the holder's lease backend and the
+//     slot's walsender (pg_terminate_backend), takes the lock and the row
+//     with epoch+1.
+//
+// The leader fences itself too: it stops when a renewal fails, when the row
+// shows another holder or epoch, or when its last successful renewal is
+// older than the TTL by its monotonic clock, which keeps running while the
+// process is stopped. The replication stream asks Valid before every status
+// update and Check (a round trip) before every session, so a leader that
+// lost the lease confirms nothing.
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
+)
+
+// Config of the election.
+type Config struct {
+	URL        string // direct connection, like the replication one (no transaction pooler)
+	Slot       string // one lease per slot
+	Schema     string // where the lease table lives: the outbox table's schema
+	InstanceID string // names the holder in the lease row, logs and /role
+	// TTL is how long a lease lives without renewal before a standby fences
+	// the holder; Renew how often the leader renews; Poll how often a
+	// standby tries to take over.
+	TTL, Renew, Poll time.Duration
+}
+
+// LeaseTable is the table, in the outbox table's schema, that holds the
+// lease rows (migration 0004).
+const LeaseTable = "outbox_relay_leader"
+
+// AppName marks lease connections in pg_stat_activity, so a standby only
+// ever terminates a lease backend, never an unrelated one that reused a pid.
+const AppName = "outbox-relay lease"
+
+// Role is what an instance currently is.
+type Role string
+
+const (
+	Standby Role = "standby"
+	Leader  Role = "leader"
+)
+
+// Status is a snapshot for /role and /readyz.
+type Status struct {
+	Role      Role      `json:"role"`
+	Instance  string    `json:"instance"`
+	Epoch     int64     `json:"epoch"`            // of the current term; the last seen when standby
+	Holder    string    `json:"holder,omitempty"` // the leader's instance id as last seen
+	Since     time.Time `json:"since"`            // of the current role
+	Connected bool      `json:"connected"`        // the lease connection works
+	LastError string    `json:"last_error,omitempty"`
+}
+
+// Elector runs the election. New, then Run once.
+type Elector struct {
+	cfg     Config
+	log     zerolog.Logger
+	metrics *Metrics
+	table   string // quoted schema.table
+	lockKey string // text hashed into the advisory lock key
+
+	mu     sync.Mutex
+	status Status
+
+	// validUntil is the monotonic deadline of the current term, as
+	// nanoseconds since start; 0 when not leader.
+	start      time.Time
+	validUntil atomic.Int64
+	conn       *pgx.Conn // owned by Run's goroutine
+	connMu     sync.Mutex
+	term       atomic.Pointer[term]
+}
+
+type term struct {
+	epoch int64
+}
+
+// New checks cfg; it does not connect.
+func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
+	if cfg.TTL < 2*cfg.Renew {
+		return nil, fmt.Errorf("leader.lease_ttl %s must be at least twice leader.renew_interval %s", cfg.TTL, cfg.Renew)
+	}
+	if cfg.InstanceID == "" {
+		return nil, errors.New("leader.instance_id is empty")
+	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	e := &Elector{cfg: cfg, metrics: m, start: time.Now(),
+		log:     log.With().Str("component", "leader").Str("instance", cfg.InstanceID).Logger(),
+		table:   pgx.Identifier{cfg.Schema, LeaseTable}.Sanitize(),
+		lockKey: "outbox-relay:" + cfg.Slot}
+	e.status = Status{Role: Standby, Instance: cfg.InstanceID, Since: time.Now()}
+	return e, nil
+}
+
+// Status returns a snapshot. Any goroutine. A leader whose lease expired
+// (say the process was stopped) reports standby at once, before its term
+// has wound down.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	st := e.status
+	e.mu.Unlock()
+	if st.Role == Leader && !e.Valid() {
+		st.Role = Standby
+	}
+	return st
+}
+
+// Valid reports whether this instance holds an unexpired lease, by its own
+// monotonic clock. Any goroutine; does not block.
+func (e *Elector) Valid() bool {
+	until := e.validUntil.Load()
+	return until != 0 && int64(time.Since(e.start)) < until
+}
+
+// Check verifies the lease with a round trip: the row still names this
+// instance and epoch. The replication stream calls it before each session.
+func (e *Elector) Check(ctx context.Context) error {
+	t := e.term.Load()
+	if t == nil || !e.Valid() {
+		return ErrNotLeader
+	}
+	e.connMu.Lock()
+	defer e.connMu.Unlock()
+	if e.conn == nil {
+		return ErrNotLeader
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.Renew)
+	defer cancel()
+	var ok bool
+	err := e.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.table+` WHERE slot_name = $1 AND holder = $2 AND epoch = $3)`,
+		e.cfg.Slot, e.cfg.InstanceID, t.epoch).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("%w: check lease: %v", ErrNotLeader, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: the lease of slot %q has a newer holder or epoch", ErrNotLeader, e.cfg.Slot)
+	}
+	return nil
+}
+
+// ErrNotLeader is returned by Check when this instance may not stream.
+var ErrNotLeader = errors.New("not the leader")
+
+// Lead is what a leader does for one term: it must return soon after ctx
+// ends, having stopped publishing and confirming. A non-nil error other
+// than ctx's ends the election (Run returns it).
+type Lead func(ctx context.Context, epoch int64) error
+
+// Run campaigns until ctx ends: standby until it takes the lease, then
+// leader running lead until the term ends, then standby again. On ctx end
+// it releases the lease so a standby takes over at once.
+func (e *Elector) Run(ctx context.Context, lead Lead) error {
+	defer e.closeConn()
+	backoff := e.cfg.Poll
+	for ctx.Err() == nil {
+		if err := e.ensureConn(ctx); err != nil {
+			var fatal *fatalError
+			if errors.As(err, &fatal) {
+				return fatal.err
+			}
+			e.setConnected(false, err)
+			e.log.Warn().Err(err).Dur("retry_in", backoff).Msg("lease connection failed; standby until it works")
+			sleep(ctx, backoff)
+			backoff = min(backoff*2, 10*time.Second)
+			continue
+		}
+		backoff = e.cfg.Poll
+		epoch, err := e.campaign(ctx)
+		if err != nil {
+			e.setConnected(false, err)
+			e.log.Warn().Err(err).Msg("lease check failed")
+			e.closeConn()
+			continue
+		}
+		e.setConnected(true, nil)
+		if epoch == 0 {
+			sleep(ctx, e.cfg.Poll)
+			continue
+		}
+		if err := e.serve(ctx, epoch, lead); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type fatalError struct{ err error }
+
+func (f *fatalError) Error() string { return f.err.Error() }
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func (e *Elector) ensureConn(ctx context.Context) error {
+	e.connMu.Lock()
+	defer e.connMu.Unlock()
+	if e.conn != nil && !e.conn.IsClosed() {
+		return nil
+	}
+	cc, err := pgx.ParseConfig(e.cfg.URL)
+	if err != nil {
+		return &fatalError{errors.New("parse postgres.url: not a valid connection string")}
+	}
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = 10 * time.Second
+	}
+	cc.RuntimeParams["application_name"] = AppName
+	// Server-side keepalives end the backend (and free the lock) of a
+	// holder whose host vanished without a FIN, within about the TTL.
+	idle := max(1, int(e.cfg.TTL/time.Second/3))
+	cc.RuntimeParams["tcp_keepalives_idle"] = fmt.Sprint(idle)
+	cc.RuntimeParams["tcp_keepalives_interval"] = fmt.Sprint(idle)
+	cc.RuntimeParams["tcp_keepalives_count"] = "2"
+	cctx, cancel := context.WithTimeout(ctx, cc.ConnectTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cc)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	var exists bool
+	if err := conn.QueryRow(cctx, `SELECT to_regclass($1) IS NOT NULL`, e.table).Scan(&exists); err != nil {
+		conn.Close(context.Background())
+		return fmt.Errorf("look for %s: %w", e.table, err)
+	}
+	if !exists {
+		conn.Close(context.Background())
+		return &fatalError{fmt.Errorf("lease table %s does not exist: run `outbox-relay migrate` (migration 0004 adds it)", e.table)}
+	}
+	e.conn = conn
+	return nil
+}
+
+func (e *Elector) closeConn() {
+	e.connMu.Lock()
+	defer e.connMu.Unlock()
+	if e.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		e.conn.Close(ctx)
+		cancel()
+		e.conn = nil
+	}
+}
+
+// query runs f on the lease connection with a timeout of one renew
+// interval: a blackholed connection must not stall the election.
+func (e *Elector) query(ctx context.Context, f func(ctx context.Context, c *pgx.Conn) error) error {
+	e.connMu.Lock()
+	defer e.connMu.Unlock()
+	if e.conn == nil {
+		return errors.New("no lease connection")
+	}
+	qctx, cancel := context.WithTimeout(ctx, e.cfg.Renew)
+	defer cancel()
+	err := f(qctx, e.conn)
+	if err != nil && (e.conn.IsClosed() || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)) {
+		// A timed-out query leaves the connection unusable; the advisory
+		// lock goes with it.
+		ctx2, c2 := context.WithTimeout(context.Background(), time.Second)
+		e.conn.Close(ctx2)
+		c2()
+		e.conn = nil
+	}
+	return err
+}
+
+// campaign is one standby round: take the advisory lock if free, else
+// fence a holder whose renewal is older than the TTL. It returns the new
+// epoch when this instance became leader, 0 otherwise.
+func (e *Elector) campaign(ctx context.Context) (int64, error) {
+	var epoch int64
+	sent := time.Since(e.start)
+	err := e.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		var got bool
+		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, e.lockKey).Scan(&got); err != nil {
+			return fmt.Errorf("try advisory lock: %w", err)
+		}
+		if !got {
+			return e.fenceStale(ctx, c)
+		}
+		// The lock is ours, so the last holder's lease session is gone: it
+		// cannot renew any more. Take the row with the next epoch.
+		err := c.QueryRow(ctx, `INSERT INTO `+e.table+` AS l (slot_name, holder, epoch, renewed_at, acquired_at, holder_pid)
+			VALUES ($1, $2, 1, now(), now(), pg_backend_pid())
+			ON CONFLICT (slot_name) DO UPDATE SET holder = EXCLUDED.holder, epoch = l.epoch + 1,
+				renewed_at = now(), acquired_at = now(), holder_pid = EXCLUDED.holder_pid
+			RETURNING epoch`, e.cfg.Slot, e.cfg.InstanceID).Scan(&epoch)
+		if err != nil {
+			_, _ = c.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, e.lockKey)
+			return fmt.Errorf("take lease: %w", err)
+		}
+		// Any walsender still on the slot belongs to a fenced leader: end it
+		// rather than wait for it to notice.
+		var ended int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots
+			WHERE slot_name = $1 AND active_pid IS NOT NULL AND pg_terminate_backend(active_pid)`, e.cfg.Slot).Scan(&ended); err != nil {
+			e.log.Warn().Err(err).Msg("could not end the previous leader's walsender; replication waits for the slot")
+		} else if ended > 0 {
+			e.log.Warn().Int64("epoch", epoch).Msg("terminated the previous leader's walsender")
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if epoch != 0 {
+		e.validUntil.Store(int64(sent + e.cfg.TTL))
+	}
+	return epoch, nil
+}
+
+// fenceStale reads the lease; when its renewal is older than the TTL, the
+// holder is stalled or cut off: terminate its lease backend (freeing the
+// lock) and the slot's walsender, so it can neither renew nor confirm.
+func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
+	var holder string
+	var epoch int64
+	var pid *int32
+	var stale bool
+	err := c.QueryRow(ctx, `SELECT holder, epoch, holder_pid, renewed_at < now() - make_interval(secs => $2)
+		FROM `+e.table+` WHERE slot_name = $1`, e.cfg.Slot, e.cfg.TTL.Seconds()).Scan(&holder, &epoch, &pid, &stale)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // the lock holder has not written its row yet
+	}
+	if err != nil {
+		return fmt.Errorf("read lease: %w", err)
+	}
+	e.mu.Lock()
+	e.status.Holder, e.status.Epoch = holder, epoch
+	e.mu.Unlock()
+	e.metrics.epoch.Set(float64(epoch))
+	if !stale {
+		return nil
+	}
+	var lease, sender int
+	err = c.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND application_name = $2 AND pg_terminate_backend(pid)),
+		(SELECT count(*) FROM pg_replication_slots WHERE slot_name = $3 AND active_pid IS NOT NULL AND pg_terminate_backend(active_pid))`,
+		pid, AppName, e.cfg.Slot).Scan(&lease, &sender)
+	if err != nil {
+		return fmt.Errorf("fence stale leader %s (epoch %d): %w", holder, epoch, err)
+	}
+	e.log.Warn().Str("holder", holder).Int64("epoch", epoch).Int("lease_backends", lease).Int("walsenders", sender).
+		Msg("leader's lease expired (stalled or cut off): terminated its lease connection and walsender")
+	return nil
+}
+
+// serve is one term: run lead while renewing. The term ends when a
+// renewal fails or the lease expires (fenced at once: nothing may be
+// confirmed from then on), or at shutdown, where the lease is kept and
+// renewed until lead has drained and sent its last status update, then
+// handed over.
+func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
+	e.term.Store(&term{epoch: epoch})
+	e.transition(Leader, epoch, "took the lease")
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- lead(tctx, epoch) }()
+
+	t := time.NewTicker(e.cfg.Renew)
+	defer t.Stop()
+	stop := ctx.Done()
+	reason := "shutting down"
+	var leadErr error
+	for done != nil {
+		select {
+		case leadErr = <-done:
+			done = nil
+			if ctx.Err() == nil {
+				reason = "leader stopped"
+			}
+		case <-stop:
+			stop = nil
+			cancel() // lead drains; the lease stays valid meanwhile
+		case <-t.C:
+			if err := e.renew(context.WithoutCancel(ctx), epoch); err != nil {
+				reason = err.Error()
+				e.fence()
+				cancel()
+				leadErr = <-done
+				done = nil
+			}
+		}
+	}
+	e.fence()
+	if ctx.Err() != nil {
+		e.release()
+	}
+	// A new lease session for the next campaign: this one may hold the lock.
+	e.closeConn()
+	e.transition(Standby, epoch, reason)
+	if leadErr != nil && !errors.Is(leadErr, context.Canceled) && ctx.Err() == nil {
+		return leadErr
+	}
+	return nil
+}
+
+// fence ends the term locally: Valid and Check fail from now on.
+func (e *Elector) fence() {
+	e.validUntil.Store(0)
+	e.term.Store(nil)
+}
+
+func (e *Elector) renew(ctx context.Context, epoch int64) error {
+	if !e.Valid() {
+		return errors.New("lease expired before it could be renewed (process stalled or database unreachable)")
+	}
+	sent := time.Since(e.start)
+	var n int64
+	err := e.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		tag, err := c.Exec(ctx, `UPDATE `+e.table+` SET renewed_at = now() WHERE slot_name = $1 AND holder = $2 AND epoch = $3`,
+			e.cfg.Slot, e.cfg.InstanceID, epoch)
+		n = tag.RowsAffected()
+		return err
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("renew lease: %w", err)
+	case n == 0:
+		return errors.New("lease taken over (newer epoch or another holder)")
+	}
+	if e.validUntil.Load() != 0 {
+		e.validUntil.Store(int64(sent + e.cfg.TTL))
+	}
+	return nil
+}
+
+// release hands the lease over at shutdown: the row is marked expired and
+// the lock freed, so a standby takes over at its next poll.
+func (e *Elector) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = e.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `UPDATE `+e.table+` SET renewed_at = '-infinity' WHERE slot_name = $1 AND holder = $2`,
+			e.cfg.Slot, e.cfg.InstanceID)
+		if err == nil {
+			_, err = c.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, e.lockKey)
+		}
+		return err
+	})
+}
+
+func (e *Elector) transition(r Role, epoch int64, reason string) {
+	e.mu.Lock()
+	e.status.Role, e.status.Epoch, e.status.Since = r, epoch, time.Now()
+	if r == Leader {
+		e.status.Holder = e.cfg.InstanceID
+	}
+	e.mu.Unlock()
+	e.metrics.transitions.Inc()
+	e.metrics.epoch.Set(float64(epoch))
+	if r == Leader {
+		e.metrics.leader.Set(1)
+	} else {
+		e.metrics.leader.Set(0)
+	}
+	e.log.Warn().Str("role", string(r)).Int64("epoch", epoch).Str("reason", reason).Msg("leadership transition")
+}
+
+func (e *Elector) setConnected(ok bool, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.status.Connected = ok
+	e.status.LastError = ""
+	if err != nil {
+		e.status.LastError = err.Error()
+	}
+}
