@@ -601,3 +601,18 @@ func TestBoolFlagsStandAlone(t *testing.T) {
 		}
 	}
 }
+
+// The shipped example config must load as it is, given its secret and a CA
+// file where it expects one.
+func TestExampleConfigLoads(t *testing.T) {
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(ca, []byte("-"), 0o600)
+	c, err := loadConfig("run", []string{"--config", "../../deploy/config.example.yaml", "--kafka-tls-ca-file", ca},
+		envOf(map[string]string{"OUTBOX_RELAY_KAFKA_SASL_PASSWORD": "s3cret"}))
+	if err != nil {
+		t.Fatalf("deploy/config.example.yaml: %v", err)
+	}
+	if !c.Leader.Enabled || c.OnPoison != "dlq" || c.DeadLetter.Topic != "outbox.dlq" {
+		t.Errorf("example config: leader %v, on_poison %q, dlq topic %q", c.Leader.Enabled, c.OnPoison, c.DeadLetter.Topic)
+	}
+}
