@@ -27,6 +27,7 @@ type Config struct {
 	DeadLetter      DeadLetterConfig   `yaml:"dead_letter"`
 	Leader          LeaderConfig       `yaml:"leader"`
 	MetricsAddr     string             `yaml:"metrics_addr"`
+	Pprof           bool               `yaml:"pprof"`
 	Log             LogConfig          `yaml:"log"`
 	ShutdownTimeout time.Duration      `yaml:"shutdown_timeout"`
 }
@@ -273,6 +274,8 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Leader.InstanceID })},
 	{"metrics_addr", "OUTBOX_RELAY_METRICS_ADDR", "metrics-addr", "HTTP address for /metrics, /healthz, /readyz (empty = off)",
 		str(func(c *Config) *string { return &c.MetricsAddr })},
+	{"pprof", "OUTBOX_RELAY_PPROF", "pprof", "serve /debug/pprof/ on metrics_addr (profiling; off in production unless needed)",
+		boolean(func(c *Config) *bool { return &c.Pprof })},
 	{"log.level", "OUTBOX_RELAY_LOG_LEVEL", "log-level", "trace, debug, info, warn or error",
 		str(func(c *Config) *string { return &c.Log.Level })},
 	{"log.format", "OUTBOX_RELAY_LOG_FORMAT", "log-format", "json or console",
@@ -284,7 +287,7 @@ var keys = []key{
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).
 var boolKeys = map[string]bool{
 	"postgres.create_publication": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
-	"leader.enabled": true,
+	"leader.enabled": true, "pprof": true,
 }
 
 // loadConfig parses args (flags of one subcommand) and builds the config

@@ -17,6 +17,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"sync/atomic"
@@ -219,7 +220,7 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		return elector.Status()
 	}
 	if cfg.MetricsAddr != "" {
-		srv, err := serveHTTP(cfg.MetricsAddr, metrics, ready, role, log)
+		srv, err := serveHTTP(cfg.MetricsAddr, cfg.Pprof, metrics, ready, role, log)
 		if err != nil {
 			log.Error().Err(err).Msg("metrics listener")
 			return exitFatal
@@ -395,8 +396,12 @@ func pollUnresolved(ctx context.Context, store *deadletter.Store, reg prometheus
 	}
 }
 
-func serveHTTP(addr string, g prometheus.Gatherer, ready func() (bool, string), role func() any, log zerolog.Logger) (*http.Server, error) {
+func serveHTTP(addr string, profiling bool, g prometheus.Gatherer, ready func() (bool, string), role func() any, log zerolog.Logger) (*http.Server, error) {
 	mux := http.NewServeMux()
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index) // Index also serves allocs, heap, goroutine...
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/role", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
