@@ -185,7 +185,7 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 				return fatal.err
 			}
 			e.setConnected(false, err)
-			e.log.Warn().Err(err).Dur("retry_in", backoff).Msg("lease connection failed; standby until it works")
+			e.log.Warn().Err(err).Dur("retry_in", backoff).Msg("lease connection failed; retrying, standby meanwhile")
 			sleep(ctx, backoff)
 			backoff = min(backoff*2, 10*time.Second)
 			continue

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -235,14 +236,23 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	defer stopLag()
 	go pollUnresolved(lagCtx, store, base, cfg.Postgres.LagPollInterval, log)
 
+	// acked carries the ack watermark from one term to the next: Kafka's
+	// acks stay true whoever leads, so a term that follows a lost lease
+	// (a PostgreSQL restart ends every session) resends only what was not
+	// acked, not everything since the slot's last confirmation.
+	var acked pglogrepl.LSN
 	lead := func(ctx context.Context, epoch int64) error {
-		t := &term{cfg: cfg, log: log.With().Int64("epoch", epoch).Logger(), store: store, gatherer: metrics}
+		t := &term{cfg: cfg, log: log.With().Int64("epoch", epoch).Logger(), store: store, gatherer: metrics, start: acked}
 		if elector != nil {
 			t.fence = elector
 		}
 		current.Store(t)
 		defer current.Store(nil)
-		return t.run(ctx)
+		err := t.run(ctx)
+		if tr := t.tracker.Load(); tr != nil {
+			acked = max(acked, tr.Flushed())
+		}
+		return err
 	}
 	if elector != nil {
 		err = elector.Run(ctx, lead)
@@ -266,6 +276,8 @@ type term struct {
 	store    *deadletter.Store
 	gatherer *termGatherer
 	fence    replication.Fence // nil when election is disabled
+	start    pglogrepl.LSN     // acked by an earlier term of this process
+	tracker  atomic.Pointer[checkpoint.Tracker]
 
 	stream   atomic.Pointer[replication.Stream]
 	pipe     atomic.Pointer[pipeline]
@@ -322,17 +334,21 @@ func (t *term) run(ctx context.Context) error {
 		_ = producer.Run(pubCtx)
 	}()
 	defer func() {
-		wait := 5 * time.Second
-		if t.fenced() {
-			wait = 0 // a fenced leader stops publishing at once
+		// A fenced leader has stopped feeding the producer (pubCtx); what is
+		// already inside it may still go out: duplicates, never a confirm.
+		producer.Close(5 * time.Second)
+		select {
+		case <-producerDone:
+		case <-time.After(10 * time.Second):
+			log.Warn().Msg("kafka producer did not stop within 10s; abandoning it")
 		}
-		producer.Close(wait)
-		<-producerDone
 	}()
 
-	// The watermark starts at 0; each replication session seeds it with the
-	// slot's confirmed position before streaming (Stream.session).
-	tracker := checkpoint.New(0, checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes})
+	// The watermark starts at what earlier terms got acked (0 at first);
+	// each replication session raises it to the slot's confirmed position
+	// before streaming (Stream.session) and starts from there.
+	tracker := checkpoint.New(t.start, checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes})
+	t.tracker.Store(tracker)
 	tmpl, _ := sink.ParseTemplate(cfg.Kafka.TopicTemplate)
 	policy := poisonPolicy{halt: cfg.OnPoison == "halt", topic: cfg.DeadLetter.Topic, maxAttempts: cfg.DeadLetter.MaxAttempts,
 		backoff: cfg.DeadLetter.RetryBackoff, transientMax: cfg.Kafka.RetryBackoffMax}

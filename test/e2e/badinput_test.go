@@ -41,7 +41,7 @@ func TestPostgresUnreachableAtStartIsRetried(t *testing.T) {
 	r := e.launchRelay("--postgres-url", replaceHostPort(pgURL, closed), "--reconnect-max", "1s")
 	notReadyButAlive(t, r, 6*time.Second)
 	log := r.log()
-	if !strings.Contains(log, "reconnecting") || !strings.Contains(log, closed) {
+	if !strings.Contains(log, "retrying") || !strings.Contains(log, closed) {
 		t.Errorf("log does not say it is retrying %s:\n%s", closed, tail([]byte(log), 2000))
 	}
 	if strings.Contains(log, passwordOf(pgURL)) {
