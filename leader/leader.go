@@ -145,16 +145,12 @@ func (e *Elector) Check(ctx context.Context) error {
 	if t == nil || !e.Valid() {
 		return ErrNotLeader
 	}
-	e.connMu.Lock()
-	defer e.connMu.Unlock()
-	if e.conn == nil {
-		return ErrNotLeader
-	}
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.Renew)
-	defer cancel()
+	remaining := time.Duration(e.validUntil.Load()) - time.Since(e.start)
 	var ok bool
-	err := e.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.table+` WHERE slot_name = $1 AND holder = $2 AND epoch = $3)`,
-		e.cfg.Slot, e.cfg.InstanceID, t.epoch).Scan(&ok)
+	err := e.query(ctx, remaining, func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.table+` WHERE slot_name = $1 AND holder = $2 AND epoch = $3)`,
+			e.cfg.Slot, e.cfg.InstanceID, t.epoch).Scan(&ok)
+	})
 	if err != nil {
 		return fmt.Errorf("%w: check lease: %v", ErrNotLeader, err)
 	}
@@ -192,10 +188,16 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 		}
 		backoff = e.cfg.Poll
 		epoch, err := e.campaign(ctx)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return fmt.Errorf("%w; the relay's role needs SELECT, INSERT, UPDATE on %s (GRANT SELECT, INSERT, UPDATE ON %s TO <role>) and, to fence a stalled leader, the same role as the other instances or pg_signal_backend",
+				err, e.table, e.table)
+		}
 		if err != nil {
 			e.setConnected(false, err)
-			e.log.Warn().Err(err).Msg("lease check failed")
+			e.log.Warn().Err(err).Dur("retry_in", e.cfg.Poll).Msg("lease check failed; retrying")
 			e.closeConn()
+			sleep(ctx, e.cfg.Poll)
 			continue
 		}
 		e.setConnected(true, nil)
@@ -271,15 +273,17 @@ func (e *Elector) closeConn() {
 	}
 }
 
-// query runs f on the lease connection with a timeout of one renew
-// interval: a blackholed connection must not stall the election.
-func (e *Elector) query(ctx context.Context, f func(ctx context.Context, c *pgx.Conn) error) error {
+// query runs f on the lease connection, bounded by timeout: a blackholed
+// connection must not stall the election. A timeout ends the connection
+// (pgx cannot reuse it) and with it the advisory lock, so it is never
+// shorter than the time the caller can afford to wait.
+func (e *Elector) query(ctx context.Context, timeout time.Duration, f func(ctx context.Context, c *pgx.Conn) error) error {
 	e.connMu.Lock()
 	defer e.connMu.Unlock()
 	if e.conn == nil {
 		return errors.New("no lease connection")
 	}
-	qctx, cancel := context.WithTimeout(ctx, e.cfg.Renew)
+	qctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	err := f(qctx, e.conn)
 	if err != nil && (e.conn.IsClosed() || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)) {
@@ -299,7 +303,7 @@ func (e *Elector) query(ctx context.Context, f func(ctx context.Context, c *pgx.
 func (e *Elector) campaign(ctx context.Context) (int64, error) {
 	var epoch int64
 	sent := time.Since(e.start)
-	err := e.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
+	err := e.query(ctx, e.cfg.TTL, func(ctx context.Context, c *pgx.Conn) error {
 		var got bool
 		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, e.lockKey).Scan(&got); err != nil {
 			return fmt.Errorf("try advisory lock: %w", err)
@@ -436,8 +440,12 @@ func (e *Elector) renew(ctx context.Context, epoch int64) error {
 		return errors.New("lease expired before it could be renewed (process stalled or database unreachable)")
 	}
 	sent := time.Since(e.start)
+	// A slow renewal is fine while the lease is still valid: the deadline
+	// is the lease's own, not the renew interval (a busy database or CPU
+	// must not depose a healthy leader).
+	remaining := time.Duration(e.validUntil.Load()) - sent
 	var n int64
-	err := e.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
+	err := e.query(ctx, remaining, func(ctx context.Context, c *pgx.Conn) error {
 		tag, err := c.Exec(ctx, `UPDATE `+e.table+` SET renewed_at = now() WHERE slot_name = $1 AND holder = $2 AND epoch = $3`,
 			e.cfg.Slot, e.cfg.InstanceID, epoch)
 		n = tag.RowsAffected()
@@ -458,9 +466,7 @@ func (e *Elector) renew(ctx context.Context, epoch int64) error {
 // release hands the lease over at shutdown: the row is marked expired and
 // the lock freed, so a standby takes over at its next poll.
 func (e *Elector) release() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = e.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
+	_ = e.query(context.Background(), 2*time.Second, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `UPDATE `+e.table+` SET renewed_at = '-infinity' WHERE slot_name = $1 AND holder = $2`,
 			e.cfg.Slot, e.cfg.InstanceID)
 		if err == nil {

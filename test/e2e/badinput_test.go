@@ -110,6 +110,8 @@ func TestWalLevelNotLogicalRefused(t *testing.T) {
 	e := newEnv(t, "wallevel")
 	ctx := context.Background()
 	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
+	// Inactive slots other e2e runs left behind on a reused dev server.
+	mustExec(t, e, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'e2e\\_%' AND NOT active")
 	var others []string
 	rows, _ := e.db.Query(ctx, "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical'")
 	for rows.Next() {

@@ -503,15 +503,28 @@ func TestRefusesBadSetups(t *testing.T) {
 			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN dead_lettered_at")
 			return nil
 		}, []string{"dead_lettered_at", "outbox-relay migrate"}},
+		{"lease table missing", func(t *testing.T, e *env) []string {
+			mustExec(t, e, "DROP TABLE "+e.schema+".outbox_relay_leader")
+			return nil
+		}, []string{"outbox_relay_leader", "does not exist", "outbox-relay migrate"}},
 		{"role without REPLICATION", func(t *testing.T, e *env) []string {
 			role := e.slot + "_norepl"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE pg_read_all_stats")
 			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
 			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.schema+".outbox_relay_slots TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.schema+".outbox_relay_leader TO "+role)
 			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
 		}, []string{"ALTER ROLE", "REPLICATION"}},
+		{"role without rights on the lease table", func(t *testing.T, e *env) []string {
+			role := e.slot + "_nolease"
+			mustExec(t, e, "CREATE ROLE "+role+" LOGIN REPLICATION PASSWORD 'pw'")
+			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
+			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
+			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
+			return []string{"--postgres-url", u}
+		}, []string{"permission denied", "GRANT SELECT, INSERT, UPDATE ON", "outbox_relay_leader"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
