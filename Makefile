@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e lint demo services-up services-down clean
+.PHONY: build test unit e2e lint demo services-up services-down clean bench
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -22,6 +22,28 @@ test: lint build
 
 unit:
 	$(GO) test -race -count=1 $(PKGS)
+
+# Benchmarks, not part of `make test` (bench/README.md): backlog drain against
+# pg_recvlogical, steady-state latency and relay profiles, on a private
+# PostgreSQL + Kafka (test/services.sh with run dir BENCH_RUN_DIR); writes
+# bench/results/. OUTBOX_BENCH_SCALE=small for a quick run, OUTBOX_BENCH_RELAY
+# to use another relay binary (default: ./cmd/outbox-relay built here).
+BENCH_RUN_DIR ?= $(CURDIR)/bench/.run
+
+bench:
+	@mkdir -p "$(BENCH_RUN_DIR)"
+	$(GO) build -o "$(BENCH_RUN_DIR)/outbox-bench" ./bench
+	@if [ -z "$$OUTBOX_BENCH_RELAY" ]; then \
+	  echo "$(GO) build -o $(BENCH_RUN_DIR)/outbox-relay ./cmd/outbox-relay"; \
+	  $(GO) build -o "$(BENCH_RUN_DIR)/outbox-relay" ./cmd/outbox-relay || exit 1; fi
+	@export OUTBOX_TEST_RUN_DIR="$(BENCH_RUN_DIR)"; \
+	  trap 'bash test/services.sh stop' INT TERM; \
+	  rc=0; \
+	  bash test/services.sh start && \
+	    "$(BENCH_RUN_DIR)/outbox-bench" -env "$(BENCH_RUN_DIR)/env" \
+	      -relay "$${OUTBOX_BENCH_RELAY:-$(BENCH_RUN_DIR)/outbox-relay}" || rc=$$?; \
+	  bash test/services.sh stop; \
+	  exit $$rc
 
 # Starts local PostgreSQL + Kafka, migrates, runs the relay and a sample
 # order service, and shows events arriving in Kafka with the slot lag.

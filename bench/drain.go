@@ -1,0 +1,449 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// drainRun is one drain of the backlog by one tool.
+type drainRun struct {
+	Tool       string // "pg_recvlogical" or "relay"
+	Rep        int
+	Order      int // 1 = drained first in its repeat
+	Slot       string
+	Seconds    float64 // start of the process to the end LSN (relay: confirmed_flush_lsn >= end)
+	AckSeconds float64 // relay only: start to every event acked (published_total == events)
+	EventsPerS float64
+	ToolCPU    float64 // seconds (relay only: pg_recvlogical's own CPU is not of interest)
+	Walsender  float64 // seconds, NaN if not read
+	Broker     float64 // seconds
+	PeakRSS    int64   // bytes (relay VmHWM)
+	Records    int64   // records in the topic afterwards (relay)
+	Err        string
+}
+
+// drainShape is everything measured for one transaction shape.
+type drainShape struct {
+	PerTxn      int
+	Events      int
+	FillSeconds float64
+	StartLSN    int64
+	EndLSN      int64
+	AvgPayload  float64
+	WALBytes    int64
+	Runs        []drainRun
+	Skipped     int // repeats left out to stay within the time budget
+	Profile     *profileResult
+}
+
+func (s *drainShape) runs(tool string) []drainRun {
+	var out []drainRun
+	for _, r := range s.Runs {
+		if r.Tool == tool && r.Err == "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// ratios are relay/pg_recvlogical events/s, per repeat (side by side on the
+// same backlog).
+func (s *drainShape) ratios() []float64 {
+	rec := map[int]float64{}
+	for _, r := range s.runs("pg_recvlogical") {
+		rec[r.Rep] = r.EventsPerS
+	}
+	var out []float64
+	for _, r := range s.runs("relay") {
+		if v, ok := rec[r.Rep]; ok && v > 0 {
+			out = append(out, r.EventsPerS/v)
+		}
+	}
+	return out
+}
+
+// runDrain measures one shape: create every slot it needs, then insert the
+// backlog once, then drain it with pg_recvlogical and the relay, alternately
+// first, `repeats` times, each from a fresh slot made before the backlog.
+func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
+	sh := &drainShape{PerTxn: perTxn, Events: b.sc.DrainEvents}
+	profile := b.profile && perTxn == b.profileShape
+	type slotPair struct{ rec, rel string }
+	var slots []slotPair
+	for rep := 1; rep <= b.sc.Repeats; rep++ {
+		slots = append(slots, slotPair{
+			rec: fmt.Sprintf("%s_d%d_r%d_recv", b.pg.schema, perTxn, rep),
+			rel: fmt.Sprintf("%s_d%d_r%d_relay", b.pg.schema, perTxn, rep),
+		})
+	}
+	profSlot := fmt.Sprintf("%s_d%d_prof", b.pg.schema, perTxn)
+	var all []string
+	for _, s := range slots {
+		all = append(all, s.rec, s.rel)
+	}
+	if profile {
+		all = append(all, profSlot)
+	}
+	for _, s := range all {
+		if _, err := b.pg.createSlot(ctx, s); err != nil {
+			return nil, err
+		}
+	}
+	start, err := b.pg.lsn(ctx, "pg_current_wal_insert_lsn()")
+	if err != nil {
+		return nil, err
+	}
+	sh.StartLSN = start
+	logf("drain %d row(s)/txn: inserting %d events (%d slots wait before them)", perTxn, sh.Events, len(all))
+	t0 := time.Now()
+	end, err := b.pg.fill(ctx, sh.Events, perTxn, b.fillSessions, "order")
+	if err != nil {
+		return nil, err
+	}
+	sh.FillSeconds = time.Since(t0).Seconds()
+	sh.EndLSN = end
+	sh.WALBytes = end - start
+	sh.AvgPayload, _ = b.pg.avgPayload(ctx)
+	logf("drain %d row(s)/txn: backlog %s..%s (%.0f MiB of WAL) inserted in %.1fs (%.0f events/s), payload %.0f B",
+		perTxn, fmtLSN(start), fmtLSN(end), float64(sh.WALBytes)/(1<<20), sh.FillSeconds, float64(sh.Events)/sh.FillSeconds, sh.AvgPayload)
+
+	shapesAfter := 0 // drain shapes still to come after this one
+	for i, x := range b.sc.DrainShapes {
+		if x == perTxn {
+			shapesAfter = len(b.sc.DrainShapes) - i - 1
+		}
+	}
+	var repDur time.Duration
+	for i, s := range slots {
+		rep := i + 1
+		// Time budget: a repeat is skipped (and the report says so) when it
+		// and one repeat of each shape still to come would not end before
+		// the drains' deadline.
+		if rep > 1 && !b.drainDeadline.IsZero() && time.Now().Add(repDur*time.Duration(1+shapesAfter)).After(b.drainDeadline) {
+			sh.Skipped = len(slots) - i
+			logf("  time budget: skipping %d repeat(s) of %s (one takes %s)", sh.Skipped, shapeName(perTxn), repDur.Round(time.Second))
+			for _, s := range slots[i:] {
+				b.pg.dropSlot(ctx, s.rec)
+				b.pg.dropSlot(ctx, s.rel)
+			}
+			break
+		}
+		repStart := time.Now()
+		recFirst := rep%2 == 1 // alternate who reads the backlog first
+		order := []string{"pg_recvlogical", "relay"}
+		if !recFirst {
+			order = []string{"relay", "pg_recvlogical"}
+		}
+		for j, tool := range order {
+			var r drainRun
+			if tool == "pg_recvlogical" {
+				r = b.drainRecvlogical(ctx, s.rec, end, sh.Events)
+			} else {
+				r = b.drainRelay(ctx, s.rel, end, sh.Events, fmt.Sprintf("d%dr%d", perTxn, rep), nil)
+			}
+			r.Rep, r.Order = rep, j+1
+			sh.Runs = append(sh.Runs, r)
+			if r.Err != "" {
+				logf("  rep %d %-14s FAILED: %s", rep, tool, r.Err)
+			} else {
+				logf("  rep %d %-14s %8.0f events/s  (%.2fs%s)", rep, tool, r.EventsPerS, r.Seconds, extraRun(r))
+			}
+		}
+		b.pg.dropSlot(ctx, s.rec)
+		b.pg.dropSlot(ctx, s.rel)
+		repDur = time.Since(repStart)
+	}
+	if profile {
+		secs := 10.0
+		if rs := sh.runs("relay"); len(rs) > 0 {
+			var xs []float64
+			for _, r := range rs {
+				xs = append(xs, r.Seconds)
+			}
+			secs = summarize(xs).Max
+		}
+		// Profile the whole drain, or its first 15 s when the relay is slow
+		// (the run has a time budget).
+		p := &profileResult{Seconds: min(15, int(math.Ceil(secs))+1)}
+		r := b.drainRelay(ctx, profSlot, end, sh.Events, fmt.Sprintf("d%dprof", perTxn), p)
+		p.Run = r
+		sh.Profile = p
+		if r.Err != "" {
+			logf("  profile drain FAILED: %s", r.Err)
+		} else {
+			logf("  profile drain (--pprof, not in the statistics) %8.0f events/s, %d events in %.1fs", r.EventsPerS, p.Events, r.Seconds)
+		}
+		b.pg.dropSlot(ctx, profSlot)
+	}
+	if err := b.pg.truncate(ctx); err != nil {
+		return sh, err
+	}
+	return sh, nil
+}
+
+func extraRun(r drainRun) string {
+	s := ""
+	if r.Tool == "relay" {
+		s += fmt.Sprintf(", all acked at %.2fs, CPU %.2fs, HWM %.0f MiB", r.AckSeconds, r.ToolCPU, float64(r.PeakRSS)/(1<<20))
+	}
+	if !math.IsNaN(r.Walsender) {
+		s += fmt.Sprintf(", walsender CPU %.2fs", r.Walsender)
+	}
+	return s
+}
+
+func (b *bench) brokerCPU() float64 {
+	c, err := procCPU(b.kafkaPID)
+	if err != nil {
+		return math.NaN()
+	}
+	return c.Seconds()
+}
+
+// drainRecvlogical runs pg_recvlogical from the slot to the end LSN.
+func (b *bench) drainRecvlogical(ctx context.Context, slot string, end int64, events int) drainRun {
+	r := drainRun{Tool: "pg_recvlogical", Slot: slot, Walsender: math.NaN(), ToolCPU: math.NaN(), Broker: math.NaN()}
+	logPath := filepath.Join(b.runDir, "pg_recvlogical-"+slot+".log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	defer lf.Close()
+	cmd := exec.CommandContext(ctx, b.recvlogical, "-d", b.pg.url, "--slot", slot, "--start",
+		"-f", "/dev/null", "--endpos", fmtLSN(end), "--no-loop",
+		"--option=proto_version=1", "--option=publication_names="+b.pg.pub)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var waitErr error
+	done := false
+	alive := func() bool {
+		if done {
+			return false
+		}
+		select {
+		case waitErr = <-exited:
+			done = true
+			return false
+		default:
+			return true
+		}
+	}
+	var ws *cpuSampler
+	if pid := b.pg.walsenderPID(ctx, slot, alive, 30*time.Second); pid != 0 {
+		ws = sampleCPU(pid, 10*time.Millisecond)
+	}
+	timeout := b.drainTimeout(events)
+	if !done {
+		select {
+		case waitErr = <-exited:
+		case <-time.After(timeout):
+			cmd.Process.Kill()
+			<-exited
+			waitErr = fmt.Errorf("still running after %s", timeout)
+		}
+	}
+	r.Seconds = time.Since(t0).Seconds()
+	if ws != nil {
+		if c, ok := ws.Stop(); ok {
+			r.Walsender = c.Seconds()
+		}
+	}
+	if cmd.ProcessState != nil {
+		r.ToolCPU = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	}
+	if waitErr != nil {
+		b2, _ := os.ReadFile(logPath)
+		r.Err = fmt.Sprintf("pg_recvlogical: %v %s", waitErr, strings.TrimSpace(string(b2)))
+		return r
+	}
+	// --endpos exits 0 once it got there; check the slot agrees.
+	if c, _, err := b.pg.slotState(ctx, slot); err == nil && c < end {
+		logf("  note: pg_recvlogical exited with the slot confirmed at %s < end %s", fmtLSN(c), fmtLSN(end))
+	}
+	r.EventsPerS = float64(events) / r.Seconds
+	return r
+}
+
+// drainTimeout bounds one drain: generous (5k events/s plus a minute), so a
+// broken relay cannot hang the run for ever.
+func (b *bench) drainTimeout(events int) time.Duration {
+	return time.Minute + time.Duration(events/5000)*time.Second
+}
+
+// profileResult is the pprof capture of one extra relay drain.
+type profileResult struct {
+	Seconds   int
+	CPUFile   string
+	AllocFile string
+	CPUTop    string
+	AllocTop  string
+	Run       drainRun
+	Events    int  // events acked while profiled
+	Partial   bool // stopped when the CPU profile ended, before the end LSN
+	Err       string
+}
+
+// drainRelay runs the relay from the slot until its confirmed_flush_lsn
+// reaches end and Kafka acked every event. With prof set, the relay runs with
+// --pprof and its CPU and allocation profiles are fetched meanwhile.
+func (b *bench) drainRelay(ctx context.Context, slot string, end int64, events int, tag string, prof *profileResult) drainRun {
+	r := drainRun{Tool: "relay", Slot: slot, Walsender: math.NaN(), ToolCPU: math.NaN(), Broker: math.NaN()}
+	prefix := b.topicPrefix + tag
+	topic := prefix + ".order"
+	if err := b.kafka.createTopic(topic); err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	defer b.kafka.deleteTopic(topic)
+	var extra []string
+	if prof != nil {
+		extra = append(extra, "--pprof")
+	}
+	broker0 := b.brokerCPU()
+	rp, err := b.startRelay(tag, slot, prefix+".{aggregate_type}", extra...)
+	if err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	defer rp.stop()
+	profDone := make(chan struct{})
+	if prof != nil {
+		go func() {
+			defer close(profDone)
+			// The HTTP server starts before streaming; wait for it.
+			for i := 0; i < 500; i++ {
+				if _, _, err := rp.get("/healthz"); err == nil {
+					break
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			prof.CPUFile = filepath.Join(b.runDir, "relay-"+tag+".cpu.pb.gz")
+			if err := rp.fetch(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", prof.Seconds), prof.CPUFile); err != nil {
+				prof.Err = "cpu profile: " + err.Error()
+				prof.CPUFile = ""
+			}
+		}()
+	} else {
+		close(profDone)
+	}
+	var ws *cpuSampler
+	if pid := b.pg.walsenderPID(ctx, slot, rp.running, 60*time.Second); pid != 0 {
+		ws = sampleCPU(pid, 50*time.Millisecond)
+	}
+	var profEnded <-chan struct{} // a profiled drain stops when its CPU profile ends
+	if prof != nil {
+		profEnded = profDone
+	}
+	timeout := b.drainTimeout(events)
+	deadline := rp.started.Add(timeout)
+	lastScrape := time.Time{}
+	partial := false
+	for !partial {
+		if err := rp.exited(); err != nil {
+			r.Err = err.Error()
+			return r
+		}
+		now := time.Now()
+		if r.AckSeconds == 0 && now.Sub(lastScrape) >= 200*time.Millisecond {
+			lastScrape = now
+			if rp.published(topic) >= float64(events) {
+				r.AckSeconds = time.Since(rp.started).Seconds()
+			}
+		}
+		c, _, err := b.pg.slotState(ctx, slot)
+		if err != nil {
+			r.Err = err.Error()
+			return r
+		}
+		if c >= end {
+			break
+		}
+		if now.After(deadline) {
+			r.Err = fmt.Sprintf("slot at %s, not %s, after %s", fmtLSN(c), fmtLSN(end), timeout)
+			return r
+		}
+		select {
+		case <-profEnded:
+			partial = true
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+	r.Seconds = time.Since(rp.started).Seconds()
+	if cpu, err := procCPU(rp.pid); err == nil {
+		r.ToolCPU = cpu.Seconds()
+	}
+	if _, hwm, err := procMem(rp.pid); err == nil {
+		r.PeakRSS = hwm
+	}
+	if ws != nil {
+		if c, ok := ws.Stop(); ok {
+			r.Walsender = c.Seconds()
+		}
+	}
+	r.Broker = b.brokerCPU() - broker0
+	r.EventsPerS = float64(events) / r.Seconds
+	// Confirmed means acked; check it with the relay's counter and the topic.
+	pub := rp.published(topic)
+	if r.AckSeconds == 0 {
+		r.AckSeconds = r.Seconds // acked no later than confirmed
+	}
+	if n, err := b.kafka.records(topic); err == nil {
+		r.Records = n
+	}
+	switch {
+	case partial:
+		r.EventsPerS = pub / r.Seconds
+		r.AckSeconds = math.NaN()
+		prof.Events, prof.Partial = int(pub), true
+	case pub < float64(events) || r.Records < int64(events):
+		r.Err = fmt.Sprintf("slot confirmed the end LSN but the relay counted %.0f acked events and the topic holds %d, want %d", pub, r.Records, events)
+	case prof != nil:
+		prof.Events = events
+	}
+	if prof != nil {
+		prof.AllocFile = filepath.Join(b.runDir, "relay-"+tag+".allocs.pb.gz")
+		if err := rp.fetch(ctx, "/debug/pprof/allocs", prof.AllocFile); err != nil {
+			prof.Err += " allocs profile: " + err.Error()
+			prof.AllocFile = ""
+		}
+		<-profDone
+		b.pprofTop(prof)
+	}
+	return r
+}
+
+// pprofTop renders text summaries with `go tool pprof -top -nodecount=40`.
+func (b *bench) pprofTop(p *profileResult) {
+	run := func(args ...string) string {
+		all := append([]string{"tool", "pprof", "-top", "-nodecount=40"}, args...)
+		out, err := exec.Command(b.goBin, all...).CombinedOutput()
+		if err != nil {
+			return fmt.Sprintf("go %s: %v\n%s", strings.Join(all, " "), err, out)
+		}
+		return string(out)
+	}
+	if p.CPUFile != "" {
+		p.CPUTop = run(b.relayBin, p.CPUFile)
+	}
+	if p.AllocFile != "" {
+		p.AllocTop = run("-sample_index=alloc_space", b.relayBin, p.AllocFile)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

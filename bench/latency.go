@@ -1,0 +1,393 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+const ackHistogram = "outbox_relay_commit_to_ack_seconds"
+
+// warmupEvents are committed (and delivered) to each topic of a phase before
+// it is measured, so topic metadata and partition leaders are not part of the
+// measurement; they are not counted.
+const warmupEvents = 10
+
+// quantiles reported everywhere, in this order (followed by the max).
+var quantiles = []float64{0.5, 0.9, 0.99, 0.999}
+
+// consShape is the consumer-side latency of one transaction shape.
+type consShape struct {
+	Txn   int
+	Topic string
+	Q     []float64 // ms at quantiles, then max
+	N     int
+}
+
+// latPhase is one offered rate (events/s, split evenly between the
+// transaction shapes).
+type latPhase struct {
+	Rate   int
+	Gen    loadResult
+	GenCPU float64 // seconds of the generator process
+	LoadS  float64 // wall seconds the generator ran (launch to exit): CPU shares
+	SchedS float64 // schedule start to generator exit: delivered rate
+
+	AckQ     []float64 // commit->ack seconds at quantiles, then max (+Inf: above 60 s)
+	AckCount float64
+	ConsQ    []float64 // commit->consumer-receive ms, all shapes, at quantiles, then max
+	ConsN    int
+	ByShape  []consShape
+
+	RelayCPU, WalsenderCPU, BrokerCPU float64 // seconds during the load
+	RelayRSSMax                       int64
+	MaxSlotLag                        int64   // bytes: pg_current_wal_lsn() - confirmed_flush_lsn, sampled each second
+	AckedDuringLoad                   float64 // events Kafka acked while the generator ran
+	SteadyDelivered                   float64 // acked events/s from 20% of the schedule to its end (NaN: too few samples)
+	BacklogAtEnd                      int     // committed but not yet acked when the load stopped
+	CatchUpS                          float64 // load end to every event acked (NaN: not within the limit)
+
+	GenBehind   bool
+	RelayBehind bool
+	Err         string
+}
+
+func (p *latPhase) name() string { return rateName(p.Rate) }
+
+// achieved is the generator's committed events/s over its configured duration.
+func (p *latPhase) achieved() float64 { return float64(p.Gen.Events) / p.Gen.DurationS }
+
+// delivered is the relay's acked events/s in the steady part of the load
+// (from 20% of the schedule to its end): with a stationary backlog it equals
+// the generated rate whatever the latency; below it, the slot lag grows.
+func (p *latPhase) delivered() float64 { return p.SteadyDelivered }
+
+func share(cpu, wall float64) float64 { return cpu / wall }
+
+func shapeName(txn int) string {
+	if txn == 1 {
+		return "1 row/txn"
+	}
+	return fmt.Sprintf("%d rows/txn", txn)
+}
+
+func mixName(shapes []int) string {
+	var s []string
+	for _, t := range shapes {
+		s = append(s, fmt.Sprint(t))
+	}
+	return strings.Join(s, " and ") + " rows/txn"
+}
+
+func rateName(r int) string {
+	if r%1000 == 0 {
+		return fmt.Sprintf("%dk/s", r/1000)
+	}
+	return fmt.Sprintf("%d/s", r)
+}
+
+// latencyRun is the steady-state part: one relay, phases in increasing rate.
+type latencyRun struct {
+	Phases  []*latPhase
+	PeakRSS int64 // VmHWM of the relay at the end
+	Err     string
+}
+
+func (b *bench) runLatency(ctx context.Context) *latencyRun {
+	out := &latencyRun{}
+	slot := b.pg.schema + "_lat"
+	if _, err := b.pg.createSlot(ctx, slot); err != nil {
+		out.Err = err.Error()
+		return out
+	}
+	defer b.pg.dropSlot(ctx, slot)
+	rp, err := b.startRelay("latency", slot, b.topicPrefix+"lat.{aggregate_type}")
+	if err != nil {
+		out.Err = err.Error()
+		return out
+	}
+	defer rp.stop()
+	if err := rp.waitReady(60 * time.Second); err != nil {
+		out.Err = err.Error()
+		return out
+	}
+	for _, rate := range b.sc.Rates {
+		p := b.latencyPhase(ctx, rp, slot, rate)
+		out.Phases = append(out.Phases, p)
+		if p.Err != "" {
+			logf("latency %-6s FAILED: %s", p.name(), p.Err)
+			if err := rp.exited(); err != nil {
+				out.Err = err.Error()
+				return out
+			}
+			continue
+		}
+		logf("latency %-6s generated %6.0f ev/s, delivered %6.0f ev/s, ack p50 %s p99 %s p99.9 %s, consumer p99 %s, relay CPU %3.0f%%, RSS %3.0f MiB [%s]",
+			p.name(), p.achieved(), p.delivered(), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), msq(p.ConsQ[2]),
+			100*share(p.RelayCPU, p.LoadS), float64(p.RelayRSSMax)/(1<<20), strings.ReplaceAll(phaseStatus(p), "*", ""))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if _, hwm, err := procMem(rp.pid); err == nil {
+		out.PeakRSS = hwm
+	}
+	return out
+}
+
+func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, rate int) *latPhase {
+	p := &latPhase{Rate: rate, CatchUpS: math.NaN()}
+	prefix := fmt.Sprintf("r%d", rate)
+	var topics []string
+	consumers := map[int]*latencyConsumer{}
+	defer func() {
+		for _, lc := range consumers {
+			lc.close()
+		}
+		for _, t := range topics {
+			b.kafka.deleteTopic(t)
+		}
+	}()
+	for _, txn := range b.sc.LatencyShapes {
+		t := b.topicPrefix + "lat." + aggTypeFor(prefix, txn)
+		if err := b.kafka.createTopic(t); err != nil {
+			p.Err = err.Error()
+			return p
+		}
+		topics = append(topics, t)
+		lc, err := b.kafka.consume(t)
+		if err != nil {
+			p.Err = err.Error()
+			return p
+		}
+		consumers[txn] = lc
+		p.ByShape = append(p.ByShape, consShape{Txn: txn, Topic: t})
+	}
+	published := func() float64 {
+		ss, err := rp.scrape()
+		if err != nil {
+			return -1
+		}
+		sum := 0.0
+		for _, t := range topics {
+			v, _ := value(ss, "outbox_relay_events_published_total", map[string]string{"topic": t})
+			sum += v
+		}
+		return sum
+	}
+	received := func() int {
+		n := 0
+		for _, lc := range consumers {
+			n += lc.count()
+		}
+		return n
+	}
+	// Warm-up: a first transaction to each topic, so the producer knows the
+	// topics' partitions and leaders before anything is measured.
+	warm := warmupEvents * len(topics)
+	for _, txn := range b.sc.LatencyShapes {
+		if _, err := b.pg.pool.Exec(ctx, "CALL "+b.pg.schema+".bench_fill(0, $1, $2, $3)", int64(warmupEvents), int32(warmupEvents), aggTypeFor(prefix, txn)); err != nil {
+			p.Err = "warm-up: " + err.Error()
+			return p
+		}
+	}
+	for t := time.Now(); published() < float64(warm) || received() < warm; {
+		if time.Since(t) > 30*time.Second {
+			p.Err = "warm-up events not delivered within 30s"
+			return p
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, lc := range consumers {
+		lc.reset()
+	}
+	ss0, err := rp.scrape()
+	if err != nil {
+		p.Err = err.Error()
+		return p
+	}
+	h0 := histogram(ss0, ackHistogram)
+	_, wpid, _ := b.pg.slotState(ctx, slot)
+	relay0, _ := procCPU(rp.pid)
+	wal0, _ := procCPU(wpid)
+	broker0 := b.brokerCPU()
+
+	var stdout, stderr bytes.Buffer
+	args := []string{"loadgen", "-pg-url", b.pg.url, "-table", b.pg.table, "-agg-prefix", prefix,
+		"-rate", itoa(rate), "-mix", joinInts(b.sc.LatencyShapes), "-duration", b.sc.PhaseDur.String(),
+		"-conns", itoa(b.sc.Conns), "-seed", itoa(rate)}
+	cmd := exec.CommandContext(ctx, b.self, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		p.Err = err.Error()
+		return p
+	}
+	// Samplers while the load runs: relay RSS (250 ms), acked events (500
+	// ms), slot lag (1 s).
+	type ackSample struct {
+		t time.Time
+		n float64
+	}
+	var acks []ackSample
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			if rss, _, err := procMem(rp.pid); err == nil && rss > p.RelayRSSMax {
+				p.RelayRSSMax = rss
+			}
+			if i%2 == 1 {
+				if n := published(); n >= 0 {
+					acks = append(acks, ackSample{time.Now(), n})
+				}
+			}
+			if i%4 == 3 {
+				if lag, err := b.pg.slotLag(ctx, slot); err == nil && lag > p.MaxSlotLag {
+					p.MaxSlotLag = lag
+				}
+			}
+		}
+	}()
+	err = cmd.Wait()
+	tEnd := time.Now()
+	close(stop)
+	wg.Wait()
+	p.LoadS = tEnd.Sub(t0).Seconds()
+	relay1, _ := procCPU(rp.pid)
+	wal1, _ := procCPU(wpid)
+	p.RelayCPU = (relay1 - relay0).Seconds()
+	p.WalsenderCPU = (wal1 - wal0).Seconds()
+	p.BrokerCPU = b.brokerCPU() - broker0
+	if cmd.ProcessState != nil {
+		p.GenCPU = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	}
+	if err != nil {
+		p.Err = fmt.Sprintf("loadgen: %v: %s", err, strings.TrimSpace(stderr.String()))
+		return p
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &p.Gen); err != nil {
+		p.Err = fmt.Sprintf("loadgen output %q: %v", stdout.String(), err)
+		return p
+	}
+	for _, sh := range p.Gen.Shapes {
+		if sh.Errors > 0 {
+			logf("latency %s: %d transactions of %s failed, first: %s", p.name(), sh.Errors, shapeName(sh.Txn), sh.FirstError)
+		}
+	}
+	p.SchedS = tEnd.Sub(time.Unix(0, p.Gen.StartNs)).Seconds()
+	p.AckedDuringLoad = published() - float64(warm)
+	p.SteadyDelivered = math.NaN()
+	{
+		from := time.Unix(0, p.Gen.StartNs).Add(b.sc.PhaseDur / 5)
+		to := time.Unix(0, p.Gen.StartNs).Add(b.sc.PhaseDur)
+		var first, last *ackSample
+		for i := range acks {
+			if a := &acks[i]; !a.t.Before(from) && !a.t.After(to) {
+				if first == nil {
+					first = a
+				}
+				last = a
+			}
+		}
+		if first != nil && last != first && last.t.Sub(first.t) > time.Second {
+			p.SteadyDelivered = (last.n - first.n) / last.t.Sub(first.t).Seconds()
+		}
+	}
+	p.BacklogAtEnd = p.Gen.Events - int(p.AckedDuringLoad)
+	// Wait until the relay acked everything the generator committed...
+	limit := max(60*time.Second, 2*b.sc.PhaseDur)
+	for time.Since(tEnd) < limit {
+		if published() >= float64(p.Gen.Events+warm) {
+			p.CatchUpS = time.Since(tEnd).Seconds()
+			break
+		}
+		if err := rp.exited(); err != nil {
+			p.Err = err.Error()
+			return p
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// ... and the consumer received it.
+	for t := time.Now(); time.Since(t) < 30*time.Second && received() < p.Gen.Events; {
+		time.Sleep(20 * time.Millisecond)
+	}
+	ss1, err := rp.scrape()
+	if err != nil {
+		p.Err = err.Error()
+		return p
+	}
+	h := histDelta(h0, histogram(ss1, ackHistogram))
+	p.AckCount = histCount(h)
+	for _, q := range quantiles {
+		p.AckQ = append(p.AckQ, histQuantile(q, h))
+	}
+	p.AckQ = append(p.AckQ, histMax(h))
+	var all []float64
+	for i := range p.ByShape {
+		cs := &p.ByShape[i]
+		lats := consumers[cs.Txn].close()
+		delete(consumers, cs.Txn)
+		cs.N = len(lats)
+		cs.Q = latQuantiles(lats)
+		all = append(all, lats...)
+	}
+	slices.Sort(all)
+	p.ConsN = len(all)
+	p.ConsQ = latQuantiles(all)
+	// Verdicts. The generator is behind when it committed < 95% of the
+	// offered events or > 1% of its transactions started > 10 ms late. The
+	// relay did not sustain the load when it acked < 95% of the generated
+	// rate in the steady part of the phase (its backlog, the slot lag, grew),
+	// or it never caught up.
+	p.GenBehind = float64(p.Gen.Events) < 0.95*float64(rate)*p.Gen.DurationS ||
+		float64(p.Gen.LateOver10) > 0.01*float64(p.Gen.Executed)
+	p.RelayBehind = p.SteadyDelivered < 0.95*p.achieved() || math.IsNaN(p.CatchUpS)
+	if p.ConsN < p.Gen.Events {
+		logf("latency %s: the consumer received %d of %d events", p.name(), p.ConsN, p.Gen.Events)
+	}
+	return p
+}
+
+// latQuantiles of sorted samples, then the max.
+func latQuantiles(sorted []float64) []float64 {
+	var q []float64
+	for _, x := range quantiles {
+		q = append(q, exactQuantile(sorted, x))
+	}
+	if len(sorted) == 0 {
+		return append(q, math.NaN())
+	}
+	return append(q, sorted[len(sorted)-1])
+}
+
+func fmtSec(s float64) string {
+	switch {
+	case math.IsNaN(s):
+		return "n/a"
+	case math.IsInf(s, 1):
+		return "> 60 s"
+	case s < 1:
+		return fmt.Sprintf("%.1f ms", s*1000)
+	default:
+		return fmt.Sprintf("%.2f s", s)
+	}
+}

@@ -1,0 +1,388 @@
+// Command outbox-bench is outbox-relay's benchmark suite (`make bench`).
+//
+// Against the real PostgreSQL and Kafka that test/services.sh starts, in one
+// run it measures:
+//
+//  1. Backlog drain: a backlog of outbox events (1 and 100 rows per
+//     transaction) drained by pg_recvlogical (the walsender's ceiling) and by
+//     the relay, side by side on the same backlog, repeated.
+//  2. Steady-state latency: an open-loop load generator at fixed rates;
+//     commit->ack from the relay's histogram and commit->receive from a
+//     Kafka consumer, with CPU and memory.
+//  3. pprof CPU and allocation profiles of the relay during one drain.
+//
+// It writes a dated markdown report, PNG figures and profile summaries to
+// bench/results/ and prints the targets with met/missed. See bench/README.md.
+//
+// Usage: outbox-bench [-env FILE] [-relay BIN] [-results DIR] [-scale full|small] [-budget 11m]
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// aggregates is the number of distinct aggregate_ids events are spread over.
+const aggregates = 10000
+
+// scale is the size of a run.
+type scale struct {
+	Name          string
+	DrainEvents   int
+	Repeats       int
+	DrainShapes   []int // rows per transaction of the backlogs
+	PhaseDur      time.Duration
+	Rates         []int // offered events/s
+	LatencyShapes []int // rows per transaction in the latency phases
+	Partitions    int
+	Conns         int // load generator connections; 0 = by rate (8..32)
+}
+
+func scaleFor(name string) (scale, error) {
+	sc := scale{Name: name, DrainShapes: []int{1, 100}, LatencyShapes: []int{1, 10}, Rates: []int{1000, 5000, 20000},
+		Partitions: 4}
+	switch name {
+	case "full":
+		sc.DrainEvents, sc.Repeats, sc.PhaseDur = 1_000_000, 3, 30*time.Second
+	case "small":
+		sc.DrainEvents, sc.Repeats, sc.PhaseDur = 20_000, 1, 5*time.Second
+	default:
+		return sc, fmt.Errorf("scale %q is not full or small", name)
+	}
+	var err error
+	envInt := func(key string, dst *int) {
+		if v := os.Getenv(key); v != "" && err == nil {
+			n, e := strconv.Atoi(v)
+			if e != nil || n <= 0 {
+				err = fmt.Errorf("%s=%q is not a positive integer", key, v)
+				return
+			}
+			*dst = n
+			sc.Name = name + " (overridden)"
+		}
+	}
+	envInt("OUTBOX_BENCH_EVENTS", &sc.DrainEvents)
+	envInt("OUTBOX_BENCH_REPEATS", &sc.Repeats)
+	envInt("OUTBOX_BENCH_PARTITIONS", &sc.Partitions)
+	envInt("OUTBOX_BENCH_CONNS", &sc.Conns)
+	secs := 0
+	envInt("OUTBOX_BENCH_PHASE_SECONDS", &secs)
+	if secs > 0 {
+		sc.PhaseDur = time.Duration(secs) * time.Second
+	}
+	if v := os.Getenv("OUTBOX_BENCH_RATES"); v != "" && err == nil {
+		sc.Rates = nil
+		for _, f := range strings.Split(v, ",") {
+			n, e := strconv.Atoi(strings.TrimSpace(f))
+			if e != nil || n <= 0 {
+				return sc, fmt.Errorf("OUTBOX_BENCH_RATES=%q: want comma-separated events/s", v)
+			}
+			sc.Rates = append(sc.Rates, n)
+		}
+		sc.Name = name + " (overridden)"
+	}
+	return sc, err
+}
+
+// bench holds one run's clients and settings.
+type bench struct {
+	sc           scale
+	runDir       string
+	relayBin     string
+	relayFlags   []string
+	recvlogical  string
+	goBin        string
+	self         string
+	brokers      []string
+	kafkaPID     int
+	pg           *pgDB
+	kafka        *kafka
+	topicPrefix  string // bench.<run id>.
+	fillSessions int
+	profile      bool
+	profileShape int
+	parts        map[string]bool
+	// drainDeadline: no drain repeat starts that would end after it (the
+	// run's time budget minus what the latency part needs).
+	drainDeadline time.Time
+}
+
+func logf(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "[bench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, a...))
+}
+
+func execCtx(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, name, args...)
+}
+
+// readEnvFile loads test/services.sh's env file (plain KEY=value lines).
+func readEnvFile(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: start the services first (OUTBOX_TEST_RUN_DIR=... bash test/services.sh start) or use make bench", err)
+	}
+	defer f.Close()
+	env := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		if k, v, ok := strings.Cut(line, "="); ok {
+			env[k] = v
+		}
+	}
+	return env, sc.Err()
+}
+
+func durEnv(key string, def time.Duration) time.Duration {
+	if v := os.Getenv(key); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+		logf("%s=%q is not a duration; using %s", key, v, def)
+	}
+	return def
+}
+
+func getenv(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "loadgen" {
+		os.Exit(loadgenMain(os.Args[2:]))
+	}
+	os.Exit(run())
+}
+
+func run() int {
+	defRun := getenv("OUTBOX_TEST_RUN_DIR", "bench/.run")
+	envFile := flag.String("env", getenv("OUTBOX_TEST_ENV_FILE", filepath.Join(defRun, "env")), "env file written by test/services.sh start")
+	relayBin := flag.String("relay", os.Getenv("OUTBOX_BENCH_RELAY"), "outbox-relay binary (default: go build ./cmd/outbox-relay into the run dir)")
+	resultsDir := flag.String("results", getenv("OUTBOX_BENCH_RESULTS", "bench/results"), "where the report, figures and profile summaries go")
+	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
+	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
+	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile"), "what to run: drain, latency, profile")
+	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 11*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
+	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
+	flag.Parse()
+
+	start := time.Now()
+	sc, err := scaleFor(*scaleName)
+	if err != nil {
+		logf("%v", err)
+		return 2
+	}
+	env, err := readEnvFile(*envFile)
+	if err != nil {
+		logf("%v", err)
+		return 2
+	}
+	b := &bench{sc: sc, runDir: filepath.Dir(*envFile), relayFlags: strings.Fields(*relayFlags),
+		goBin: getenv("GO", "go"), fillSessions: 2, profileShape: 100, parts: map[string]bool{}}
+	for _, p := range strings.Split(*partsFlag, ",") {
+		b.parts[strings.TrimSpace(p)] = true
+	}
+	b.profile = b.parts["profile"] && b.parts["drain"]
+	if b.self, err = os.Executable(); err != nil {
+		logf("%v", err)
+		return 2
+	}
+	if b.recvlogical, err = exec.LookPath(getenv("OUTBOX_BENCH_PG_RECVLOGICAL", "pg_recvlogical")); err != nil {
+		if bin := env["OUTBOX_TEST_PG_BINDIR"]; bin != "" {
+			b.recvlogical = filepath.Join(bin, "pg_recvlogical")
+		}
+	}
+	b.brokers = strings.Split(env["OUTBOX_TEST_KAFKA_BROKERS"], ",")
+	b.kafkaPID, _ = strconv.Atoi(env["OUTBOX_TEST_KAFKA_PID"])
+	if env["OUTBOX_TEST_PG_URL"] == "" || b.brokers[0] == "" || b.kafkaPID == 0 {
+		logf("%s lacks OUTBOX_TEST_PG_URL, OUTBOX_TEST_KAFKA_BROKERS or OUTBOX_TEST_KAFKA_PID", *envFile)
+		return 2
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+
+	if *relayBin == "" {
+		*relayBin = filepath.Join(b.runDir, "outbox-relay")
+		logf("building ./cmd/outbox-relay into %s (no -race)", *relayBin)
+		cmd := exec.CommandContext(ctx, b.goBin, "build", "-o", *relayBin, "./cmd/outbox-relay")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			logf("build relay: %v", err)
+			return 1
+		}
+	}
+	if b.relayBin, err = filepath.Abs(*relayBin); err != nil {
+		logf("%v", err)
+		return 2
+	}
+
+	runID := strconv.FormatInt(time.Now().Unix()%1e8, 36) + strconv.Itoa(rand.IntN(100))
+	b.topicPrefix = "bench." + runID + "."
+	if b.pg, err = connectPG(ctx, env["OUTBOX_TEST_PG_URL"], runID); err != nil {
+		logf("%v", err)
+		return 1
+	}
+	defer b.pg.pool.Close()
+	if b.kafka, err = connectKafka(b.brokers, sc.Partitions); err != nil {
+		logf("%v", err)
+		return 1
+	}
+	defer b.kafka.close()
+
+	res := &results{Started: start, Scale: sc, Machine: readMachine(), PG: b.pg.version(ctx),
+		Kafka: env["OUTBOX_TEST_KAFKA_VERSION"], Git: gitCommit(), RelayBin: b.relayBin, Flags: b.relayFlags}
+	if out, err := exec.Command(b.recvlogical, "--version").Output(); err == nil {
+		res.Recvlog = strings.TrimSpace(string(out))
+	}
+	logf("scale %s: %d events per backlog, %d repeat(s), %s per rate at %v events/s; relay %s; PostgreSQL %s, Kafka %s",
+		sc.Name, sc.DrainEvents, sc.Repeats, sc.PhaseDur, sc.Rates, b.relayBin, res.PG, res.Kafka)
+
+	cleanup := func() {
+		c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		b.kafka.deletePrefix(b.topicPrefix)
+		b.pg.cleanup(c)
+	}
+	defer cleanup()
+	if err := b.pg.setup(ctx, b.relayBin, strings.Join(b.brokers, ",")); err != nil {
+		logf("%v", err)
+		return 1
+	}
+
+	if *budget > 0 {
+		reserve := 30 * time.Second // setup, cleanup, report
+		if b.parts["latency"] {
+			reserve += time.Duration(len(sc.Rates)) * (sc.PhaseDur + 10*time.Second)
+		}
+		b.drainDeadline = start.Add(*budget - reserve)
+	}
+	if b.parts["drain"] {
+		for _, shape := range sc.DrainShapes {
+			d, err := b.runDrain(ctx, shape)
+			if d != nil {
+				res.Drains = append(res.Drains, d)
+			}
+			if err != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("drain %s: %v", shapeName(shape), err))
+				logf("drain %s: %v", shapeName(shape), err)
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	if b.parts["latency"] && ctx.Err() == nil {
+		res.Latency = b.runLatency(ctx)
+		if res.Latency.Err != "" {
+			res.Errors = append(res.Errors, "latency: "+res.Latency.Err)
+		}
+	}
+	if ctx.Err() != nil {
+		res.Errors = append(res.Errors, "interrupted")
+	}
+	res.Elapsed = time.Since(start)
+	res.LoadEnd = loadAvg()
+
+	writeLatest := *latest == "yes" || (*latest == "auto" && *scaleName == "full" && !strings.Contains(sc.Name, "overridden"))
+	if err := b.write(res, *resultsDir, writeLatest); err != nil {
+		logf("write results: %v", err)
+		return 1
+	}
+	fmt.Print(res.summaryText())
+	if len(res.Errors) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// write puts the report, the figures and the profile summaries in dir under
+// a dated name, and copies them to latest* when asked.
+func (b *bench) write(res *results, dir string, latest bool) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	stamp := res.Started.UTC().Format("2006-01-02-150405")
+	if res.Scale.Name != "full" {
+		stamp += "-" + strings.Fields(res.Scale.Name)[0]
+	}
+	files := map[string][]byte{}
+	var errs []error
+	tmp := func(name string) string { return filepath.Join(dir, stamp+name) }
+	if len(res.Drains) > 0 {
+		if err := plotDrain(res, tmp("-drain.png")); err != nil {
+			errs = append(errs, fmt.Errorf("drain plot: %w", err))
+		}
+	}
+	if res.Latency != nil && len(res.Latency.Phases) > 0 {
+		if err := plotLatency(res, tmp("-latency.png")); err != nil {
+			errs = append(errs, fmt.Errorf("latency plot: %w", err))
+		}
+	}
+	for _, d := range res.Drains {
+		if p := d.Profile; p != nil {
+			hdr := fmt.Sprintf("# outbox-relay %%s profile, %s, one %d-event drain of %s (%s)\n# go tool pprof -top -nodecount=40%%s\n\n",
+				res.Started.UTC().Format("2006-01-02 15:04 UTC"), d.Events, shapeName(d.PerTxn), res.Git)
+			if p.CPUTop != "" {
+				files["-pprof-cpu.txt"] = []byte(fmt.Sprintf(hdr, "CPU", "") + p.CPUTop)
+			}
+			if p.AllocTop != "" {
+				files["-pprof-allocs.txt"] = []byte(fmt.Sprintf(hdr, "allocation", " -sample_index=alloc_space") + p.AllocTop)
+			}
+		}
+	}
+	files[".md"] = []byte(res.markdown(stamp))
+	for suffix, data := range files {
+		if err := os.WriteFile(tmp(suffix), data, 0o644); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	logf("wrote %s", tmp(".md"))
+	if latest {
+		files[".md"] = []byte(res.markdown("latest"))
+		for _, suffix := range []string{"-drain.png", "-latency.png"} {
+			if data, err := os.ReadFile(tmp(suffix)); err == nil {
+				files[suffix] = data
+			}
+		}
+		for suffix, data := range files {
+			if err := os.WriteFile(filepath.Join(dir, "latest"+suffix), data, 0o644); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		logf("wrote %s", filepath.Join(dir, "latest.md"))
+	}
+	return errors.Join(errs...)
+}
+
+// gitCommit is HEAD and whether the work tree differs from it. It never
+// takes the index lock (the repository may be shared).
+func gitCommit() string {
+	out, err := exec.Command("git", "--no-optional-locks", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return "unknown (not a git checkout)"
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
+		c += " + uncommitted changes"
+	}
+	return c
+}

@@ -1,0 +1,389 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// results is everything one run measured.
+type results struct {
+	Started  time.Time
+	Elapsed  time.Duration
+	Scale    scale
+	Machine  machineFacts
+	LoadEnd  string
+	PG       string
+	Kafka    string
+	Recvlog  string
+	Git      string
+	RelayBin string
+	Flags    []string
+	Drains   []*drainShape
+	Latency  *latencyRun
+	Errors   []string
+}
+
+// target is one goal of the issue with its measured value.
+type target struct {
+	Name     string
+	Measured string
+	Status   string // met, MISSED, n/a
+}
+
+func status(ok bool, measured bool) string {
+	switch {
+	case !measured:
+		return "n/a"
+	case ok:
+		return "met"
+	}
+	return "MISSED"
+}
+
+func (r *results) drain(perTxn int) *drainShape {
+	for _, d := range r.Drains {
+		if d.PerTxn == perTxn {
+			return d
+		}
+	}
+	return nil
+}
+
+func (r *results) phase(rate int) *latPhase {
+	if r.Latency == nil {
+		return nil
+	}
+	for _, p := range r.Latency.Phases {
+		if p.Rate == rate && p.Err == "" {
+			return p
+		}
+	}
+	return nil
+}
+
+const mib = 1 << 20
+
+// latencyGoals are the commit->ack p99 targets (seconds) by offered rate.
+var latencyGoals = []struct {
+	rate  int
+	limit float64
+}{{1000, 0.010}, {5000, 0.040}}
+
+func (r *results) targets() []target {
+	var ts []target
+	for _, perTxn := range []int{100, 1} {
+		name := fmt.Sprintf("Drain, %s: relay >= 0.8x pg_recvlogical", shapeName(perTxn))
+		if d := r.drain(perTxn); d != nil && len(d.ratios()) > 0 {
+			m := summarize(d.ratios())
+			ts = append(ts, target{name, fmt.Sprintf("%.2fx (min %.2fx, max %.2fx)", m.Med, m.Min, m.Max), status(m.Med >= 0.8, true)})
+		} else {
+			ts = append(ts, target{name, "not measured", "n/a"})
+		}
+	}
+	{
+		name := "Relay CPU <= 12 us/event, 100 rows/txn drain"
+		if d := r.drain(100); d != nil && len(d.runs("relay")) > 0 {
+			var xs []float64
+			for _, x := range d.runs("relay") {
+				xs = append(xs, x.ToolCPU/float64(d.Events)*1e6)
+			}
+			m := summarize(xs)
+			ts = append(ts, target{name, fmt.Sprintf("%.2f us/event", m.Med), status(m.Med <= 12, !math.IsNaN(m.Med))})
+		} else {
+			ts = append(ts, target{name, "not measured", "n/a"})
+		}
+	}
+	for _, perTxn := range []int{100, 1} {
+		name := fmt.Sprintf("Relay RSS <= 128 MiB during the drain, %s", shapeName(perTxn))
+		if d := r.drain(perTxn); d != nil && len(d.runs("relay")) > 0 {
+			var xs []float64
+			for _, x := range d.runs("relay") {
+				xs = append(xs, float64(x.PeakRSS)/mib)
+			}
+			m := summarize(xs)
+			ts = append(ts, target{name, fmt.Sprintf("%.1f MiB peak (VmHWM)", m.Med), status(m.Med <= 128, true)})
+		} else {
+			ts = append(ts, target{name, "not measured", "n/a"})
+		}
+	}
+	{
+		name := "Relay RSS <= 64 MiB at 5k events/s"
+		if p := r.phase(5000); p != nil {
+			v := float64(p.RelayRSSMax) / mib
+			ts = append(ts, target{name, fmt.Sprintf("%.1f MiB (max VmRSS in the phase)", v), status(v <= 64, true)})
+		} else {
+			ts = append(ts, target{name, "not measured", "n/a"})
+		}
+	}
+	for _, g := range latencyGoals {
+		name := fmt.Sprintf("Commit->ack p99 <= %.0f ms at %gk events/s", g.limit*1000, float64(g.rate)/1000)
+		if p := r.phase(g.rate); p != nil && len(p.AckQ) > 2 {
+			v := p.AckQ[2]
+			m := fmtSec(v)
+			if p.RelayBehind {
+				m += " (relay not sustained)"
+			}
+			ts = append(ts, target{name, m, status(v <= g.limit, !math.IsNaN(v))})
+		} else {
+			ts = append(ts, target{name, "not measured", "n/a"})
+		}
+	}
+	return ts
+}
+
+// summaryText is the closing note printed at the end of the run.
+func (r *results) summaryText() string {
+	var sb strings.Builder
+	sb.WriteString("\nTargets (drain: median of the repeats; latency: one run per rate):\n")
+	for _, t := range r.targets() {
+		fmt.Fprintf(&sb, "  %-7s %-62s %s\n", t.Status, t.Name, t.Measured)
+	}
+	for _, d := range r.Drains {
+		if d.Skipped > 0 {
+			fmt.Fprintf(&sb, "  NOTE: %d of %d repeats of the %s drain were skipped to stay within the time budget\n", d.Skipped, r.Scale.Repeats, shapeName(d.PerTxn))
+		}
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(&sb, "  ERROR: %s\n", e)
+	}
+	return sb.String()
+}
+
+func f0(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func f2(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f%%", 100*v)
+}
+
+func msq(v float64) string { // a consumer quantile in ms
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	if v >= 1000 {
+		return fmt.Sprintf("%.2f s", v/1000)
+	}
+	return fmt.Sprintf("%.1f ms", v)
+}
+
+// markdown renders the report; asset is the file name prefix of the PNGs and
+// profile summaries it links (the dated one, or "latest").
+func (r *results) markdown(asset string) string {
+	var sb strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&sb, format, a...) }
+	m := r.Machine
+	w("# outbox-relay benchmark, %s\n\n", r.Started.UTC().Format("2006-01-02 15:04 UTC"))
+	w("Scale **%s**: drain backlogs of %d events, %d repeat(s); latency phases of %s at %s events/s. Whole run: %s.\n\n",
+		r.Scale.Name, r.Scale.DrainEvents, r.Scale.Repeats, r.Scale.PhaseDur, joinInts(r.Scale.Rates), r.Elapsed.Round(time.Second))
+	w("| machine | |\n|---|---|\n")
+	w("| nproc | %d |\n| memory | %s |\n| CPU | %s |\n| kernel | %s |\n", m.NProc, m.MemTotal, m.CPUModel, m.Kernel)
+	w("| PostgreSQL | %s (test/services.sh: fsync off, synchronous_commit on, shared_buffers 128MB) |\n", r.PG)
+	w("| pg_recvlogical | %s |\n", r.Recvlog)
+	w("| Kafka | %s (one KRaft broker, topics of %d partitions, RF 1) |\n", r.Kafka, r.Scale.Partitions)
+	w("| Go | %s |\n| git commit | %s |\n", m.GoVersion, r.Git)
+	w("| relay | `%s` with `--leader-election=false`%s, otherwise defaults |\n", r.RelayBin, flagNote(r.Flags))
+	w("| load average (1/5/15 min) at start / end | %s / %s |\n\n", m.LoadStart, r.LoadEnd)
+
+	w("## Targets\n\n| target | measured | |\n|---|---|---|\n")
+	for _, t := range r.targets() {
+		w("| %s | %s | %s |\n", t.Name, t.Measured, t.Status)
+	}
+	w("\nDrain figures are the median over the repeats, each repeat measuring both tools side by side on the same backlog; latency figures come from one run per rate.\n\n")
+	for _, e := range r.Errors {
+		w("**Error:** %s\n\n", e)
+	}
+
+	w("## 1. Backlog drain\n\n")
+	w("Each backlog is inserted once, after every slot that drains it was created; each tool then reads it from its own fresh slot up to the end LSN. pg_recvlogical (pgoutput proto 1, `-f /dev/null`, `--endpos`) shows what the walsender can deliver; the relay's time runs from its start until the slot's `confirmed_flush_lsn` reached the end LSN with every event acked by Kafka (`acks=all`).\n\n")
+	w("![drain throughput](%s-drain.png)\n\n", asset)
+	for _, d := range r.Drains {
+		w("### %s: %d events, payload %.0f B, %.0f MiB of WAL (%s..%s), inserted in %.1f s\n\n", shapeName(d.PerTxn), d.Events, d.AvgPayload,
+			float64(d.WALBytes)/mib, fmtLSN(d.StartLSN), fmtLSN(d.EndLSN), d.FillSeconds)
+		if d.Skipped > 0 {
+			w("**%d of %d repeats were skipped to stay within the time budget** (`-budget`, `OUTBOX_BENCH_BUDGET`): the relay drained too slowly for all of them.\n\n", d.Skipped, r.Scale.Repeats)
+		}
+		w("| | min | median | max |\n|---|---:|---:|---:|\n")
+		row := func(name string, xs []float64, f func(float64) string) {
+			if len(xs) == 0 {
+				w("| %s | n/a | n/a | n/a |\n", name)
+				return
+			}
+			s := summarize(xs)
+			w("| %s | %s | %s | %s |\n", name, f(s.Min), f(s.Med), f(s.Max))
+		}
+		rec, rel := d.runs("pg_recvlogical"), d.runs("relay")
+		get := func(rs []drainRun, f func(drainRun) float64) []float64 {
+			var xs []float64
+			for _, x := range rs {
+				xs = append(xs, f(x))
+			}
+			return xs
+		}
+		ev := float64(d.Events)
+		row("pg_recvlogical events/s", get(rec, func(x drainRun) float64 { return x.EventsPerS }), f0)
+		row("relay events/s (to confirmed_flush_lsn)", get(rel, func(x drainRun) float64 { return x.EventsPerS }), f0)
+		row("relay events/s (to the last ack)", get(rel, func(x drainRun) float64 { return ev / x.AckSeconds }), f0)
+		row("**ratio relay / pg_recvlogical**", d.ratios(), func(v float64) string { return fmt.Sprintf("%.2fx", v) })
+		row("relay CPU, ms per 1k events", get(rel, func(x drainRun) float64 { return x.ToolCPU / ev * 1e6 }), f2)
+		row("walsender CPU, ms per 1k events (pg_recvlogical)", get(rec, func(x drainRun) float64 { return x.Walsender / ev * 1e6 }), f2)
+		row("walsender CPU, ms per 1k events (relay)", get(rel, func(x drainRun) float64 { return x.Walsender / ev * 1e6 }), f2)
+		row("broker CPU, ms per 1k events (relay)", get(rel, func(x drainRun) float64 { return x.Broker / ev * 1e6 }), f2)
+		row("relay CPU share of one core", get(rel, func(x drainRun) float64 { return x.ToolCPU / x.Seconds }), pct)
+		row("relay peak RSS (VmHWM), MiB", get(rel, func(x drainRun) float64 { return float64(x.PeakRSS) / mib }), func(v float64) string { return fmt.Sprintf("%.1f", v) })
+		w("\n")
+	}
+	if len(r.Drains) > 0 {
+		w("<details><summary>Every drain</summary>\n\n| shape | repeat | tool | order | seconds | events/s | last ack s | tool CPU s | walsender CPU s | broker CPU s | relay VmHWM MiB | records in topic | error |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, d := range r.Drains {
+			all := append([]drainRun(nil), d.Runs...)
+			if d.Profile != nil {
+				pr := d.Profile.Run
+				pr.Tool = "relay --pprof (profile)"
+				all = append(all, pr)
+			}
+			for _, x := range all {
+				ack, hwm, recs := "", "", ""
+				if strings.HasPrefix(x.Tool, "relay") {
+					ack, hwm, recs = f2(x.AckSeconds), fmt.Sprintf("%.1f", float64(x.PeakRSS)/mib), fmt.Sprint(x.Records)
+				}
+				rep, order := fmt.Sprint(x.Rep), fmt.Sprint(x.Order)
+				if x.Rep == 0 {
+					rep, order = "-", "-"
+				}
+				w("| %s | %s | %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |\n", shapeName(d.PerTxn), rep, x.Tool, order,
+					x.Seconds, f0(x.EventsPerS), ack, f2(x.ToolCPU), f2(x.Walsender), f2(x.Broker), hwm, recs, x.Err)
+			}
+		}
+		w("\n</details>\n\n")
+	}
+
+	w("## 2. Steady-state latency\n\n")
+	if r.Latency == nil {
+		w("Not run.\n\n")
+	} else {
+		w("An open-loop generator (a child process) commits outbox rows on a fixed schedule for %s per rate: the offered events/s are split evenly between %s transactions, each shape on its own schedule and connections (one per 300 transactions/s, 4 to 32; a transaction not started by the end of the phase is dropped). One relay publishes them. Commit->ack is the relay's `outbox_relay_commit_to_ack_seconds` histogram over the phase (quantiles interpolated in the buckets like `histogram_quantile`, so they are only as fine as the buckets 1, 2.5, 5, 10, 20, 40, 80 ms...; max = upper bound of the highest non-empty bucket). Commit->consumer is measured by a Kafka consumer in the bench: receive time minus the record timestamp, which is the PostgreSQL commit time in milliseconds (so it reads up to 1 ms high). Before each phase %d warm-up events per shape go to its topic (not counted), so topic metadata is not part of the measurement.\n\n",
+			r.Scale.PhaseDur, mixName(r.Scale.LatencyShapes), warmupEvents)
+		if r.Latency.Err != "" {
+			w("**Error:** %s\n\n", r.Latency.Err)
+		}
+		w("![latency percentiles](%s-latency.png)\n\n", asset)
+		w("| offered events/s | generated | delivered | ack p50 | ack p90 | ack p99 | ack p99.9 | ack max | consumer p50 | p90 | p99 | p99.9 | max | status |\n")
+		w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, p := range r.Latency.Phases {
+			if p.Err != "" {
+				w("| %d | | | | | | | | | | | | | failed: %s |\n", p.Rate, p.Err)
+				continue
+			}
+			w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p.Rate,
+				f0(p.achieved()), f0(p.delivered()), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[1]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), fmtSec(p.AckQ[4]),
+				msq(p.ConsQ[0]), msq(p.ConsQ[1]), msq(p.ConsQ[2]), msq(p.ConsQ[3]), msq(p.ConsQ[4]), phaseStatus(p))
+		}
+		w("\nCommit->consumer by transaction shape:\n\n| offered events/s | shape | generated events/s | transactions late > 10 ms | consumer p50 | p90 | p99 | p99.9 | max |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, p := range r.Latency.Phases {
+			if p.Err != "" {
+				continue
+			}
+			for _, cs := range p.ByShape {
+				gen, late := math.NaN(), math.NaN()
+				for _, sh := range p.Gen.Shapes {
+					if sh.Txn == cs.Txn {
+						gen = float64(sh.Events) / p.Gen.DurationS
+						late = 100 * float64(sh.LateOver10ms) / math.Max(1, float64(sh.Executed))
+					}
+				}
+				w("| %d | %s | %s | %.1f%% | %s | %s | %s | %s | %s |\n", p.Rate, shapeName(cs.Txn), f0(gen), late,
+					msq(cs.Q[0]), msq(cs.Q[1]), msq(cs.Q[2]), msq(cs.Q[3]), msq(cs.Q[4]))
+			}
+		}
+		w("\nResources during each phase (CPU as a share of one core over the load; the machine has %d):\n\n", m.NProc)
+		w("| offered | relay CPU | relay RSS max | walsender CPU | broker CPU | generator CPU (conns) | its PG backends | late > 10 ms | first late at | max lateness | max slot lag | unacked at load end | caught up after |\n")
+		w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, p := range r.Latency.Phases {
+			if p.Err != "" {
+				continue
+			}
+			first := "never"
+			if p.Gen.FirstLateS >= 0 {
+				first = fmt.Sprintf("%.1f s", p.Gen.FirstLateS)
+			}
+			catch := "not within the limit"
+			if !math.IsNaN(p.CatchUpS) {
+				catch = fmt.Sprintf("%.2f s", p.CatchUpS)
+			}
+			w("| %d | %s | %.1f MiB | %s | %s | %s (%d) | %s | %.1f%% | %s | %.0f ms | %.1f MiB | %d | %s |\n", p.Rate,
+				pct(share(p.RelayCPU, p.LoadS)), float64(p.RelayRSSMax)/mib, pct(share(p.WalsenderCPU, p.LoadS)), pct(share(p.BrokerCPU, p.LoadS)),
+				pct(share(p.GenCPU, p.LoadS)), p.Gen.Conns, pct(share(p.Gen.BackendCPUS, p.LoadS)), 100*float64(p.Gen.LateOver10)/math.Max(1, float64(p.Gen.Executed)),
+				first, p.Gen.LateMaxMs, float64(p.MaxSlotLag)/mib, max(0, p.BacklogAtEnd), catch)
+		}
+		w("\nRelay peak RSS over the whole latency run (VmHWM): %.1f MiB. The slot lag includes up to one status interval (1 s) of acked but not yet confirmed WAL.\n\n", float64(r.Latency.PeakRSS)/mib)
+		w("Status: *generator behind* = it committed < 95%% of the offered events or > 1%% of its transactions started > 10 ms after their slot (a limit of the generator and the database on this machine, not of the relay); *relay not sustained* = in the steady part of the phase (from 20%% of the schedule to its end) the relay acked < 95%% of the generated events/s, so its backlog (the slot lag) grew, or it never caught up after the load. *delivered* is that steady acked rate.\n\n")
+	}
+
+	w("## 3. Profiles\n\n")
+	var prof *profileResult
+	for _, d := range r.Drains {
+		if d.Profile != nil {
+			prof = d.Profile
+		}
+	}
+	if prof == nil {
+		w("Not captured.\n\n")
+	} else {
+		scope := fmt.Sprintf("the whole drain of the %d events", r.Scale.DrainEvents)
+		if prof.Partial {
+			scope = fmt.Sprintf("its first %d s (%d of the %d events; the drain stops there to save time)", prof.Seconds, prof.Events, r.Scale.DrainEvents)
+		}
+		w("The relay with `--pprof`, during one extra drain of the 100 rows/txn backlog from a slot of its own (%s events/s; not in the statistics above): CPU profile over %s, and the allocation profile (`/debug/pprof/allocs`, since start) at its end, summarized with `go tool pprof -top -nodecount=40`: [CPU](%s-pprof-cpu.txt), [allocations (alloc_space)](%s-pprof-allocs.txt).",
+			f0(prof.Run.EventsPerS), scope, asset, asset)
+		if prof.Err != "" {
+			w(" Error: %s", prof.Err)
+		}
+		w("\n\n")
+	}
+	return sb.String()
+}
+
+func phaseStatus(p *latPhase) string {
+	var s []string
+	if p.RelayBehind {
+		s = append(s, "**relay not sustained**")
+	}
+	if p.GenBehind {
+		s = append(s, "generator behind")
+	}
+	if len(s) == 0 {
+		return "ok"
+	}
+	return strings.Join(s, ", ")
+}
+
+func joinInts(xs []int) string {
+	var s []string
+	for _, x := range xs {
+		s = append(s, fmt.Sprint(x))
+	}
+	return strings.Join(s, ", ")
+}
+
+func flagNote(flags []string) string {
+	if len(flags) == 0 {
+		return ""
+	}
+	return " `" + strings.Join(flags, " ") + "`"
+}
