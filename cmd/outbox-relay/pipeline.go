@@ -151,12 +151,13 @@ func (p *pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	}
 	ds := make([]delivery, len(txn.Events))
 	var bytes int64
+	commitLSN := txn.CommitLSN.String()
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
 		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload))}
-		d.msg = sink.Message{Key: []byte(ev.AggregateID), Value: ev.Payload, Headers: headers(ev, txn.CommitLSN),
-			Timestamp: txn.CommitTime, Done: d.done}
+		hdrs, key := headers(ev, commitLSN)
+		d.msg = sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: txn.CommitTime, Done: d.done}
 		bytes += d.size
 		if ev.Err != nil {
 			// The WAL bytes never change: no attempt can succeed.
@@ -426,21 +427,45 @@ func (p *pipeline) countDecoder() {
 	p.prevDec = c
 }
 
+// Header keys the relay sets on every record. sarama only reads them, so
+// one copy serves every event.
+var (
+	hdrEventID       = []byte("event_id")
+	hdrEventType     = []byte("event_type")
+	hdrAggregateType = []byte("aggregate_type")
+	hdrAggregateID   = []byte("aggregate_id")
+	hdrLSN           = []byte("pg_lsn")
+)
+
 // headers builds the Kafka headers of one event: the relay's own, then each
-// top-level key of the row's headers column.
-func headers(ev *decoder.Event, commitLSN pglogrepl.LSN) []sarama.RecordHeader {
-	h := make([]sarama.RecordHeader, 0, 5+len(ev.Headers))
-	h = append(h,
-		sarama.RecordHeader{Key: []byte("event_id"), Value: strconv.AppendInt(nil, ev.ID, 10)},
-		sarama.RecordHeader{Key: []byte("event_type"), Value: []byte(ev.EventType)},
-		sarama.RecordHeader{Key: []byte("aggregate_type"), Value: []byte(ev.AggregateType)},
-		sarama.RecordHeader{Key: []byte("aggregate_id"), Value: []byte(ev.AggregateID)},
-		sarama.RecordHeader{Key: []byte("pg_lsn"), Value: []byte(commitLSN.String())},
-	)
+// top-level key of the row's headers column. The values of all of them
+// share one allocation; the key of the record is the aggregate_id header's
+// value. commitLSN is the transaction's commit LSN, rendered once.
+func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
+	n := 20 + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN)
 	for _, x := range ev.Headers {
-		h = append(h, sarama.RecordHeader{Key: []byte(x.Key), Value: x.Value})
+		n += len(x.Key)
 	}
-	return h
+	buf := make([]byte, 0, n)
+	add := func(s string) []byte {
+		start := len(buf)
+		buf = append(buf, s...)
+		return buf[start:len(buf):len(buf)]
+	}
+	start := len(buf)
+	buf = strconv.AppendInt(buf, ev.ID, 10)
+	id := buf[start:len(buf):len(buf)]
+	key = add(ev.AggregateID)
+	h = make([]sarama.RecordHeader, 5, 5+len(ev.Headers))
+	h[0] = sarama.RecordHeader{Key: hdrEventID, Value: id}
+	h[1] = sarama.RecordHeader{Key: hdrEventType, Value: add(ev.EventType)}
+	h[2] = sarama.RecordHeader{Key: hdrAggregateType, Value: add(ev.AggregateType)}
+	h[3] = sarama.RecordHeader{Key: hdrAggregateID, Value: key}
+	h[4] = sarama.RecordHeader{Key: hdrLSN, Value: add(commitLSN)}
+	for _, x := range ev.Headers {
+		h = append(h, sarama.RecordHeader{Key: add(x.Key), Value: x.Value})
+	}
+	return h, key
 }
 
 // Flushed implements replication.Progress.

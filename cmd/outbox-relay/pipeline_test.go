@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -203,5 +204,26 @@ func TestBackoffIsBoundedAndJittered(t *testing.T) {
 		if d < lo || d > 2*lo {
 			t.Fatalf("attempt %d: %s outside [%s, %s]", attempt, d, lo, 2*lo)
 		}
+	}
+}
+
+func TestHeaders(t *testing.T) {
+	ev := &decoder.Event{ID: 42, AggregateType: "order", AggregateID: "o-1", EventType: "order.paid",
+		Headers: []decoder.Header{{Key: "trace_id", Value: []byte("t-1")}, {Key: "n", Value: []byte("3")}}}
+	h, key := headers(ev, "0/16B3F28")
+	want := [][2]string{{"event_id", "42"}, {"event_type", "order.paid"}, {"aggregate_type", "order"},
+		{"aggregate_id", "o-1"}, {"pg_lsn", "0/16B3F28"}, {"trace_id", "t-1"}, {"n", "3"}}
+	if len(h) != len(want) || string(key) != "o-1" {
+		t.Fatalf("headers %v, key %q", h, key)
+	}
+	for i, w := range want {
+		if string(h[i].Key) != w[0] || string(h[i].Value) != w[1] {
+			t.Errorf("header %d = %s: %s, want %s: %s", i, h[i].Key, h[i].Value, w[0], w[1])
+		}
+	}
+	// Values share one buffer: appending to one must not overwrite the next.
+	_ = append(h[1].Value, "xxxxxxxx"...)
+	if string(h[2].Value) != "order" {
+		t.Errorf("aggregate_type overwritten: %q", h[2].Value)
 	}
 }
