@@ -56,11 +56,11 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 	if err := checkTable(ctx, conn, cfg.Table); err != nil {
 		return SlotInfo{}, err
 	}
-	if err := ensurePublication(ctx, conn, cfg); err != nil {
-		return SlotInfo{}, err
-	}
 	info, found, err := readSlot(ctx, conn, cfg.Slot)
 	if err != nil {
+		return SlotInfo{}, err
+	}
+	if err := ensurePublication(ctx, conn, cfg, found, info.ConfirmedFlush); err != nil {
 		return SlotInfo{}, err
 	}
 	registry := registryName(cfg.Table)
@@ -166,10 +166,19 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 	return nil
 }
 
-func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config) error {
+// ensurePublication checks the publication, creating it when it is missing,
+// allowed, and the slot does not exist yet. A slot that exists without its
+// publication cannot be saved by creating one: pgoutput looks publications
+// up as of each change it decodes, so the first change before the new
+// publication fails the stream for ever.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExists bool, confirmed pglogrepl.LSN) error {
 	schema, name, _ := SplitTable(cfg.Table)
 	var pubInsert bool
 	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
+	if errors.Is(err, pgx.ErrNoRows) && slotExists {
+		return Fatal(fmt.Errorf("publication %q does not exist, but slot %q does (confirmed up to %s): PostgreSQL decodes each change with the publications that existed when it was written, so a publication created now cannot cover the changes already in the slot and streaming would fail on the first of them. Recreate the publication (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')), skip the gap with SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn()), then republish the outbox rows created since the publication was dropped (consumers deduplicate on event_id); or drop the slot and run outbox-relay migrate",
+			cfg.Publication, cfg.Slot, confirmed, pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize(), cfg.Slot))
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !cfg.CreatePublication {
 			return Fatal(fmt.Errorf("publication %q does not exist and postgres.create_publication is false: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",

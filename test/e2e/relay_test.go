@@ -488,9 +488,13 @@ func TestRefusesBadSetups(t *testing.T) {
 			return nil
 		}, []string{"test_decoding", "needs a logical pgoutput slot", "choose another postgres.slot"}},
 		{"publication missing, creation disabled", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP PUBLICATION "+e.pub)
+			e.freshStart(t)
 			return []string{"--create-publication=false"}
 		}, []string{"does not exist", "CREATE PUBLICATION", "create_publication"}},
+		{"publication dropped behind the slot", func(t *testing.T, e *env) []string {
+			mustExec(t, e, "DROP PUBLICATION "+e.pub)
+			return nil
+		}, []string{"does not exist", "but slot", "CREATE PUBLICATION", "pg_replication_slot_advance", "republish"}},
 		{"outbox table missing", func(t *testing.T, e *env) []string {
 			mustExec(t, e, "DROP TABLE "+e.table)
 			return nil
@@ -546,10 +550,11 @@ func TestRefusesBadSetups(t *testing.T) {
 	}
 }
 
-// A missing publication is created when allowed, and events flow.
+// On a first start (no slot yet) a missing publication is created when
+// allowed, before the slot, and events flow.
 func TestMissingPublicationIsCreated(t *testing.T) {
 	e := newEnv(t, "createpub")
-	mustExec(t, e, "DROP PUBLICATION "+e.pub)
+	e.freshStart(t)
 	r := e.startRelay()
 	w := e.newWriter(13)
 	if err := w.run(context.Background(), 100, 5, 10, 0, ""); err != nil {
@@ -558,6 +563,15 @@ func TestMissingPublicationIsCreated(t *testing.T) {
 	ws := w.written()
 	requireClean(t, check(t, ws, consume(t, e.topics(), len(ws), 60*time.Second, time.Second), e.partitions(t)), false)
 	r.stop(syscall.SIGTERM, 30*time.Second)
+}
+
+// freshStart undoes what migrate made besides the table, as on a first
+// start: no publication, no slot, no registry row.
+func (e *env) freshStart(t *testing.T) {
+	t.Helper()
+	mustExec(t, e, "DROP PUBLICATION "+e.pub)
+	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
+	mustExec(t, e, "DELETE FROM "+e.schema+".outbox_relay_slots")
 }
 
 func mustExec(t *testing.T, e *env, sql string, args ...any) {
