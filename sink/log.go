@@ -3,6 +3,8 @@ package sink
 import (
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,8 +42,37 @@ func (s saramaLog) Printf(format string, v ...any) {
 }
 func (s saramaLog) Println(v ...any) { s.l.Debug().Msg(strings.TrimSpace(fmt.Sprintln(v...))) }
 
-// routeSaramaLog installs the forwarder. sarama's logger is package-global,
-// so the last producer created wins (the relay has one).
+// sarama's logger is one package variable, read by its goroutines at any
+// time, also those of a producer being abandoned. It is set once, to a
+// forwarder; each new producer swaps what it forwards to atomically.
+var (
+	saramaTarget  atomic.Pointer[saramaLog]
+	saramaInstall sync.Once
+)
+
+type saramaForwarder struct{}
+
+func (saramaForwarder) Print(v ...any) {
+	if s := saramaTarget.Load(); s != nil {
+		s.Print(v...)
+	}
+}
+
+func (saramaForwarder) Printf(format string, v ...any) {
+	if s := saramaTarget.Load(); s != nil {
+		s.Printf(format, v...)
+	}
+}
+
+func (saramaForwarder) Println(v ...any) {
+	if s := saramaTarget.Load(); s != nil {
+		s.Println(v...)
+	}
+}
+
+// routeSaramaLog sends sarama's log to log and its retry reports to errors,
+// from now on (the last producer created wins; the relay has one at a time).
 func routeSaramaLog(log zerolog.Logger, errors *prometheus.CounterVec) {
-	sarama.Logger = saramaLog{l: log.With().Str("component", "sarama").Logger(), errors: errors}
+	saramaTarget.Store(&saramaLog{l: log.With().Str("component", "sarama").Logger(), errors: errors})
+	saramaInstall.Do(func() { sarama.Logger = saramaForwarder{} })
 }
