@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e lint demo services-up services-down clean bench
+.PHONY: build test unit e2e chaos lint demo services-up services-down clean bench
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -14,11 +14,19 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./test/...
 
-# Everything: lint, unit tests with -race, then the end-to-end suite against
-# a real PostgreSQL 15 and a real Kafka 4.x that test/services.sh starts and
-# stops. Fails (never skips) when a service cannot start.
+# Everything: lint, unit tests with -race, then the end-to-end suite and the
+# short fault-injection suite against a real PostgreSQL 15 and a real Kafka
+# 4.x that test/services.sh starts and stops. Fails (never skips) when a
+# service cannot start.
 test: lint build
 	bash test/run-tests.sh
+
+# The long fault-injection suite (docs/chaos.md): 100k events per scenario
+# under relay and broker kills, broker pauses, PostgreSQL restarts, network
+# cuts and SIGTERM restarts; prints the table (also in
+# test/.run/chaos-table.md). Fails on any loss, order or partition violation.
+chaos: build
+	bash test/run-chaos.sh
 
 unit:
 	$(GO) test -race -count=1 $(PKGS)

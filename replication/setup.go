@@ -303,9 +303,20 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 			pc.User, err, pgx.Identifier{pc.User}.Sanitize()))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open replication connection: %w", err)
+		return nil, fmt.Errorf("open replication connection: %w", connectError(err))
 	}
 	return conn, nil
+}
+
+// connectError makes a connection error that retrying cannot fix fatal: a
+// run-time parameter the server does not know, e.g. in options=-c ... of
+// postgres.url.
+func connectError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42704" {
+		return Fatal(fmt.Errorf("%w; fix the options in postgres.url", err))
+	}
+	return err
 }
 
 // defaultConnectTimeout bounds a connection attempt whose URL sets no
@@ -327,5 +338,9 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
 	}
 	withConnectTimeout(&cc.Config)
-	return pgx.ConnectConfig(ctx, cc)
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, connectError(err)
+	}
+	return conn, nil
 }

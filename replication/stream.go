@@ -384,7 +384,15 @@ func (s *Stream) finish(ctx context.Context, stopPing func()) {
 	if err := s.sendStatus(false); err != nil {
 		s.log.Info().Err(err).Msg("no final status update; the server resends from its confirmed position")
 	} else {
-		s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("final status update sent")
+		// End the COPY politely and read until the server ends it too:
+		// closing a socket with unread data sends an RST, and the server
+		// may then drop the status update still in its receive queue.
+		_ = s.conn.Conn().SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), s.conn); err != nil {
+			s.log.Warn().Err(err).Msg("replication did not end cleanly after the final status update; the server may resend from an earlier position")
+		} else {
+			s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("final status update sent and replication ended")
+		}
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -149,6 +149,10 @@ func (p *Producer) Connect(ctx context.Context) error {
 	hc.Metadata.Retry.Max = 1
 	hc.Metadata.Retry.BackoffFunc = nil
 	hc.Metadata.Retry.Backoff = 100 * time.Millisecond
+	// The readiness probe must notice a silent (blackholed) broker within
+	// seconds, not after the producer's 30 s read timeout.
+	hc.Net.ReadTimeout = 5 * time.Second
+	hc.Net.WriteTimeout = 5 * time.Second
 	for {
 		err := p.dial(&hc)
 		if err == nil {

@@ -1,32 +1,29 @@
 #!/usr/bin/env bash
 # run-tests.sh: what `make test` runs. Starts ONE PostgreSQL and ONE Kafka,
-# runs the unit tests and the end-to-end suite, stops the services. Any
-# failure, including a service that cannot start, fails the run.
+# runs the unit tests, the end-to-end suite and the short fault-injection
+# (chaos) suite, stops the services. Any failure, including a service that
+# cannot start, fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-export OUTBOX_TEST_RUN_DIR="${OUTBOX_TEST_RUN_DIR:-$PWD/test/.run}"
-cleanup() { bash test/services.sh stop || true; }
-trap cleanup EXIT INT TERM
+. test/lib.sh
 
 echo "== unit tests (race detector on)"
 go test -race -count=1 ./...
 
-echo "== starting PostgreSQL and Kafka"
-bash test/services.sh stop >/dev/null 2>&1 || true
-bash test/services.sh start >/dev/null  # prints the env file, password included
-set -a
-# shellcheck disable=SC1091
-. "$OUTBOX_TEST_RUN_DIR/env"
-set +a
+start_services
 
 echo "== end-to-end tests (real PostgreSQL, real Kafka, real consumer)"
-set +e
-go test -count=1 -tags e2e -timeout 12m -v ./test/e2e/ 2>&1 | tee "$OUTBOX_TEST_RUN_DIR/e2e.log" |
-  grep --line-buffered -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test\.go)'
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -ne 0 ]; then
+if ! run_suite e2e "$PROGRESS" -timeout 12m ./test/e2e/; then
   echo "end-to-end tests failed (full log: $OUTBOX_TEST_RUN_DIR/e2e.log)"
+  exit 1
+fi
+
+echo "== chaos tests, short (kills, restarts, pauses, network cuts under load; docs/chaos.md)"
+rm -f "$OUTBOX_TEST_RUN_DIR/chaos-table.md"
+status=0
+OUTBOX_CHAOS=short run_suite chaos "$PROGRESS" -timeout 15m ./test/chaos/ || status=$?
+[ -f "$OUTBOX_TEST_RUN_DIR/chaos-table.md" ] && cat "$OUTBOX_TEST_RUN_DIR/chaos-table.md"
+if [ "$status" -ne 0 ]; then
+  echo "chaos tests failed (full log: $OUTBOX_TEST_RUN_DIR/chaos.log, relay logs: $OUTBOX_TEST_RUN_DIR/chaos-relay-logs)"
   exit "$status"
 fi

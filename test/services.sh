@@ -16,6 +16,11 @@
 # Env file ($OUTBOX_TEST_RUN_DIR/env, default <repo>/test/.run/env): plain KEY=value lines, no quoting, e.g.
 #   OUTBOX_TEST_PG_URL=postgres://relay:<pw>@127.0.0.1:<port>/outbox?sslmode=disable
 #   OUTBOX_TEST_KAFKA_BROKERS=127.0.0.1:<port>
+#   OUTBOX_TEST_KAFKA_PROXY_PORT=<Y>              the broker's PROXIED listener advertises 127.0.0.1:<Y>, where
+#   OUTBOX_TEST_KAFKA_PROXY_TARGET=127.0.0.1:<X>  nothing listens until a test runs a TCP proxy there (test/proxy)
+#                                                 forwarding to <X>, the port the PROXIED listener binds. A client
+#                                                 bootstrapping on <Y> then reaches the broker only through the proxy,
+#                                                 so the test can cut, blackhole or reset that path (test/chaos).
 # Load it into a shell with:  set -a; . test/.run/env; set +a
 #
 # Knobs (all optional):
@@ -212,6 +217,8 @@ OUTBOX_TEST_KAFKA_SASL_PASSWORD=$KAFKA_SASL_PASSWORD
 OUTBOX_TEST_KAFKA_TLS_BROKERS=127.0.0.1:$KAFKA_TLS_PORT
 OUTBOX_TEST_KAFKA_TLS_PORT=$KAFKA_TLS_PORT
 OUTBOX_TEST_KAFKA_TLS_CA_FILE=$KAFKA_DIR/tls/ca.pem
+OUTBOX_TEST_KAFKA_PROXY_PORT=$KAFKA_PROXY_PORT
+OUTBOX_TEST_KAFKA_PROXY_TARGET=127.0.0.1:$KAFKA_PROXIED_PORT
 OUTBOX_TEST_KAFKA_PID=$KAFKA_PID
 OUTBOX_TEST_KAFKA_DIR=$KAFKA_DIR
 OUTBOX_TEST_KAFKA_LOG=$KAFKA_LOG
@@ -253,6 +260,8 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
       OUTBOX_TEST_KAFKA_CONTROLLER_PORT) KAFKA_CONTROLLER_PORT=$v ;;
       OUTBOX_TEST_KAFKA_SASL_PORT) KAFKA_SASL_PORT=$v ;;
       OUTBOX_TEST_KAFKA_TLS_PORT) KAFKA_TLS_PORT=$v ;;
+      OUTBOX_TEST_KAFKA_PROXY_PORT) KAFKA_PROXY_PORT=$v ;;
+      OUTBOX_TEST_KAFKA_PROXY_TARGET) KAFKA_PROXIED_PORT=${v##*:} ;;
       OUTBOX_TEST_KAFKA_SASL_PASSWORD) KAFKA_SASL_PASSWORD=$v ;;
       OUTBOX_TEST_KAFKA_PID) KAFKA_PID=$v ;;
       OUTBOX_TEST_KAFKA_DIR) KAFKA_DIR=$v ;;
@@ -264,7 +273,7 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
 
 PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP=""
 KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
-KAFKA_SASL_PORT="" KAFKA_SASL_PASSWORD="" KAFKA_TLS_PORT=""
+KAFKA_SASL_PORT="" KAFKA_SASL_PASSWORD="" KAFKA_TLS_PORT="" KAFKA_PROXIED_PORT="" KAFKA_PROXY_PORT=""
 KEYTOOL="${JAVA_HOME:+$JAVA_HOME/bin/}keytool"
 
 pg_url() { echo "postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"; }
@@ -485,11 +494,13 @@ kafka_write_configs() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,PROXIED://127.0.0.1:$KAFKA_PROXIED_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_TLS_PORT,PROXIED://127.0.0.1:$KAFKA_PROXY_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,PROXIED:PLAINTEXT
+# PROXIED binds KAFKA_PROXIED_PORT but advertises KAFKA_PROXY_PORT, where a test's TCP proxy listens and forwards
+# to it: clients bootstrapping through the proxy keep going through it (network fault tests, test/chaos).
 # A TLS listener for the relay's TLS tests: a self-signed certificate for 127.0.0.1 made by keytool
 # (kafka_make_cert); its PEM export is the CA file the client trusts.
 ssl.keystore.location=$KAFKA_DIR/tls/broker.p12
@@ -639,11 +650,13 @@ kafka_setup() { # fresh data dir, format, start, wait; sets KAFKA_*
   : >"$KAFKA_LOG"
   for attempt in 1 2 3; do
     KAFKA_DIR="$(mktemp -d "$TMP_PARENT/outbox-kafka.XXXXXX")"
-    ports="$(pick_ports 4)"
+    ports="$(pick_ports 6)"
     KAFKA_PORT="$(sed -n 1p <<<"$ports")"
     KAFKA_CONTROLLER_PORT="$(sed -n 2p <<<"$ports")"
     KAFKA_SASL_PORT="$(sed -n 3p <<<"$ports")"
     KAFKA_TLS_PORT="$(sed -n 4p <<<"$ports")"
+    KAFKA_PROXIED_PORT="$(sed -n 5p <<<"$ports")"
+    KAFKA_PROXY_PORT="$(sed -n 6p <<<"$ports")"
     KAFKA_SASL_PASSWORD="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
     kafka_write_configs
     kafka_make_cert || { rm -rf "$KAFKA_DIR"; KAFKA_DIR=""; die "keytool could not make the broker's TLS certificate"; }
@@ -755,7 +768,8 @@ cmd_kafka_start() {
     return 0
   fi
   libs_ok || die "Kafka jars missing from $KAFKA_LIBS"
-  wait_port_free 60 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT" || die "kafka ports are still taken"
+  wait_port_free 60 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_TLS_PORT" ${KAFKA_PROXIED_PORT:+"$KAFKA_PROXIED_PORT"} ||
+    die "kafka ports are still taken"
   kafka_launch
   if ! kafka_wait_ready; then
     kafka_kill_pid "$KAFKA_PID"

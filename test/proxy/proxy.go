@@ -13,7 +13,8 @@
 //     (SO_LINGER 0), as after a middlebox or peer restart. New connections
 //     are forwarded as usual.
 //   - Refuse: the listener is closed, so new connections get ECONNREFUSED;
-//     current connections are untouched (combine with Reset for "host down").
+//     current connections are untouched. Refuse, then Reset, is "host down":
+//     in the other order a client could reconnect in between.
 //   - Heal: forward again (re-listening on the same address after Refuse).
 //
 // It is used by the chaos suite (test/chaos) and meant for reuse by other
@@ -186,7 +187,9 @@ func (p *Proxy) serve(ln net.Listener) {
 		}
 		l := &link{client: c.(*net.TCPConn), done: make(chan struct{})}
 		p.mu.Lock()
-		if p.closed {
+		if p.closed || p.ln != ln {
+			// Refused or closed while this one was being accepted: a
+			// Refuse followed by Reset must leave no connection behind.
 			p.mu.Unlock()
 			l.close(true)
 			return

@@ -133,7 +133,7 @@ func TestFaults(t *testing.T) {
 		{"blackhole", func(p *Proxy) error { p.Blackhole(); return nil }, silent, silent},
 		{"reset", func(p *Proxy) error { p.Reset(); return nil }, resets, echoes},
 		{"refuse", (*Proxy).Refuse, echoes, refused},
-		{"refuse and reset", func(p *Proxy) error { p.Reset(); return p.Refuse() }, resets, refused},
+		{"refuse and reset", func(p *Proxy) error { err := p.Refuse(); p.Reset(); return err }, resets, refused},
 		{"blackhole twice", func(p *Proxy) error { p.Blackhole(); p.Blackhole(); return nil }, silent, silent},
 	}
 	for _, tt := range tests {
@@ -333,5 +333,51 @@ func TestClose(t *testing.T) {
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// Refuse then Reset leaves no connection, even with clients dialing all the
+// time (a connection accepted while Refuse runs is dropped too).
+func TestRefuseThenResetLeavesNothing(t *testing.T) {
+	target, _ := echoServer(t)
+	p := newProxy(t, target)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var held []net.Conn // like a client library, keep what connects
+			defer func() {
+				for _, c := range held {
+					c.Close()
+				}
+			}()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if c, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+					held = append(held, c)
+				}
+			}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := p.Refuse(); err != nil {
+		t.Fatal(err)
+	}
+	p.Reset()
+	time.Sleep(100 * time.Millisecond)
+	st := p.Stats()
+	close(stop)
+	wg.Wait()
+	if st.Active != 0 {
+		t.Fatalf("%d connections alive after Refuse and Reset (accepted %d)", st.Active, st.Accepted)
+	}
+	if st.Accepted == 0 {
+		t.Fatal("no connection was made before the cut: the test proves nothing")
 	}
 }

@@ -1,0 +1,641 @@
+//go:build e2e
+
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/test/proxy"
+)
+
+// scale sizes the suite: short in make test, long in make chaos.
+type scale struct {
+	name                      string
+	events                    int // per scenario
+	aggregates                int
+	relayKills, pausedKills   int
+	brokerKills, brokerPauses int
+	pgRestarts                int
+	netRounds                 int           // rounds of blackhole, reset, refuse on each network path
+	longCut                   time.Duration // one more Kafka blackhole, past the producer's 30s read timeout (0: none)
+	sigterms                  int
+	rate                      int           // events/s the writer aims at at most: windows stretch to fit
+	deliver                   time.Duration // bound on the relay catching up at the end
+}
+
+var (
+	shortScale = scale{name: "short", events: 4000, aggregates: 300, relayKills: 3, pausedKills: 2, brokerKills: 1,
+		brokerPauses: 1, pgRestarts: 2, netRounds: 1, sigterms: 2, rate: 1000, deliver: 2 * time.Minute}
+	longScale = scale{name: "long", events: 100_000, aggregates: 1000, relayKills: 12, pausedKills: 6, brokerKills: 3,
+		brokerPauses: 3, pgRestarts: 4, netRounds: 2, longCut: 40 * time.Second, sigterms: 5, rate: 2000, deliver: 10 * time.Minute}
+)
+
+const (
+	walSenderTimeout = 5 * time.Second // for the relay's replication connection in broker_pause
+	brokerPause      = 7 * time.Second // > walSenderTimeout, < the broker's 9s session timeout
+	kafkaBlackhole   = 6 * time.Second
+	pgBlackhole      = 8 * time.Second // > the 5s receive timeout set in net_postgres
+	refuseFor        = 4 * time.Second
+)
+
+// scenario is one fault type against its own outbox and workload.
+type scenario struct {
+	name    string // subtest, schema and topic name
+	faults  int
+	per     time.Duration // about how long one fault takes: paces the writer
+	prepare func(s *run)  // before the first relay starts: settings, proxies
+	inject  func(s *run, i int)
+	verify  func(s *run, res result) // scenario assertions after the delivery check
+}
+
+func scenarios() []scenario {
+	return []scenario{
+		{name: "relay_kill9", faults: sc.relayKills, per: 3 * time.Second, inject: killRelay, verify: verifyKills},
+		{name: "broker_kill9", faults: sc.brokerKills, per: 10 * time.Second, inject: killBroker},
+		{name: "broker_pause", faults: sc.brokerPauses, per: 8 * time.Second, prepare: func(s *run) {
+			s.relayCfg = append(s.relayCfg,
+				"OUTBOX_RELAY_POSTGRES_URL="+withOption(pgURL, "wal_sender_timeout", walSenderTimeout.String()),
+				"OUTBOX_RELAY_MAX_INFLIGHT_EVENTS=200") // small: the loop blocks on backpressure during the pause
+		}, inject: pauseBroker},
+		{name: "pg_restart", faults: sc.pgRestarts, per: 3 * time.Second, inject: restartPostgres},
+		{name: "net_kafka", faults: len(kafkaCuts()), per: 5 * time.Second, prepare: func(s *run) {
+			s.proxy = newProxy(s.t, "127.0.0.1:"+proxyPort, proxyTo)
+			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_KAFKA_BROKERS="+s.proxy.Addr())
+		}, inject: func(s *run, i int) { cutNetwork(s, kafkaCuts()[i], false) }},
+		{name: "net_postgres", faults: len(pgCuts()), per: 6 * time.Second, prepare: func(s *run) {
+			s.proxy = newProxy(s.t, "127.0.0.1:0", "127.0.0.1:"+pgPort)
+			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_POSTGRES_URL="+withHostPort(s.t, pgURL, s.proxy.Addr()),
+				"OUTBOX_RELAY_RECEIVE_TIMEOUT=5s")
+		}, inject: func(s *run, i int) { cutNetwork(s, pgCuts()[i], true) }},
+		{name: "sigterm", faults: sc.sigterms, per: 3 * time.Second, inject: sigtermRelay, verify: func(s *run, res result) {
+			perStop, _ := attribute(res, s.restarts)
+			s.note("duplicates per stop: %v", perStop)
+			if res.Duplicates != 0 {
+				s.t.Errorf("%d duplicates after SIGTERM restarts: a clean stop must republish nothing", res.Duplicates)
+			}
+		}},
+	}
+}
+
+// TestChaos runs every scenario, then prints the table and writes it to
+// $OUTBOX_TEST_RUN_DIR/chaos-table.md.
+func TestChaos(t *testing.T) {
+	var rows []row
+	for i, scn := range scenarios() {
+		t.Run(scn.name, func(t *testing.T) {
+			s := &run{t: t, sc: scn, count: map[string]*[2]int{}, net: map[string]*netStat{}}
+			defer func() { rows = append(rows, s.row(t.Failed())) }()
+			s.execute(uint64(time.Now().UnixNano()) + uint64(i))
+		})
+	}
+	md := table(rows)
+	fmt.Printf("\n%s\n", md)
+	path := filepath.Join(runDir, "chaos-table.md")
+	if err := os.WriteFile(path, []byte(md), 0o644); err != nil {
+		t.Errorf("write %s: %v", path, err)
+	}
+}
+
+// --- one scenario run --------------------------------------------------------
+
+type run struct {
+	t        *testing.T
+	sc       scenario
+	e        *env
+	w        *writer
+	r        *relay   // the current relay process
+	relayCfg []string // relay settings beyond the base config
+	proxy    *proxy.Proxy
+
+	kinds    []string           // fault kinds, in order of first use
+	count    map[string]*[2]int // kind -> injected, landed with events in flight
+	net      map[string]*netStat
+	restarts []restart // relay restarts (kill -9, SIGTERM)
+	notes    []string
+	res      *result
+}
+
+// restart is one relay death and restart.
+type restart struct {
+	from pglogrepl.LSN // slot confirmed_flush_lsn once the old walsender let go: the new relay resumes here
+	wal  pglogrepl.LSN // WAL end right after the death: the old relay read nothing later
+}
+
+func (s *run) execute(seed uint64) {
+	t := s.t
+	t.Logf("%s scale: %d events over %d aggregates, %d faults, seed %d", sc.name, sc.events, sc.aggregates, s.sc.faults, seed)
+	s.e = newEnv(t, s.sc.name)
+	defer s.logWarnings() // also after a failed assertion
+	if s.sc.prepare != nil {
+		s.sc.prepare(s)
+	}
+	s.r = s.e.startRelay(s.relayCfg...)
+	s.w = newWriter(s.e, seed)
+	start := time.Now()
+	s.drive()
+	events, retries := s.w.snapshot()
+	t.Logf("workload and faults took %s; writer retried %d statements", time.Since(start).Round(time.Second), retries)
+	recs, parts := s.e.consume(t, sc.deliver)
+	res := check(events, recs, parts, s.e.prefix)
+	s.res = &res
+	t.Logf("written %d, delivered %d (%d records), lost %d, duplicates %d, order violations %d, wrong partition %d",
+		res.Written, res.Delivered, res.Records, res.Lost, res.Duplicates, res.OrderViolations, res.WrongPartition)
+	s.r.alive()
+	if s.sc.verify != nil {
+		s.sc.verify(s, res)
+	}
+	if epoch := s.r.metric("outbox_relay_leader_epoch"); epoch > 0 {
+		s.note("leader epoch %v at the end", epoch) // leader election: each lost lease starts a new term
+	}
+	if code := s.r.stop(syscall.SIGTERM, time.Minute); code != 0 {
+		t.Errorf("final SIGTERM: exit code %d, want 0", code)
+	}
+	for tp, n := range parts {
+		if n < 2 {
+			t.Errorf("topic %s has %d partition(s): the partition check needs several", tp, n)
+		}
+	}
+	for _, tp := range s.e.topics() {
+		if parts[tp] == 0 {
+			t.Errorf("topic %s is missing (found %v)", tp, parts)
+		}
+	}
+	var poisoned int
+	if err := s.e.db.QueryRow(context.Background(), "SELECT count(*) FROM "+s.e.table+
+		" WHERE attempt_count > 0 OR last_error IS NOT NULL").Scan(&poisoned); err != nil || poisoned > 0 {
+		t.Errorf("%d outbox rows marked as failed (poison) by the relay, %v: a transient fault must be retried, not dead-lettered", poisoned, err)
+	}
+	if res.Lost != 0 || res.OrderViolations != 0 || res.WrongPartition != 0 || len(res.Problems) > 0 {
+		t.Errorf("delivery check failed:\n  %s", strings.Join(res.Problems, "\n  "))
+	}
+	inFlight := 0
+	for _, c := range s.count {
+		inFlight += c[1]
+	}
+	if inFlight == 0 {
+		t.Error("no fault landed while events were in flight: the scenario proves nothing")
+	}
+}
+
+// drive runs the writer and injects fault i once the writer has written
+// about (i+1)/(faults+1) of the events. The writer may not pass the middle
+// of the next segment before the fault started, so however long faults take,
+// each lands mid-workload and events are written after the last.
+func (s *run) drive() {
+	t := s.t
+	total, n := sc.events, s.sc.faults
+	seg := total / (n + 1)
+	s.w.limit.Store(int64(seg + seg/2))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	window := max(time.Duration(n+1)*s.sc.per, time.Duration(total/sc.rate)*time.Second)
+	go func() { errc <- s.w.run(ctx, total, sc.aggregates, window) }()
+	for i := range n {
+		at := int64(seg*(i+1) + rand.IntN(seg/4+1))
+		waitFor(t, 5*time.Minute, fmt.Sprintf("the writer to reach event %d", at), func() bool {
+			select {
+			case err := <-errc:
+				t.Fatalf("writer stopped before fault %d: %v", i, err)
+			default:
+			}
+			return s.w.written.Load() >= at
+		})
+		if i == n-1 {
+			s.w.limit.Store(int64(total))
+		} else {
+			s.w.limit.Store(int64(seg*(i+2) + seg/2))
+		}
+		if s.w.written.Load() >= int64(total) {
+			t.Fatal("the workload ended before the last fault: the scenario proves nothing")
+		}
+		s.sc.inject(s, i)
+		s.r.alive()
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("writer: %v", err)
+		}
+	case <-time.After(10 * time.Minute):
+		t.Fatal("the writer did not finish within 10 minutes")
+	}
+}
+
+// fault records one injected fault of kind, counting it as landed in flight
+// if the relay holds unacked events or the slot has not confirmed the last
+// event transaction.
+func (s *run) fault(kind string) {
+	c, ok := s.count[kind]
+	if !ok {
+		c = new([2]int)
+		s.count[kind] = c
+		s.kinds = append(s.kinds, kind)
+	}
+	c[0]++
+	inflight := !s.r.exited() && s.r.metric("outbox_relay_inflight_events") > 0
+	if last := s.w.last(); inflight || (last > 0 && s.e.confirmed(s.t) <= last) {
+		c[1]++
+	}
+}
+
+// relayGone records a relay death: it waits for the walsender to let go
+// (its last status update is then in the slot) and notes where the next
+// relay resumes.
+func (s *run) relayGone() {
+	wal, err := s.e.lsn("SELECT pg_current_wal_lsn()::text")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	waitFor(s.t, 30*time.Second, "the walsender to release the slot", func() bool { return s.e.walsender(s.t) == 0 })
+	s.restarts = append(s.restarts, restart{from: s.e.confirmed(s.t), wal: wal})
+}
+
+func (s *run) note(format string, a ...any) { s.notes = append(s.notes, fmt.Sprintf(format, a...)) }
+
+// --- scenarios ---------------------------------------------------------------
+
+// killRelay: kill -9 at a random moment; every other kill with the broker
+// stopped, after the relay has read events it cannot get acked, so a relay
+// that confirmed before the ack would lose them.
+func killRelay(s *run, i int) {
+	t := s.t
+	if i%2 == 0 && i/2 < sc.pausedKills {
+		svc(t, "kafka-pause")
+		paused := true
+		defer func() {
+			if paused {
+				svc(t, "kafka-resume")
+			}
+		}()
+		waitFor(t, 30*time.Second, "events read but unacked while the broker is stopped", func() bool {
+			return s.r.metric("outbox_relay_inflight_events") > 0
+		})
+		sleepJitter(500 * time.Millisecond)
+		s.fault("relay kill -9, broker stopped")
+		s.r.stop(syscall.SIGKILL, 10*time.Second)
+		s.relayGone()
+		svc(t, "kafka-resume")
+		paused = false
+	} else {
+		sleepJitter(time.Second)
+		s.fault("relay kill -9")
+		s.r.stop(syscall.SIGKILL, 10*time.Second)
+		s.relayGone()
+	}
+	s.r = s.e.startRelay(s.relayCfg...)
+}
+
+// verifyKills charges each duplicate to the kills that caused it and fails
+// on one no kill explains (the event was confirmed before every kill after
+// its commit).
+func verifyKills(s *run, res result) {
+	perKill, unexplained := attribute(res, s.restarts)
+	s.note("duplicates per kill: %v", perKill)
+	if unexplained > 0 {
+		s.t.Errorf("%d duplicates of events the slot had confirmed before every later kill: only unconfirmed events may be resent", unexplained)
+	}
+	if c := s.count["relay kill -9, broker stopped"]; c == nil || c[1] < sc.pausedKills {
+		s.t.Errorf("kills with the broker stopped and events in flight: %v, want %d", c, sc.pausedKills)
+	}
+}
+
+// attribute charges the extra copies of each duplicated event (commit LSN
+// L) to the latest restarts that could have resent it: those whose resume
+// point is at or before L and that happened after L was committed. The
+// relays that published an event are consecutive, so its n extra copies
+// come from the last n such restarts. Copies beyond the candidates are
+// unexplained.
+func attribute(res result, restarts []restart) (perKill []int, unexplained int) {
+	perKill = make([]int, len(restarts))
+	for id, extra := range res.Extra {
+		l := res.CommitLSN[id]
+		var cands []int
+		for k, r := range restarts {
+			if r.from <= l && l < r.wal {
+				cands = append(cands, k)
+			}
+		}
+		if extra > len(cands) {
+			unexplained += extra - len(cands)
+			extra = len(cands)
+		}
+		for _, k := range cands[len(cands)-extra:] {
+			perKill[k]++
+		}
+	}
+	return perKill, unexplained
+}
+
+func killBroker(s *run, _ int) {
+	t := s.t
+	s.fault("broker kill -9, restart")
+	svc(t, "kafka-kill")
+	started := false
+	defer func() {
+		if !started {
+			svc(t, "kafka-start")
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	svc(t, "kafka-start")
+	started = true
+	s.e.waitStreaming(s.r, 3*time.Minute, 0)
+}
+
+// pauseBroker stops the broker longer than wal_sender_timeout while the
+// relay is blocked on its in-flight limit: the replication connection must
+// survive, because status updates keep flowing.
+func pauseBroker(s *run, i int) {
+	t := s.t
+	pid := s.e.walsender(t)
+	reconnects := s.r.metric("outbox_relay_replication_reconnects_total")
+	if pid == 0 || reconnects < 0 {
+		t.Fatalf("before the pause: walsender pid %d, reconnects %v", pid, reconnects)
+	}
+	s.fault(fmt.Sprintf("broker SIGSTOP %s (wal_sender_timeout %s)", brokerPause, walSenderTimeout))
+	svc(t, "kafka-pause")
+	paused := true
+	defer func() {
+		if paused {
+			svc(t, "kafka-resume")
+		}
+	}()
+	peak := 0.0
+	for end := time.Now().Add(brokerPause); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		peak = max(peak, s.r.metric("outbox_relay_inflight_events"))
+	}
+	svc(t, "kafka-resume")
+	paused = false
+	s.e.waitStreaming(s.r, 2*time.Minute, 0)
+	if got := s.e.walsender(t); got != pid {
+		t.Errorf("pause %d: walsender pid %d -> %d: the replication connection was dropped", i+1, pid, got)
+	}
+	if got := s.r.metric("outbox_relay_replication_reconnects_total"); got != reconnects {
+		t.Errorf("pause %d: outbox_relay_replication_reconnects_total %v -> %v", i+1, reconnects, got)
+	}
+	// Transactions enter whole (up to 50 events here), so a blocked loop
+	// sits within one transaction of the limit.
+	if peak <= 200-50 {
+		t.Errorf("pause %d: in-flight peaked at %v, not near the limit 200: the loop never blocked, so the pause proves less", i+1, peak)
+	}
+	s.note("pause %d: walsender pid %d -> %d, reconnects %v -> %v, in-flight peak %v/200", i+1, pid, s.e.walsender(t),
+		reconnects, s.r.metric("outbox_relay_replication_reconnects_total"), peak)
+}
+
+// restartPostgres: the same relay process must come back streaming on a new
+// walsender by itself.
+func restartPostgres(s *run, i int) {
+	t := s.t
+	mode := []string{"fast", "immediate"}[i%2]
+	pid := s.e.walsender(t)
+	s.fault("postgres restart -m " + mode)
+	svc(t, "pg-restart", mode)
+	s.e.db.Reset() // pooled connections died with the server
+	start := time.Now()
+	s.e.waitStreaming(s.r, 90*time.Second, pid)
+	s.note("%s: streaming again %s after the restart", mode, time.Since(start).Round(100*time.Millisecond))
+}
+
+// netCut is one network fault on a proxied path, healed after hold.
+type netCut struct {
+	name string
+	hold time.Duration
+	cut  func(p *proxy.Proxy) error
+}
+
+func cuts(blackhole time.Duration, rounds int, extra ...netCut) []netCut {
+	var out []netCut
+	for range rounds {
+		out = append(out,
+			netCut{"blackhole " + blackhole.String(), blackhole, func(p *proxy.Proxy) error { p.Blackhole(); return nil }},
+			netCut{"reset", 0, func(p *proxy.Proxy) error { p.Reset(); return nil }},
+			// Refuse first: a client reconnecting between the two would survive.
+			netCut{"refuse+reset " + refuseFor.String(), refuseFor, func(p *proxy.Proxy) error { err := p.Refuse(); p.Reset(); return err }})
+	}
+	return append(out, extra...)
+}
+
+func kafkaCuts() []netCut {
+	if sc.longCut == 0 {
+		return cuts(kafkaBlackhole, sc.netRounds)
+	}
+	return cuts(kafkaBlackhole, sc.netRounds, netCut{"blackhole " + sc.longCut.String(), sc.longCut,
+		func(p *proxy.Proxy) error { p.Blackhole(); return nil }})
+}
+
+func pgCuts() []netCut { return cuts(pgBlackhole, sc.netRounds) }
+
+// netStat sums what the relay showed under one kind of network cut.
+type netStat struct {
+	n, unready, detected int     // cuts; readiness false during the cut; dialed anew before heal
+	errors               float64 // publish errors, summed
+	slowest              time.Duration
+}
+
+// cutNetwork applies c to the scenario's proxy, holds, heals and waits for
+// the relay to be ready again. On the PostgreSQL path the relay must replace
+// its replication connection by itself, a blackholed one within the receive
+// timeout; on the Kafka path nothing may be acked while the path is cut
+// (else the cut missed the relay's traffic).
+func cutNetwork(s *run, c netCut, replication bool) {
+	t := s.t
+	path, progress := "relay<->kafka ", "outbox_relay_events_published_total"
+	if replication {
+		path, progress = "relay<->postgres ", "outbox_relay_received_lsn"
+	}
+	kind := path + c.name
+	conns := s.proxy.Stats()
+	if conns.Active == 0 {
+		t.Fatalf("%s: no relay connection goes through the proxy (%+v): the cut would miss it", kind, conns)
+	}
+	pid := s.e.walsender(t)
+	reconnects := s.r.metric("outbox_relay_replication_reconnects_total") // per leadership term: a hint only
+	errs := s.r.metric("outbox_relay_publish_errors_total")
+	s.fault(kind)
+	if err := c.cut(s.proxy); err != nil {
+		t.Fatal(err)
+	}
+	st := s.net[kind]
+	if st == nil {
+		st = &netStat{}
+		s.net[kind] = st
+	}
+	st.n++
+	unready, detected := false, false
+	before := -1.0
+	for start := time.Now(); time.Since(start) < c.hold; time.Sleep(200 * time.Millisecond) {
+		unready = unready || !s.r.ready()
+		// A relay that gave up on a connection dials a new one.
+		detected = detected || s.proxy.Stats().Accepted > conns.Accepted ||
+			s.r.metric("outbox_relay_replication_reconnects_total") > reconnects
+		if before < 0 && time.Since(start) > time.Second { // acks already on their way may land
+			before = s.r.metric(progress)
+		}
+	}
+	if after := s.r.metric(progress); !replication && before >= 0 && after != before {
+		t.Errorf("%s: %v events acked while the path was cut: the relay's Kafka traffic bypasses the proxy", kind, after-before)
+	}
+	if err := s.proxy.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	healed := time.Now()
+	if replication {
+		s.e.waitStreaming(s.r, 3*time.Minute, pid) // a new replication session
+	} else {
+		s.e.waitStreaming(s.r, 3*time.Minute, 0)
+	}
+	st.slowest = max(st.slowest, time.Since(healed))
+	st.errors += max(0, s.r.metric("outbox_relay_publish_errors_total")-errs)
+	if unready {
+		st.unready++
+	}
+	if detected {
+		st.detected++
+	}
+	if replication && strings.HasPrefix(c.name, "blackhole") && !detected {
+		t.Errorf("%s: the relay did not give up on the silent connection within %s (receive timeout 5s)", kind, c.hold)
+	}
+}
+
+// sigtermRelay stops the relay cleanly mid-load and starts the next one;
+// every other stop lands in a write burst, with the relay behind the server.
+// The relay logs the position of its final status update; the slot must
+// hold exactly that afterwards, or the next relay republishes the gap.
+func sigtermRelay(s *run, i int) {
+	kind := "SIGTERM, restart"
+	if i%2 == 1 {
+		kind = "SIGTERM in a write burst, restart"
+		from := s.w.written.Load()
+		s.w.burst.Store(true)
+		defer s.w.burst.Store(false)
+		start := time.Now()
+		waitFor(s.t, time.Minute, "a write burst", func() bool { return s.w.written.Load()-from >= int64(sc.events/(4*sc.sigterms)) })
+		s.t.Logf("burst: %d events in %s", s.w.written.Load()-from, time.Since(start).Round(time.Millisecond))
+	}
+	s.fault(kind)
+	start := time.Now()
+	if code := s.r.stop(syscall.SIGTERM, time.Minute); code != 0 {
+		s.t.Errorf("SIGTERM %d: exit code %d, want 0", i+1, code)
+	}
+	took := time.Since(start).Round(10 * time.Millisecond)
+	s.relayGone()
+	final, slot := s.r.logLSN("final status update sent"), s.restarts[len(s.restarts)-1].from
+	if final != 0 && slot < final {
+		s.note("stop %d (%s): final status update %s NOT applied, slot stayed at %s", i+1, took, final, slot)
+	} else {
+		s.note("stop %d (%s): slot at the final status update %s", i+1, took, final)
+	}
+	s.r = s.e.startRelay(s.relayCfg...)
+}
+
+func newProxy(t *testing.T, listen, target string) *proxy.Proxy {
+	t.Helper()
+	p, err := proxy.New(listen, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// logWarnings logs the distinct warn/error messages of the scenario's relay
+// logs (what the relay said about the faults) and fails on a data race the
+// race detector reported: a killed relay has no exit code to show it.
+func (s *run) logWarnings() {
+	counts := map[string]int{}
+	for n := 1; n <= s.e.logs; n++ {
+		path := filepath.Join(runDir, "chaos-relay-logs", fmt.Sprintf("%s-%d.log", s.e.slot, n))
+		f, err := os.Open(path)
+		if err != nil {
+			continue
+		}
+		races := 0
+		sc := bufio.NewScanner(f)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var l struct{ Level, Message, Error string }
+			if json.Unmarshal(sc.Bytes(), &l) == nil && (l.Level == "warn" || l.Level == "error") {
+				counts[l.Level+": "+l.Message]++
+			} else if sc.Text() == "WARNING: DATA RACE" {
+				races++
+			}
+		}
+		f.Close()
+		if races > 0 {
+			s.t.Errorf("the relay's race detector reported %d data race(s): %s", races, path)
+			s.note("%d DATA RACE(s) in %s", races, filepath.Base(path))
+		}
+	}
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		s.t.Logf("relay log: %dx %s", counts[k], k)
+	}
+}
+
+// --- the table ---------------------------------------------------------------
+
+type row struct {
+	scenario, faults   string
+	injected, inFlight int
+	res                *result
+	notes              string
+	failed             bool
+}
+
+func (s *run) row(failed bool) row {
+	r := row{scenario: s.sc.name, res: s.res, failed: failed}
+	var fs []string
+	notes := s.notes
+	for _, k := range s.kinds {
+		c := s.count[k]
+		r.injected += c[0]
+		r.inFlight += c[1]
+		fs = append(fs, fmt.Sprintf("%s ×%d", k, c[0]))
+		if st := s.net[k]; st != nil {
+			notes = append(notes, fmt.Sprintf("%s: not ready during %d/%d, dialed anew before heal %d/%d, publish errors +%v, streaming again within %s of heal",
+				strings.TrimPrefix(strings.TrimPrefix(k, "relay<->kafka "), "relay<->postgres "), st.unready, st.n, st.detected, st.n,
+				st.errors, st.slowest.Round(100*time.Millisecond)))
+		}
+	}
+	r.faults = strings.Join(fs, ", ")
+	r.notes = strings.Join(notes, "; ")
+	return r
+}
+
+func table(rows []row) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| scenario | faults | injected | in flight | written | delivered | lost | duplicates | order violations | wrong partition | result | notes |\n")
+	fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
+	for _, r := range rows {
+		nums := "- | - | - | - | - | -"
+		if r.res != nil {
+			nums = fmt.Sprintf("%d | %d | %d | %d | %d | %d", r.res.Written, r.res.Delivered, r.res.Lost, r.res.Duplicates,
+				r.res.OrderViolations, r.res.WrongPartition)
+		}
+		verdict := "pass"
+		if r.failed {
+			verdict = "**FAIL**"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %s | %s | %s |\n", r.scenario, r.faults, r.injected, r.inFlight, nums, verdict,
+			strings.ReplaceAll(r.notes, "|", "/"))
+	}
+	return b.String()
+}

@@ -1,0 +1,103 @@
+//go:build e2e
+
+// Package chaos is outbox-relay's fault-injection suite: a paced workload
+// runs while the relay, the broker, PostgreSQL or the network between them
+// fail, and a real Kafka consumer then checks every event: nothing lost, per
+// aggregate order and partition intact, duplicates counted and explained.
+//
+// It needs the services of test/services.sh (its env file loaded) and fails,
+// never skips, without them. OUTBOX_CHAOS=long runs the long version (100k
+// events per scenario, more faults); the default is the short one that
+// `make test` runs. OUTBOX_CHAOS_RELAY_BIN runs a prebuilt relay instead of
+// building ../../cmd/outbox-relay with -race.
+package chaos
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var (
+	pgURL     string   // direct
+	pgPort    string   // direct
+	brokers   []string // direct PLAINTEXT listener: the consumer and the admin use it
+	services  string   // test/services.sh
+	proxyPort string   // where the broker's PROXIED listener advertises itself
+	proxyTo   string   // the PROXIED listener's real address
+	relayBin  string
+	runDir    string // relay logs and the table go here
+	sc        scale
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(mainErr(m))
+}
+
+func mainErr(m *testing.M) int {
+	need := map[string]*string{
+		"OUTBOX_TEST_PG_URL": &pgURL, "OUTBOX_TEST_PG_PORT": &pgPort, "OUTBOX_TEST_SERVICES": &services,
+		"OUTBOX_TEST_KAFKA_PROXY_PORT": &proxyPort, "OUTBOX_TEST_KAFKA_PROXY_TARGET": &proxyTo,
+	}
+	var missing []string
+	for k, p := range need {
+		if *p = os.Getenv(k); *p == "" {
+			missing = append(missing, k)
+		}
+	}
+	if b := os.Getenv("OUTBOX_TEST_KAFKA_BROKERS"); b != "" {
+		brokers = strings.Split(b, ",")
+	} else {
+		missing = append(missing, "OUTBOX_TEST_KAFKA_BROKERS")
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		fmt.Fprintf(os.Stderr, "FAIL: %s not set; start the services with test/services.sh and load its env file (make test and make chaos do both)\n",
+			strings.Join(missing, ", "))
+		return 1
+	}
+	switch mode := os.Getenv("OUTBOX_CHAOS"); mode {
+	case "", "short":
+		sc = shortScale
+	case "long":
+		sc = longScale
+	default:
+		fmt.Fprintf(os.Stderr, "FAIL: OUTBOX_CHAOS=%q: use short (default) or long\n", mode)
+		return 1
+	}
+	tmp, err := os.MkdirTemp("", "outbox-relay-chaos")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	runDir = os.Getenv("OUTBOX_TEST_RUN_DIR")
+	if runDir == "" {
+		runDir = tmp
+	}
+	if err := os.MkdirAll(filepath.Join(runDir, "chaos-relay-logs"), 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	if relayBin = os.Getenv("OUTBOX_CHAOS_RELAY_BIN"); relayBin != "" {
+		if _, err := exec.LookPath(relayBin); err != nil {
+			fmt.Fprintf(os.Stderr, "FAIL: OUTBOX_CHAOS_RELAY_BIN=%s: %v\n", relayBin, err)
+			return 1
+		}
+	} else {
+		// -race: the chaos runs double as a race check of the daemon.
+		relayBin = filepath.Join(tmp, "outbox-relay")
+		build := exec.Command("go", "build", "-race", "-o", relayBin, "../../cmd/outbox-relay")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL: build relay:", err)
+			return 1
+		}
+	}
+	fmt.Fprintf(os.Stderr, "chaos: %s scale, relay %s\n", sc.name, relayBin)
+	return m.Run()
+}
