@@ -383,15 +383,18 @@ func (s *Stream) finish(ctx context.Context, stopPing func()) {
 	defer s.mu.Unlock()
 	if err := s.sendStatus(false); err != nil {
 		s.log.Info().Err(err).Msg("no final status update; the server resends from its confirmed position")
+	} else if ctx.Err() == nil {
+		// The connection failed or went silent: do not wait on it.
+		s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("status update sent on a failing connection")
 	} else {
-		// End the COPY politely and read until the server ends it too:
+		// Shutdown: end the COPY politely and read until the server ends it too:
 		// closing a socket with unread data sends an RST, and the server
 		// may then drop the status update still in its receive queue.
 		_ = s.conn.Conn().SetDeadline(time.Now().Add(5 * time.Second))
 		if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), s.conn); err != nil {
 			s.log.Warn().Err(err).Msg("replication did not end cleanly after the final status update; the server may resend from an earlier position")
 		} else {
-			s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("final status update sent and replication ended")
+			s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("final status update sent")
 		}
 	}
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
