@@ -5,28 +5,42 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/proxy"
 )
 
 // A service that is down at start is waited for: the relay stays up, alive
 // but not ready, and never crash-loops; when the service comes, it works.
+// Kafka is "down" behind a proxy that refuses connections (the broker
+// advertises the proxy's port on its PROXIED listener), then heals.
 func TestKafkaDownAtStartIsWaitedFor(t *testing.T) {
 	e := newEnv(t, "kafkalate")
-	svc(t, "kafka-kill")
-	up := false
-	defer func() {
-		if !up {
-			svc(t, "kafka-start")
-		}
-	}()
-	r := e.launchRelay()
+	port, target := os.Getenv("OUTBOX_TEST_KAFKA_PROXY_PORT"), os.Getenv("OUTBOX_TEST_KAFKA_PROXY_TARGET")
+	if port == "" || target == "" {
+		t.Fatal("OUTBOX_TEST_KAFKA_PROXY_PORT and _TARGET are not set: start the services with test/services.sh")
+	}
+	px, err := proxy.New("127.0.0.1:"+port, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	if err := px.Refuse(); err != nil {
+		t.Fatal(err)
+	}
+	r := e.launchRelay("--kafka-brokers", "127.0.0.1:"+port)
 	notReadyButAlive(t, r, 6*time.Second)
-	svc(t, "kafka-start")
-	up = true
-	r.waitReady(120 * time.Second)
+	if log := r.log(); !strings.Contains(log, "kafka not reachable; retrying") {
+		t.Errorf("log does not say Kafka is retried:\n%s", tail([]byte(log), 2000))
+	}
+	if err := px.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	r.waitReady(60 * time.Second)
 	w := e.newWriter(21)
 	if err := w.run(context.Background(), 100, 5, 10, 0, ""); err != nil {
 		t.Fatal(err)
