@@ -238,7 +238,7 @@ func (s *run) drive() {
 // fault records one injected fault of kind, counting it as landed in flight
 // if the relay holds unacked events or the slot has not confirmed the last
 // event transaction.
-func (s *run) fault(kind string) {
+func (s *run) fault(kind string) (landed bool) {
 	c, ok := s.count[kind]
 	if !ok {
 		c = new([2]int)
@@ -246,10 +246,19 @@ func (s *run) fault(kind string) {
 		s.kinds = append(s.kinds, kind)
 	}
 	c[0]++
-	inflight := !s.r.exited() && s.r.metric("outbox_relay_inflight_events") > 0
-	if last := s.w.last(); inflight || (last > 0 && s.e.confirmed(s.t) <= last) {
+	if s.inFlightNow() {
 		c[1]++
+		return true
 	}
+	return false
+}
+
+// inFlightNow: the relay holds unacked events, or the slot has not
+// confirmed the last event transaction.
+func (s *run) inFlightNow() bool {
+	inflight := !s.r.exited() && s.r.metric("outbox_relay_inflight_events") > 0
+	last := s.w.last()
+	return inflight || (last > 0 && s.e.confirmed(s.t) <= last)
 }
 
 // relayGone records a relay death: it waits for the walsender to let go
@@ -342,7 +351,8 @@ func attribute(res result, restarts []restart) (perKill []int, unexplained int) 
 
 func killBroker(s *run, _ int) {
 	t := s.t
-	s.fault("broker kill -9, restart")
+	const kind = "broker kill -9, restart"
+	landed := s.fault(kind)
 	svc(t, "kafka-kill")
 	started := false
 	defer func() {
@@ -351,6 +361,12 @@ func killBroker(s *run, _ int) {
 		}
 	}()
 	time.Sleep(2 * time.Second)
+	// The writer went on while the broker was down: what it wrote since is
+	// unacked now, so the outage did land under load even if the instant
+	// before the kill happened to be quiet.
+	if !landed && s.inFlightNow() {
+		s.count[kind][1]++
+	}
 	svc(t, "kafka-start")
 	started = true
 	s.e.waitStreaming(s.r, 3*time.Minute, 0)
