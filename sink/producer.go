@@ -106,9 +106,7 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.Retry.Max = cfg.RetryMax
 	backoffMax := cfg.RetryBackoffMax
 	sc.Producer.Retry.BackoffFunc = func(retries, _ int) time.Duration {
-		d := 100 * time.Millisecond << min(retries, 10)
-		d = min(d, backoffMax)
-		return d/2 + rand.N(d/2+1)
+		return Backoff(100*time.Millisecond, backoffMax, retries+1)
 	}
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
@@ -139,6 +137,14 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 		return nil, fmt.Errorf("kafka producer config: %w", err)
 	}
 	return sc, nil
+}
+
+// Backoff is the wait before attempt (1, 2, ...) of a retried produce:
+// exponential from first, capped, with jitter on the upper half, so retries
+// of many records do not march in step. The relay's own retries use it too.
+func Backoff(first, cap time.Duration, attempt int) time.Duration {
+	d := min(first<<min(max(attempt-1, 0), 20), cap)
+	return d/2 + rand.N(d/2+1)
 }
 
 // Connect dials the cluster, retrying with capped backoff until it succeeds

@@ -726,3 +726,13 @@ func TestProducerLifecycleErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestBackoffIsBoundedAndJittered(t *testing.T) {
+	for attempt := 1; attempt < 100; attempt++ {
+		d := Backoff(100*time.Millisecond, 5*time.Second, attempt)
+		lo := min(100*time.Millisecond<<min(attempt-1, 20), 5*time.Second) / 2
+		if d < lo || d > 2*lo {
+			t.Fatalf("attempt %d: %s outside [%s, %s]", attempt, d, lo, 2*lo)
+		}
+	}
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,7 +20,7 @@ import (
 )
 
 // publisher is what the pipeline needs from the sink. Publish is called
-// from the replication loop and from retry timers.
+// from the replication loop and from the retry goroutine.
 type publisher interface {
 	Publish(ctx context.Context, m *sink.Message) error
 }
@@ -61,8 +60,7 @@ type pipeline struct {
 	pubCtx context.Context
 
 	retries   retryQueue
-	halted    atomic.Pointer[haltCause]
-	haltCh    chan struct{} // closed on halt
+	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
 	otherRows atomic.Uint64
 	decoded   atomic.Uint64
 	resent    atomic.Uint64
@@ -73,16 +71,10 @@ type pipeline struct {
 	haltedGauge  prometheus.Gauge
 }
 
-// haltCause is why publishing stopped (on_poison: halt, or a dead letter
-// that could not be written).
-type haltCause struct {
-	err error
-}
-
 func newPipeline(table string, tracker *checkpoint.Tracker, pub publisher, tmpl sink.Template, marker rowMarker,
 	policy poisonPolicy, pubCtx context.Context, log zerolog.Logger, reg prometheus.Registerer) (*pipeline, error) {
 	p := &pipeline{table: table, tracker: tracker, pub: pub, tmpl: tmpl, marker: marker, policy: policy, pubCtx: pubCtx,
-		haltCh: make(chan struct{}), log: log.With().Str("component", "pipeline").Logger()}
+		log: log.With().Str("component", "pipeline").Logger()}
 	p.retries.wake = make(chan struct{}, 1)
 	go p.runRetries(pubCtx)
 	if err := p.resetDecoder(); err != nil {
@@ -246,7 +238,7 @@ func (d *delivery) done(err error) {
 		if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
 			ev.Warn().Err(err).Msg("transient publish error; retrying until the broker takes it")
 		}
-		p.retry(d, backoff(p.policy.backoff/5, p.policy.transientMax, d.attempts))
+		p.retry(d, sink.Backoff(transientFirst, p.policy.transientMax, d.attempts))
 	case d.letter != nil:
 		p.halt(d, fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err))
 	case kind == sink.Refused:
@@ -254,7 +246,7 @@ func (d *delivery) done(err error) {
 		p.halt(d, fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err))
 	case d.attempts < p.policy.maxAttempts:
 		ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
-		p.retry(d, backoff(p.policy.backoff, time.Minute, d.attempts))
+		p.retry(d, sink.Backoff(p.policy.backoff, time.Minute, d.attempts))
 	case p.policy.halt:
 		p.halt(d, fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err))
 	default:
@@ -263,11 +255,8 @@ func (d *delivery) done(err error) {
 	}
 }
 
-// backoff is exponential from first, capped, with jitter on the upper half.
-func backoff(first, cap time.Duration, attempt int) time.Duration {
-	d := min(first<<min(attempt-1, 20), cap)
-	return d/2 + rand.N(d/2+1)
-}
+// transientFirst is the first backoff of a transient error, as sarama's own.
+const transientFirst = 100 * time.Millisecond
 
 // retryQueue holds failed events until their backoff passes. One goroutine
 // republishes them in the order they failed: sarama reports the records of
@@ -362,7 +351,7 @@ func (p *pipeline) markDead(d *delivery) {
 		}
 		p.log.Warn().Err(err).Int64("id", d.id).Msg("cannot mark the dead-lettered row yet; retrying")
 		select {
-		case <-time.After(backoff(time.Second, 30*time.Second, attempt)):
+		case <-time.After(sink.Backoff(time.Second, 30*time.Second, attempt)):
 		case <-p.pubCtx.Done():
 			return
 		}
@@ -373,11 +362,10 @@ func (p *pipeline) markDead(d *delivery) {
 // halt stops publishing for good: nothing after this is read, the slot
 // stays before the event, /readyz fails. The row records why.
 func (p *pipeline) halt(d *delivery, err error) {
-	if !p.halted.CompareAndSwap(nil, &haltCause{err: err}) {
+	if !p.halted.CompareAndSwap(nil, &err) {
 		return
 	}
 	p.haltedGauge.Set(1)
-	close(p.haltCh)
 	p.log.Error().Err(err).Str("table", p.table).Int64("id", d.id).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
 	if d.id != 0 {
@@ -391,8 +379,8 @@ func (p *pipeline) halt(d *delivery, err error) {
 
 // Halted returns why publishing stopped, or nil. Any goroutine (/readyz).
 func (p *pipeline) Halted() error {
-	if c := p.halted.Load(); c != nil {
-		return c.err
+	if e := p.halted.Load(); e != nil {
+		return *e
 	}
 	return nil
 }

@@ -197,16 +197,6 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 	}
 }
 
-func TestBackoffIsBoundedAndJittered(t *testing.T) {
-	for attempt := 1; attempt < 100; attempt++ {
-		d := backoff(100*time.Millisecond, 5*time.Second, attempt)
-		lo := min(100*time.Millisecond<<min(attempt-1, 20), 5*time.Second) / 2
-		if d < lo || d > 2*lo {
-			t.Fatalf("attempt %d: %s outside [%s, %s]", attempt, d, lo, 2*lo)
-		}
-	}
-}
-
 func TestHeaders(t *testing.T) {
 	ev := &decoder.Event{ID: 42, AggregateType: "order", AggregateID: "o-1", EventType: "order.paid",
 		Headers: []decoder.Header{{Key: "trace_id", Value: []byte("t-1")}, {Key: "n", Value: []byte("3")}}}
