@@ -220,6 +220,14 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 	// dead even if TCP has not noticed (a cut network, a frozen server).
 	heard := time.Now()
 	timeout := max(s.cfg.ReceiveTimeout, 3*s.cfg.StatusInterval)
+	// Reads wait on the socket's deadline, set once per status interval: a
+	// context per ReceiveMessage costs pgconn a watcher, a timer and a
+	// context for every WAL message. The end of ctx cuts the wait short.
+	netConn := s.conn.Conn()
+	stop := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Now()) })
+	defer stop()
+	defer netConn.SetReadDeadline(time.Time{})
+	var deadline time.Time
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -239,9 +247,11 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 			next = time.Now().Add(s.cfg.StatusInterval)
 		}
 		s.mu.Lock()
-		rctx, cancel := context.WithDeadline(ctx, next)
-		msg, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		if !deadline.Equal(next) && ctx.Err() == nil {
+			deadline = next
+			_ = netConn.SetReadDeadline(next)
+		}
+		msg, err := s.conn.ReceiveMessage(context.Background())
 		s.mu.Unlock()
 		if err != nil {
 			if ctx.Err() != nil {
