@@ -113,5 +113,12 @@ func (c Config) Validate(prefix string) error {
 	if c.RetryMax < 1 || c.RetryMax > 100000 {
 		bad("retry_max", "%d is out of range: use 1..100000 (default 1000)", c.RetryMax)
 	}
+	if len(errs) == 0 {
+		// What sarama itself would refuse, so a config that loads is one a
+		// producer can be built from.
+		if _, err := saramaConfig(c); err != nil {
+			errs = append(errs, err) // its errors name their keys
+		}
+	}
 	return errors.Join(errs...)
 }

@@ -62,10 +62,8 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 	if err := cfg.Validate("kafka."); err != nil {
 		return nil, err
 	}
-	sc, err := saramaConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
+	sc, _ := saramaConfig(cfg) // Validate built it once already
+
 	m := &metrics{
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_events_published_total",
 			Help: "Events acked by Kafka (acks=all), by topic."}, []string{"topic"}),

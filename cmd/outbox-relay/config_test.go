@@ -2,6 +2,13 @@ package main
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -607,7 +614,7 @@ func TestBoolFlagsStandAlone(t *testing.T) {
 // file where it expects one.
 func TestExampleConfigLoads(t *testing.T) {
 	ca := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(ca, []byte("-"), 0o600)
+	os.WriteFile(ca, selfSignedPEM(t), 0o600)
 	c, err := loadConfig("run", []string{"--config", "../../deploy/config.example.yaml", "--kafka-tls-ca-file", ca},
 		envOf(map[string]string{"OUTBOX_RELAY_KAFKA_SASL_PASSWORD": "s3cret"}))
 	if err != nil {
@@ -616,4 +623,20 @@ func TestExampleConfigLoads(t *testing.T) {
 	if !c.Leader.Enabled || c.OnPoison != "dlq" || c.DeadLetter.Topic != "outbox.dlq" {
 		t.Errorf("example config: leader %v, on_poison %q, dlq topic %q", c.Leader.Enabled, c.OnPoison, c.DeadLetter.Topic)
 	}
+}
+
+// selfSignedPEM returns a throwaway CA certificate in PEM.
+func selfSignedPEM(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

@@ -169,10 +169,6 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	log = log.With().Str("slot", cfg.Postgres.Slot).Logger()
 	log.Info().Str("version", version).Str("config", cfg.redacted()).Msg("starting outbox-relay")
-	if _, err := sink.New(cfg.Kafka, log, nil); err != nil { // validate before campaigning
-		log.Error().Err(err).Msg("kafka config")
-		return exitConfig
-	}
 
 	base := prometheus.NewRegistry()
 	base.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
