@@ -93,6 +93,9 @@ type Elector struct {
 	conn       *pgx.Conn // owned by Run's goroutine
 	connMu     sync.Mutex
 	term       atomic.Pointer[term]
+
+	closing   chan struct{} // closed by Close: hand the lease over and return
+	closeOnce sync.Once
 }
 
 type term struct {
@@ -110,7 +113,7 @@ func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	e := &Elector{cfg: cfg, metrics: m, start: time.Now(),
+	e := &Elector{cfg: cfg, metrics: m, start: time.Now(), closing: make(chan struct{}),
 		log:     log.With().Str("component", "leader").Str("instance", cfg.InstanceID).Logger(),
 		table:   pgx.Identifier{cfg.Schema, LeaseTable}.Sanitize(),
 		lockKey: "outbox-relay:" + cfg.Slot}
@@ -168,13 +171,15 @@ var ErrNotLeader = errors.New("not the leader")
 // than ctx's ends the election (Run returns it).
 type Lead func(ctx context.Context, epoch int64) error
 
-// Run campaigns until ctx ends: standby until it takes the lease, then
-// leader running lead until the term ends, then standby again. On ctx end
-// it releases the lease so a standby takes over at once.
+// Run campaigns until Close or ctx's end: standby until it takes the lease,
+// then leader running lead until the term ends, then standby again. Close is
+// the graceful stop: the term's context ends, the lease is kept (and
+// renewed) until lead returns, then released so a standby takes over at
+// once. ctx ending is the hard stop: lead's context ends with it.
 func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	defer e.closeConn()
 	backoff := e.cfg.Poll
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && !e.stopping() {
 		if err := e.ensureConn(ctx); err != nil {
 			var fatal *fatalError
 			if errors.As(err, &fatal) {
@@ -182,7 +187,7 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 			}
 			e.setConnected(false, err)
 			e.log.Warn().Err(err).Dur("retry_in", backoff).Msg("lease connection failed; retrying, standby meanwhile")
-			sleep(ctx, backoff)
+			e.sleep(ctx, backoff)
 			backoff = min(backoff*2, 10*time.Second)
 			continue
 		}
@@ -197,12 +202,12 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 			e.setConnected(false, err)
 			e.log.Warn().Err(err).Dur("retry_in", e.cfg.Poll).Msg("lease check failed; retrying")
 			e.closeConn()
-			sleep(ctx, e.cfg.Poll)
+			e.sleep(ctx, e.cfg.Poll)
 			continue
 		}
 		e.setConnected(true, nil)
 		if epoch == 0 {
-			sleep(ctx, e.cfg.Poll)
+			e.sleep(ctx, e.cfg.Poll)
 			continue
 		}
 		if err := e.serve(ctx, epoch, lead); err != nil {
@@ -216,10 +221,25 @@ type fatalError struct{ err error }
 
 func (f *fatalError) Error() string { return f.err.Error() }
 
-func sleep(ctx context.Context, d time.Duration) {
+// Close asks Run to stop gracefully (see Run). Idempotent, does not block.
+func (e *Elector) Close() { e.closeOnce.Do(func() { close(e.closing) }) }
+
+func (e *Elector) stopping() bool {
+	select {
+	case <-e.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+func (e *Elector) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-time.After(d):
+	case <-e.closing:
+	case <-t.C:
 	}
 }
 
@@ -266,7 +286,7 @@ func (e *Elector) closeConn() {
 	e.connMu.Lock()
 	defer e.connMu.Unlock()
 	if e.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		e.conn.Close(ctx)
 		cancel()
 		e.conn = nil
@@ -393,14 +413,14 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 
 	t := time.NewTicker(e.cfg.Renew)
 	defer t.Stop()
-	stop := ctx.Done()
+	stop := e.closing
 	reason := "shutting down"
 	var leadErr error
 	for done != nil {
 		select {
 		case leadErr = <-done:
 			done = nil
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !e.stopping() {
 				reason = "leader stopped"
 			}
 		case <-stop:
@@ -417,13 +437,13 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 		}
 	}
 	e.fence()
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || e.stopping() {
 		e.release()
 	}
 	// A new lease session for the next campaign: this one may hold the lock.
 	e.closeConn()
 	e.transition(Standby, epoch, reason)
-	if leadErr != nil && !errors.Is(leadErr, context.Canceled) && ctx.Err() == nil {
+	if leadErr != nil && !errors.Is(leadErr, context.Canceled) && ctx.Err() == nil && !e.stopping() {
 		return leadErr
 	}
 	return nil
@@ -466,7 +486,7 @@ func (e *Elector) renew(ctx context.Context, epoch int64) error {
 // release hands the lease over at shutdown: the row is marked expired and
 // the lock freed, so a standby takes over at its next poll.
 func (e *Elector) release() {
-	_ = e.query(context.Background(), 2*time.Second, func(ctx context.Context, c *pgx.Conn) error {
+	_ = e.query(context.Background(), time.Second, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `UPDATE `+e.table+` SET renewed_at = '-infinity' WHERE slot_name = $1 AND holder = $2`,
 			e.cfg.Slot, e.cfg.InstanceID)
 		if err == nil {

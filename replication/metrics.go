@@ -52,14 +52,33 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// PollLag reads the slot's lag on a normal connection every interval until
-// ctx ends. It reconnects on errors and never stops the relay.
-func PollLag(ctx context.Context, cfg Config, m *Metrics, log zerolog.Logger) {
-	log = log.With().Str("component", "lag").Logger() // the caller's logger carries slot
+// LagPoller reads the slot's lag into Metrics on a normal connection every
+// postgres.lag_poll_interval. NewLagPoller allocates; Run polls until ctx
+// ends, reconnecting on errors (it never stops the relay).
+type LagPoller struct {
+	cfg Config
+	m   *Metrics
+	log zerolog.Logger
+}
+
+// NewLagPoller allocates; it does not connect.
+func NewLagPoller(cfg Config, m *Metrics, log zerolog.Logger) *LagPoller {
+	return &LagPoller{cfg: cfg, m: m, log: log.With().Str("component", "lag").Logger()} // the caller's logger carries slot
+}
+
+// Run polls until ctx ends, then returns nil.
+func (p *LagPoller) Run(ctx context.Context) error {
+	cfg, m, log := p.cfg, p.m, p.log
 	var conn *pgx.Conn
+	closeConn := func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		conn.Close(cctx)
+		conn = nil
+	}
 	defer func() {
 		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
+			closeConn()
 		}
 	}()
 	t := time.NewTicker(cfg.LagPollInterval)
@@ -78,13 +97,12 @@ func PollLag(ctx context.Context, cfg Config, m *Metrics, log zerolog.Logger) {
 			if err := pollOnce(ctx, conn, cfg.Slot, m); err != nil {
 				m.lagPollErrors.Inc()
 				log.Debug().Err(err).Msg("lag poll failed")
-				conn.Close(context.WithoutCancel(ctx))
-				conn = nil
+				closeConn()
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}

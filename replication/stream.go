@@ -49,8 +49,10 @@ type Stream struct {
 	received     atomic.Uint64 // highest WAL position seen
 	streaming    atomic.Bool
 	lastSentTime time.Time // guarded by mu, like every status update
-	// DrainTimeout bounds the wait for acks at shutdown.
-	DrainTimeout time.Duration
+
+	stopMu sync.Mutex
+	stop   context.CancelFunc // ends the running session gracefully; set by Run
+	closed bool               // Close was called
 	// Fence, when set, guards the slot against this process after it lost
 	// its leadership: no session starts unless Check passes, and no status
 	// update is sent unless Valid.
@@ -77,7 +79,7 @@ func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*
 		m = NewMetrics(nil)
 	}
 	return &Stream{
-		cfg: cfg, progress: progress, metrics: m, DrainTimeout: 30 * time.Second,
+		cfg: cfg, progress: progress, metrics: m,
 		log: log.With().Str("component", "replication").Logger(), // the caller's logger carries slot
 	}, nil
 }
@@ -89,15 +91,25 @@ func (s *Stream) Streaming() bool { return s.streaming.Load() }
 // Received returns the highest WAL position received.
 func (s *Stream) Received() pglogrepl.LSN { return pglogrepl.LSN(s.received.Load()) }
 
-// Run streams until ctx ends or a fatal error. Connection losses are retried
-// with capped exponential backoff and jitter, resuming from the slot. On ctx
-// end it stops reading, waits (bounded) for in-flight acks, sends a final
-// status update and returns nil.
+// Run streams until Close, ctx's end or a fatal error. Connection losses
+// are retried with capped exponential backoff and jitter, resuming from the
+// slot. Close is the graceful stop: Run stops reading, waits for in-flight
+// acks until ctx ends, sends a final status update and returns nil. ctx
+// ending is the hard stop: the wait for acks ends and so does Run.
 func (s *Stream) Run(ctx context.Context, h Handler) error {
+	hard := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.stopMu.Lock()
+	s.stop = cancel
+	if s.closed {
+		cancel()
+	}
+	s.stopMu.Unlock()
 	backoff := s.cfg.ReconnectMin
 	for {
 		started := time.Now()
-		err := s.session(ctx, h)
+		err := s.session(ctx, hard, h)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -120,8 +132,20 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 	}
 }
 
-// session runs one replication connection from setup to end.
-func (s *Stream) session(ctx context.Context, h Handler) error {
+// Close asks Run to stop gracefully (see Run). Idempotent, does not block;
+// before Run it makes Run return at once.
+func (s *Stream) Close() {
+	s.stopMu.Lock()
+	defer s.stopMu.Unlock()
+	s.closed = true
+	if s.stop != nil {
+		s.stop()
+	}
+}
+
+// session runs one replication connection from setup to end. ctx ends at
+// Close; hard bounds the final wait for acks.
+func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	// Everything handed over in an earlier session must be acked before the
 	// new one starts, so the start position covers it and nothing is sent
 	// twice by the server.
@@ -184,11 +208,15 @@ func (s *Stream) session(ctx context.Context, h Handler) error {
 	s.mu.Unlock()
 	s.streaming.Store(true)
 	// The pinger outlives ctx: it must keep answering during the final drain.
-	pingCtx, stopPing := context.WithCancel(context.WithoutCancel(ctx))
-	go s.pinger(pingCtx)
+	pingCtx, stopPing := context.WithCancel(hard)
+	pinged := make(chan struct{})
+	go func() {
+		defer close(pinged)
+		s.pinger(pingCtx)
+	}()
 	defer func() {
 		s.streaming.Store(false)
-		s.finish(ctx, stopPing)
+		s.finish(ctx, hard, func() { stopPing(); <-pinged })
 	}()
 
 	return s.loop(ctx, h)
@@ -379,14 +407,14 @@ func (s *Stream) pinger(ctx context.Context) {
 // finish closes the session. At shutdown it first drains acks (bounded, the
 // pinger answering meanwhile) and sends the final status update; after a
 // connection error there is nothing to send on, and the next session drains.
-func (s *Stream) finish(ctx context.Context, stopPing func()) {
+// The tail after the drain (final status, CopyDone, close) is bounded by
+// finishTimeout, whatever hard says: it must happen even at the deadline.
+func (s *Stream) finish(ctx, hard context.Context, stopPing func()) {
 	// A fenced leader does not wait for acks it may not confirm.
 	if ctx.Err() != nil && (s.Fence == nil || s.Fence.Valid()) {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.DrainTimeout)
-		if err := s.progress.Drain(dctx); err != nil {
-			s.log.Warn().Err(err).Msg("in-flight events not all acked before the drain deadline; they will be resent after restart")
+		if err := s.progress.Drain(hard); err != nil {
+			s.log.Warn().Err(err).Msg("in-flight events not all acked before the shutdown deadline; they will be resent after restart")
 		}
-		cancel()
 	}
 	stopPing()
 	s.mu.Lock()
@@ -400,18 +428,22 @@ func (s *Stream) finish(ctx context.Context, stopPing func()) {
 		// Shutdown: end the COPY politely and read until the server ends it too:
 		// closing a socket with unread data sends an RST, and the server
 		// may then drop the status update still in its receive queue.
-		_ = s.conn.Conn().SetDeadline(time.Now().Add(5 * time.Second))
+		_ = s.conn.Conn().SetDeadline(time.Now().Add(finishTimeout))
 		if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), s.conn); err != nil {
 			s.log.Warn().Err(err).Msg("replication did not end cleanly after the final status update; the server may resend from an earlier position")
 		} else {
 			s.log.Info().Str("lsn", s.progress.Flushed().String()).Msg("final status update sent")
 		}
 	}
-	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	cctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
 	defer cancel()
 	_ = s.conn.Close(cctx)
 	s.conn = nil
 }
+
+// finishTimeout bounds the end of a session after the drain: the final
+// status update and CopyDone, then the close (each).
+const finishTimeout = time.Second
 
 // parsePGDuration parses a SHOW result such as "60s", "500ms", "1min" or "0".
 func parsePGDuration(v string) (time.Duration, error) {

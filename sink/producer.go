@@ -27,8 +27,10 @@ type Message struct {
 	Done      func(err error)
 }
 
-// Producer wraps a sarama AsyncProducer. New, then Connect, then Run in its
-// own goroutine; Publish from one goroutine (the pipeline); Close once.
+// Producer wraps a sarama AsyncProducer. New allocates; Run connects
+// (retrying until the cluster answers), then drains acks and errors until
+// Close has flushed the producer or Run's ctx ends; Publish from any
+// goroutine once Ready is closed; Close is idempotent.
 type Producer struct {
 	cfg     Config
 	log     zerolog.Logger
@@ -39,11 +41,16 @@ type Producer struct {
 	health    sarama.Client // fails fast: answers "is the cluster reachable?"
 	ap        sarama.AsyncProducer
 	connected atomic.Bool
+	ready     chan struct{} // closed once connected: Publish may go
+	closing   chan struct{} // closed by Close: flush and stop
+	stopped   chan struct{} // closed when Run returns: Publish fails fast
 	closeOnce sync.Once
-	drained   chan struct{}
+	flushOnce sync.Once
+	// dial connects the clients and the producer; tests swap in fakes.
+	dial func(hc *sarama.Config) error
 
-	// inputMu lets Publish run on several goroutines (the pipeline and its
-	// retry timers) and never send on the input of a closed producer.
+	// inputMu lets Publish run on several goroutines (the replication loop
+	// and the retry queue) and never send on the input of a closed producer.
 	inputMu sync.RWMutex
 	closed  bool
 }
@@ -80,8 +87,11 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 		reg.MustRegister(m.published, m.errors, m.connected)
 	}
 	routeSaramaLog(log, m.errors)
-	return &Producer{cfg: cfg, sc: sc, metrics: m, drained: make(chan struct{}),
-		log: log.With().Str("component", "sink").Logger()}, nil
+	p := &Producer{cfg: cfg, sc: sc, metrics: m,
+		ready: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
+		log: log.With().Str("component", "sink").Logger()}
+	p.dial = p.dialCluster
+	return p, nil
 }
 
 func saramaConfig(cfg Config) (*sarama.Config, error) {
@@ -145,9 +155,10 @@ func Backoff(first, cap time.Duration, attempt int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// Connect dials the cluster, retrying with capped backoff until it succeeds
-// or ctx ends. Each failure is logged; the relay stays not ready meanwhile.
-func (p *Producer) Connect(ctx context.Context) error {
+// connect dials the cluster, retrying with capped backoff until it succeeds,
+// ctx ends or Close is called (errClosing). Each failure is logged; the
+// relay stays not ready meanwhile.
+func (p *Producer) connect(ctx context.Context) error {
 	backoff := 200 * time.Millisecond
 	hc := *p.sc
 	hc.Metadata.Retry.Max = 1
@@ -176,13 +187,15 @@ func (p *Producer) Connect(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("connect to kafka %v: %w", p.cfg.Brokers, ctx.Err())
+		case <-p.closing:
+			return errClosing
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 10*time.Second)
 	}
 }
 
-func (p *Producer) dial(hc *sarama.Config) error {
+func (p *Producer) dialCluster(hc *sarama.Config) error {
 	health, err := sarama.NewClient(p.cfg.Brokers, hc)
 	if err != nil {
 		return err
@@ -220,12 +233,33 @@ func (p *Producer) setConnected(ok bool) {
 	}
 }
 
-// Run drains acks and errors until the producer is closed, and probes the
-// cluster every few seconds for readiness. It returns after Close.
+// Ready is closed once Run has connected to the cluster.
+func (p *Producer) Ready() <-chan struct{} { return p.ready }
+
+// errClosing ends a connect that Close cut short.
+var errClosing = errors.New("kafka producer closed before it connected")
+
+// Run connects, then drains acks and errors and probes the cluster every
+// few seconds for readiness, until Close has flushed every buffered record
+// or ctx ends. ctx ending is the hard stop: records still unacked are
+// abandoned (their events stay unconfirmed; the slot keeps them). Run
+// returns nil on a stop, or why it could not connect (bad credentials, an
+// untrusted certificate).
 func (p *Producer) Run(ctx context.Context) error {
-	if p.ap == nil {
-		return errors.New("sink: Run before Connect")
+	defer close(p.stopped)
+	if err := p.connect(ctx); err != nil {
+		if errors.Is(err, errClosing) || ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
+	close(p.ready)
+	select {
+	case <-p.closing: // Close ran while we connected and may not have seen ready
+		p.flush()
+	default:
+	}
+	drained := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -251,35 +285,37 @@ func (p *Producer) Run(ctx context.Context) error {
 			}
 		}
 	}()
-	probeDone := make(chan struct{})
 	go func() {
-		defer close(probeDone)
-		t := time.NewTicker(3 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.drained:
-				return
-			case <-t.C:
-				p.setConnected(p.health.RefreshMetadata() == nil)
-			}
-		}
+		wg.Wait()
+		close(drained)
 	}()
-	wg.Wait()
-	close(p.drained)
-	<-probeDone
-	return nil
+	probe := time.NewTicker(3 * time.Second)
+	defer probe.Stop()
+	defer func() {
+		p.setConnected(false)
+		_ = p.client.Close()
+		_ = p.health.Close()
+	}()
+	for {
+		select {
+		case <-drained: // after Close: every buffered record was acked or failed
+			return nil
+		case <-ctx.Done():
+			p.log.Warn().Msg("kafka producer not drained by the shutdown deadline; unacked events will be resent after restart")
+			return nil
+		case <-probe.C:
+			p.setConnected(p.health.RefreshMetadata() == nil)
+		}
+	}
 }
 
 // Publish hands m to the producer. It blocks while sarama's input buffer is
-// full (backpressure) or until ctx ends. Safe for concurrent use; records
-// published from one goroutine keep their order.
+// full (backpressure), until ctx ends, or until Run has returned. Safe for
+// concurrent use; records published from one goroutine keep their order.
 func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	p.inputMu.RLock()
 	defer p.inputMu.RUnlock()
-	if p.closed {
+	if p.closed || p.ap == nil {
 		return ErrClosed
 	}
 	pm := &sarama.ProducerMessage{
@@ -295,27 +331,28 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-p.stopped:
+		return ErrClosed
 	}
 }
 
-// Close stops the producer: it waits up to timeout for buffered records to
-// be acked, then closes anyway. Idempotent.
-func (p *Producer) Close(timeout time.Duration) {
+// Close asks the producer to stop: no Publish is accepted from now on and
+// the records already buffered are flushed; Run returns once they are acked
+// (or its ctx ends). Idempotent; does not block beyond a Publish in progress.
+func (p *Producer) Close() {
 	p.closeOnce.Do(func() {
-		if p.ap == nil {
-			return
-		}
-		p.inputMu.Lock() // waits for a Publish blocked on a full input
+		close(p.closing)
+		p.inputMu.Lock() // waits for a Publish blocked on a full input (it ends with Run)
 		p.closed = true
 		p.inputMu.Unlock()
-		p.ap.AsyncClose()
 		select {
-		case <-p.drained:
-		case <-time.After(timeout):
-			p.log.Warn().Dur("timeout", timeout).Msg("kafka producer did not drain in time; unacked events will be resent after restart")
+		case <-p.ready:
+			p.flush()
+		default: // not connected: Run returns from connect (or flushes itself)
 		}
-		p.setConnected(false)
-		_ = p.client.Close()
-		_ = p.health.Close()
 	})
 }
+
+// flush starts sarama's graceful close once: buffered records go out, then
+// Successes and Errors close.
+func (p *Producer) flush() { p.flushOnce.Do(p.ap.AsyncClose) }

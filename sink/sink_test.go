@@ -607,11 +607,14 @@ func TestProducerRunCallsDoneOnce(t *testing.T) {
 		}
 	}
 	health, client := &fakeClient{}, &fakeClient{}
-	p.ap, p.health, p.client = mp, health, client
-	p.setConnected(true)
+	p.dial = func(*sarama.Config) error {
+		p.ap, p.health, p.client = mp, health, client
+		return nil
+	}
 
 	runErr := make(chan error, 1)
 	go func() { runErr <- p.Run(context.Background()) }()
+	<-p.Ready()
 
 	var mu sync.Mutex
 	calls := make([][]error, len(outcomes))
@@ -629,7 +632,7 @@ func TestProducerRunCallsDoneOnce(t *testing.T) {
 			t.Fatalf("Publish %d: %v", i, err)
 		}
 	}
-	p.Close(5 * time.Second)
+	p.Close()
 	select {
 	case err := <-runErr:
 		if err != nil {
@@ -638,7 +641,7 @@ func TestProducerRunCallsDoneOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after Close")
 	}
-	p.Close(time.Second) // idempotent
+	p.Close() // idempotent
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -691,14 +694,22 @@ func TestProducerLifecycleErrors(t *testing.T) {
 		name string
 		run  func(t *testing.T, p *Producer)
 	}{
-		{"Run before Connect", func(t *testing.T, p *Producer) {
-			if err := p.Run(context.Background()); err == nil {
-				t.Error("Run before Connect returned nil")
+		{"Run stops connecting at Close", func(t *testing.T, p *Producer) {
+			p.dial = func(*sarama.Config) error { return errors.New("connection refused") }
+			p.Close()
+			p.Close()
+			if err := p.Run(context.Background()); err != nil {
+				t.Errorf("Run after Close = %v, want nil", err)
+			}
+			if err := p.Publish(context.Background(), &Message{Topic: "t", Done: func(error) {}}); !errors.Is(err, ErrClosed) {
+				t.Errorf("Publish after Close = %v, want ErrClosed", err)
 			}
 		}},
-		{"Close before Connect", func(t *testing.T, p *Producer) {
-			p.Close(time.Millisecond)
-			p.Close(time.Millisecond)
+		{"Run returns an authentication failure", func(t *testing.T, p *Producer) {
+			p.dial = func(*sarama.Config) error { return sarama.ErrSASLAuthenticationFailed }
+			if err := p.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "credentials") {
+				t.Errorf("Run = %v, want the credentials error", err)
+			}
 		}},
 		{"Publish blocked until ctx ends", func(t *testing.T, p *Producer) {
 			p.ap = blockedProducer{in: make(chan *sarama.ProducerMessage)}

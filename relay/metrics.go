@@ -1,0 +1,57 @@
+package relay
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+)
+
+type pipelineMetrics struct {
+	commitToAck  prometheus.Histogram
+	deadLettered *prometheus.CounterVec
+	halted       prometheus.Gauge
+}
+
+// newPipelineMetrics builds p's metrics and registers them with reg (nil
+// in tests). Gauges of the tracker and the decoder are read at scrape time.
+func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics {
+	m := pipelineMetrics{
+		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outbox_relay_commit_to_ack_seconds",
+			Help:    "Time from the PostgreSQL commit of an event's transaction to the Kafka ack (acks=all).",
+			Buckets: []float64{.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56, 5, 10, 30, 60},
+		}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_dead_lettered_total",
+			Help: "Poison events written to the dead-letter topic (acked), by reason."}, []string{"reason"}),
+		halted: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_halted",
+			Help: "1 when publishing stopped on a poison event (on_poison: halt, or the dead-letter write failed)."}),
+	}
+	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonInvalidTopic, "message_too_large", "broker_rejected"} {
+		m.deadLettered.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m
+	}
+	t := p.tracker
+	reg.MustRegister(m.commitToAck, m.deadLettered, m.halted,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_inflight_events",
+			Help: "Events published and not yet acked by Kafka."},
+			func() float64 { e, _ := t.InFlight(); return float64(e) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_inflight_bytes",
+			Help: "Payload bytes published and not yet acked by Kafka."},
+			func() float64 { _, b := t.InFlight(); return float64(b) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_acked_lsn",
+			Help: "Watermark: every event before this WAL position is acked by Kafka."},
+			func() float64 { return float64(t.Flushed()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "outbox_relay_events_decoded_total",
+			Help: "Outbox events decoded from the slot."},
+			func() float64 { return float64(p.decoded.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "outbox_relay_other_table_rows_total",
+			Help: "Inserts of other tables seen in the stream and ignored."},
+			func() float64 { return float64(p.otherRows.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "outbox_relay_resent_transactions_skipped_total",
+			Help: "Transactions the server resent below the confirmed watermark, already delivered."},
+			func() float64 { return float64(p.resent.Load()) }),
+	)
+	return m
+}

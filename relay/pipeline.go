@@ -1,0 +1,418 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// Publisher is what the pipeline needs from the sink. Publish hands m over
+// and returns; the broker's verdict comes later through m.Done. It is
+// called from the replication loop and from the retry goroutine, and must
+// return once the publisher is stopped, whatever ctx.
+type Publisher interface {
+	Publish(ctx context.Context, m *sink.Message) error
+}
+
+// RowMarker records dead letters and halts on the outbox row, so an
+// operator finds them with SQL (deadletter.Store).
+type RowMarker interface {
+	MarkDead(ctx context.Context, id int64, attempts int, lastErr string) (found bool, err error)
+	MarkFailed(ctx context.Context, id int64, attempts int, lastErr string) error
+}
+
+// PipelineConfig is what a pipeline needs to know.
+type PipelineConfig struct {
+	Table    string // the outbox table, schema.name
+	Template sink.Template
+	Limits   checkpoint.Limits
+	Policy   Policy
+	// Start is the watermark earlier terms of this process got acked (0
+	// at first); each replication session raises it to the slot's
+	// confirmed position before streaming.
+	Start pglogrepl.LSN
+}
+
+// Pipeline is the data path between the replication stream and the sink:
+// it decodes each WAL message, registers each transaction with the tracker
+// (in log order, which is where backpressure blocks), publishes, and
+// applies the poison policy to what the broker refuses. Acks come back
+// through each message's Done into the tracker. It implements
+// replication.Progress.
+//
+// NewPipeline allocates; Run works off retries and row marks until its ctx
+// ends; Handle runs on the replication loop goroutine.
+type Pipeline struct {
+	table   string
+	tmpl    sink.Template
+	policy  Policy
+	tracker *checkpoint.Tracker
+	pub     Publisher
+	marker  RowMarker
+	log     zerolog.Logger
+	dec     *decoder.Decoder // owned by the replication loop goroutine
+	prevDec decoder.Counts
+
+	retries *queue[*delivery] // failed events, republished in the order they failed
+	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
+
+	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
+	otherRows atomic.Uint64
+	decoded   atomic.Uint64
+	resent    atomic.Uint64
+	m         pipelineMetrics
+}
+
+// NewPipeline validates and allocates; it starts nothing. reg may be nil.
+func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolog.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+	if cfg.Policy.MaxAttempts < 1 || cfg.Policy.Topic == "" {
+		return nil, errors.New("relay: poison policy needs a dead-letter topic and at least one attempt")
+	}
+	p := &Pipeline{table: cfg.Table, tmpl: cfg.Template, policy: cfg.Policy, pub: pub, marker: marker,
+		tracker: checkpoint.New(cfg.Start, cfg.Limits),
+		log:     log.With().Str("component", "pipeline").Logger(),
+		retries: newQueue[*delivery](), marks: newQueue[rowMark]()}
+	if err := p.resetDecoder(); err != nil {
+		return nil, err
+	}
+	p.m = newPipelineMetrics(p, reg)
+	return p, nil
+}
+
+// Run republishes failed events and writes row marks until ctx ends; it
+// returns nil then, or the error that stopped it. A retry or mark still
+// queued at that point leaves its event unacked: the slot keeps it.
+func (p *Pipeline) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return p.retries.run(ctx, p.republish) })
+	g.Go(func() error { return p.marks.run(ctx, p.mark) })
+	err := g.Wait()
+	if errors.Is(err, sink.ErrClosed) || errors.Is(err, context.Canceled) {
+		return nil // the term is ending: what is still queued stays unacked, the slot keeps it
+	}
+	return err
+}
+
+// Handle is the replication.Handler. It runs on the replication loop
+// goroutine and blocks while the in-flight limits are reached, and for good
+// once the pipeline halted (the slot stays where it is; keepalives go on).
+func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData []byte) error {
+	if err := p.waitIfHalted(ctx); err != nil {
+		return err
+	}
+	txn, err := p.dec.Decode(walStart, walData)
+	if err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	if txn == nil {
+		return nil
+	}
+	p.countDecoder() // per transaction or chunk, not per message; Drain counts the rest
+	if txn.CommitLSN < p.tracker.Flushed() {
+		// Already delivered and confirmed: the server resends a transaction
+		// iff its commit LSN >= the confirmed position, so this is a resend
+		// after a reconnect that raced our last status update.
+		if !txn.Partial {
+			p.resent.Add(1)
+		}
+		return nil
+	}
+	ds := make([]delivery, len(txn.Events))
+	var bytes int64
+	commitLSN := txn.CommitLSN.String()
+	for i := range txn.Events {
+		ev := &txn.Events[i]
+		d := &ds[i]
+		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload))}
+		hdrs, key := headers(ev, commitLSN)
+		d.msg = sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: txn.CommitTime, Done: d.done}
+		bytes += d.size
+		if ev.Err != nil {
+			if err := p.poisonRow(ctx, d, deadletter.ReasonBadRow, ev.Err); err != nil {
+				return err
+			}
+			continue
+		}
+		topic, err := p.tmpl.Render(ev.AggregateType, ev.EventType)
+		if err != nil {
+			err = fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w; fix kafka.topic_template or the row",
+				p.table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err)
+			if err := p.poisonRow(ctx, d, deadletter.ReasonInvalidTopic, err); err != nil {
+				return err
+			}
+			continue
+		}
+		d.msg.Topic = topic
+	}
+	// A Partial chunk is added with end 0: it cannot move the watermark.
+	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(ds), bytes)
+	if err != nil {
+		return err
+	}
+	// Once a transaction is registered every event of it must reach the
+	// publisher, or the drain waits for acks that cannot come: a shutdown
+	// does not interrupt this loop (the publisher returns once stopped).
+	pubCtx := context.WithoutCancel(ctx)
+	for i := range ds {
+		d := &ds[i]
+		d.pend = pend
+		if p.log.Debug().Enabled() {
+			p.log.Debug().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+		}
+		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
+			return fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+		}
+	}
+	return nil
+}
+
+// poisonRow handles an event that cannot even be built (a bad row, an
+// invalid topic), before its transaction enters the tracker: under halt it
+// stops here, so nothing of the transaction is published or confirmed;
+// under dlq the event becomes its dead letter at once.
+func (p *Pipeline) poisonRow(ctx context.Context, d *delivery, reason string, err error) error {
+	d.attempts = 1
+	if Decide(Failure{Kind: sink.Poison, Attempts: 1, Permanent: true}, p.policy) == Halt {
+		p.halt(d, err)
+		return p.waitIfHalted(ctx)
+	}
+	p.toDeadLetter(d, reason, err)
+	return nil
+}
+
+// delivery is one event on its way to Kafka, through retries and maybe the
+// dead-letter topic. Its Done runs on the producer's goroutines.
+type delivery struct {
+	p        *Pipeline
+	pend     *checkpoint.Pending
+	msg      sink.Message
+	id       int64
+	lsn      pglogrepl.LSN
+	commit   time.Time
+	size     int64
+	attempts int                // failed publish attempts so far
+	letter   *deadletter.Letter // set once the event is being dead-lettered
+}
+
+// done is the broker's verdict on d.msg. It runs on the producer's
+// goroutines and must not block: everything slow goes through a queue.
+func (d *delivery) done(err error) {
+	p := d.p
+	if err == nil {
+		if d.letter == nil {
+			p.m.commitToAck.Observe(time.Since(d.commit).Seconds())
+			d.pend.Ack(d.size)
+			return
+		}
+		p.m.deadLettered.WithLabelValues(d.letter.Reason).Inc()
+		p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
+		return
+	}
+	d.attempts++
+	reason, kind := sink.Classify(err)
+	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
+	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+		Str("reason", reason).Int("attempt", d.attempts).Logger()
+	switch action {
+	case RetryTransient:
+		// The tracker holds the slot before this event meanwhile, whatever
+		// is acked after it.
+		if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
+			ev.Warn().Err(err).Msg("transient publish error; retrying until the broker takes it")
+		}
+		p.retries.push(d, p.policy.delay(action, d.attempts))
+	case RetryPoison:
+		ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
+		p.retries.push(d, p.policy.delay(action, d.attempts))
+	case DeadLetter:
+		p.toDeadLetter(d, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
+		p.retries.push(d, 0) // never publish from the producer's goroutine: its input may be full
+	case Halt:
+		switch {
+		case d.letter != nil:
+			err = fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err)
+		case kind == sink.Refused:
+			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err)
+		default:
+			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+		}
+		p.halt(d, err)
+	}
+}
+
+// republish is the retry goroutine's job. An error ends Run: the publisher
+// is stopped, so the event stays unacked and the slot keeps it.
+func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
+	if err := p.pub.Publish(ctx, &d.msg); err != nil {
+		return fmt.Errorf("resend outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+	}
+	return nil
+}
+
+// toDeadLetter turns d into its dead letter: the dead-letter topic, the same
+// key, the payload unless it is what the broker refused, and the dlq.*
+// headers. The caller publishes it.
+func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
+	d.letter = &deadletter.Letter{Table: p.table, ID: d.id, LSN: d.lsn, Topic: d.msg.Topic, Key: d.msg.Key,
+		Value: d.msg.Value, Headers: d.msg.Headers, Reason: reason, Err: cause.Error(), Attempts: d.attempts,
+		OmitPayload: reason == "message_too_large"}
+	value, headers := d.letter.Record(time.Now())
+	d.msg = sink.Message{Topic: p.policy.Topic, Key: d.msg.Key, Value: value, Headers: headers,
+		Timestamp: d.msg.Timestamp, Done: d.done}
+	p.log.Error().Err(cause).Int64("id", d.id).Str("lsn", d.lsn.String()).Str("reason", reason).
+		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
+		Msg("poison event: dead-lettering it; later events of its aggregate go on")
+}
+
+// rowMark is a dead letter or a halt to record on the outbox row.
+type rowMark struct {
+	d      *delivery
+	dead   bool   // MarkDead (then ack), else MarkFailed
+	reason string // the halt's error, for MarkFailed
+}
+
+// mark records m on the row, waiting out PostgreSQL outages. A dead letter
+// is acked only once it is both in Kafka and findable with SQL, so the
+// slot never moves past an event nobody can find.
+func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
+	d := m.d
+	for attempt := 1; d.id != 0; attempt++ {
+		var err error
+		if m.dead {
+			var found bool
+			found, err = p.marker.MarkDead(ctx, d.id, d.letter.Attempts, d.letter.Err)
+			if err == nil && !found {
+				p.log.Warn().Int64("id", d.id).Msg("dead-lettered outbox row no longer exists; the dead letter holds the event")
+			}
+		} else {
+			err = p.marker.MarkFailed(ctx, d.id, d.attempts, m.reason)
+		}
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil // shutting down: unacked, so the event comes back after restart
+		}
+		p.log.Warn().Err(err).Int64("id", d.id).Bool("dead_letter", m.dead).Msg("cannot mark the outbox row yet; retrying")
+		select {
+		case <-time.After(sink.Backoff(time.Second, 30*time.Second, attempt)):
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	if m.dead {
+		d.pend.Ack(d.size)
+	}
+	return nil
+}
+
+// halt stops publishing for good: nothing after this is read, the slot
+// stays before the event, /readyz fails. The row records why.
+func (p *Pipeline) halt(d *delivery, err error) {
+	if !p.halted.CompareAndSwap(nil, &err) {
+		return
+	}
+	p.m.halted.Set(1)
+	p.log.Error().Err(err).Str("table", p.table).Int64("id", d.id).Str("lsn", d.lsn.String()).
+		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
+	p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
+}
+
+// Halted returns why publishing stopped, or nil. Any goroutine.
+func (p *Pipeline) Halted() error {
+	if e := p.halted.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// waitIfHalted blocks until ctx ends once the pipeline halted.
+func (p *Pipeline) waitIfHalted(ctx context.Context) error {
+	if p.halted.Load() == nil {
+		return nil
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// resetDecoder starts a fresh decoder (a new session resends relations) whose
+// chunks keep one transaction's buffered events well inside the in-flight
+// limits, so a transaction of any size streams in bounded memory.
+func (p *Pipeline) resetDecoder() error {
+	dec, err := decoder.New(p.table)
+	if err != nil {
+		return err
+	}
+	events, bytes := p.tracker.Limits()
+	dec.SetChunk(min(1000, max(1, events/2)), int(max(1, bytes/2)))
+	p.dec, p.prevDec = dec, decoder.Counts{}
+	return nil
+}
+
+func (p *Pipeline) countDecoder() {
+	c := p.dec.Counts()
+	p.otherRows.Add(c.OtherTableRows - p.prevDec.OtherTableRows)
+	p.decoded.Add(c.Events - p.prevDec.Events)
+	p.prevDec = c
+}
+
+// Flushed implements replication.Progress: every event before it is acked
+// or dead-lettered. Any goroutine.
+func (p *Pipeline) Flushed() pglogrepl.LSN { return p.tracker.Flushed() }
+
+// InFlight returns the events and payload bytes published and not yet
+// acked. Any goroutine.
+func (p *Pipeline) InFlight() (events int, bytes int64) { return p.tracker.InFlight() }
+
+// Idle implements replication.Progress; called on the loop goroutine, so
+// the decoder's state is consistent with everything handled so far.
+func (p *Pipeline) Idle(walEnd pglogrepl.LSN) {
+	if !p.dec.InTxn() && p.halted.Load() == nil { // a halt may sit before walEnd with nothing in flight
+		p.tracker.AdvanceIdle(walEnd)
+	}
+}
+
+// Drain implements replication.Progress: wait for acks (until ctx ends),
+// then start a fresh decoder for the next session (relations are resent by
+// the server). Called on the loop goroutine.
+func (p *Pipeline) Drain(ctx context.Context) error {
+	if p.halted.Load() != nil {
+		// The halted event never acks; wait briefly for the others only.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+	}
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	done := make(chan error, 1)
+	go func() { done <- p.tracker.WaitDrained(ctx) }()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return err
+			}
+			p.countDecoder()
+			return p.resetDecoder()
+		case <-tick.C:
+			e, b := p.tracker.InFlight()
+			p.log.Warn().Int("events", e).Int64("bytes", b).Msg("waiting for kafka to ack in-flight events")
+		}
+	}
+}
+
+// Advanced receives (without blocking the sender) after the watermark
+// moved; one receive may stand for several moves. Any goroutine.
+func (p *Pipeline) Advanced() <-chan struct{} { return p.tracker.Advanced() }

@@ -1,0 +1,85 @@
+package relay
+
+import (
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// Policy says what happens to an event that can never be published as it
+// is (config on_poison and dead_letter.*).
+type Policy struct {
+	Halt         bool          // on_poison: halt; false is dlq
+	Topic        string        // the dead-letter topic
+	MaxAttempts  int           // publish attempts before the policy applies
+	Backoff      time.Duration // first wait between attempts of a poison event
+	TransientMax time.Duration // cap of the wait between attempts of a transient error
+}
+
+// Failure is one failed attempt as the poison decision sees it.
+type Failure struct {
+	Kind       sink.Kind
+	Attempts   int  // failed attempts so far, this one included
+	DeadLetter bool // the failed record was the event's dead letter
+	// Permanent: the row itself cannot become a record (a bad row, a topic
+	// the template cannot name). Its WAL bytes never change, so no attempt
+	// can succeed and none is made.
+	Permanent bool
+}
+
+// Action is what the pipeline does about a Failure.
+type Action int
+
+const (
+	// RetryTransient requeues the event with the transient backoff, for
+	// ever: the broker is expected to recover.
+	RetryTransient Action = iota
+	// RetryPoison requeues it with the poison backoff: a rejection may be
+	// a fluke, so it gets Policy.MaxAttempts attempts.
+	RetryPoison
+	// DeadLetter sends the event to the dead-letter topic.
+	DeadLetter
+	// Halt stops publishing and holds the slot before the event.
+	Halt
+)
+
+func (a Action) String() string {
+	return [...]string{"retry_transient", "retry_poison", "dead_letter", "halt"}[a]
+}
+
+// Decide is the poison decision: a pure function of the failure and the
+// policy. Transient errors never end in a dead letter; a dead letter that
+// cannot be written and a refusal of the relay's own rights always halt
+// (dead-lettering would empty the outbox into the DLQ).
+func Decide(f Failure, p Policy) Action {
+	switch {
+	case f.Permanent && p.Halt:
+		return Halt
+	case f.Permanent:
+		return DeadLetter
+	case f.Kind == sink.Transient:
+		return RetryTransient
+	case f.DeadLetter, f.Kind == sink.Refused:
+		return Halt
+	case f.Attempts < p.MaxAttempts:
+		return RetryPoison
+	case p.Halt:
+		return Halt
+	}
+	return DeadLetter
+}
+
+// delay is the wait before the next attempt after a failure Decide answered
+// with a retry.
+func (p Policy) delay(a Action, attempts int) time.Duration {
+	switch a {
+	case RetryTransient:
+		return sink.Backoff(transientFirst, p.TransientMax, attempts)
+	case RetryPoison:
+		return sink.Backoff(p.Backoff, time.Minute, attempts)
+	}
+	return 0
+}
+
+// transientFirst is the first backoff of a transient error, as sarama's own.
+const transientFirst = 100 * time.Millisecond

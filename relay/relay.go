@@ -1,0 +1,212 @@
+// Package relay is outbox-relay itself: the pipeline from the replication
+// slot to Kafka (decode, publish, ack, poison policy, retries), the
+// leadership terms it runs in, its health, and the one shutdown deadline
+// that bounds all of it. cmd/outbox-relay only loads the config and wires
+// a Relay; other programs can embed one the same way.
+package relay
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/leader"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// ExitMargin is how long after ShutdownTimeout Run may still take: the
+// final status update, closing connections and handing the lease over,
+// each bounded by a second. An orchestrator's grace period must exceed
+// ShutdownTimeout + ExitMargin (Kubernetes: 30s + 5s < 45s).
+const ExitMargin = 5 * time.Second
+
+// Deps are what a Relay takes from its host program.
+type Deps struct {
+	Log zerolog.Logger
+	// Registry gets the process-wide metrics (lease, dead-letter rows);
+	// each leadership term registers its own in a registry of its own,
+	// served by Gatherer while the term runs. nil: a new registry.
+	Registry *prometheus.Registry
+}
+
+// Relay is one relay instance: a standby or the leader of its slot. New,
+// then Run once; Close and Health from any goroutine.
+type Relay struct {
+	cfg     Config
+	log     zerolog.Logger
+	base    *prometheus.Registry
+	termReg atomic.Pointer[prometheus.Registry] // the running term's metrics
+	tmpl    sink.Template
+	elector *leader.Elector // nil when leader election is disabled
+	server  *Server         // nil when metrics_addr is empty
+	dlqRows prometheus.Gauge
+
+	current atomic.Pointer[term] // the running leadership term, for Health
+	acked   pglogrepl.LSN        // carried from term to term; the leadership goroutine's
+
+	closing   chan struct{}
+	closeOnce sync.Once
+}
+
+// New validates cfg and allocates; it does no I/O and starts nothing.
+func New(cfg Config, deps Deps) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tmpl, err := sink.ParseTemplate(cfg.Kafka.TopicTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("kafka.topic_template: %w", err)
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	r := &Relay{cfg: cfg, log: deps.Log, base: deps.Registry, tmpl: tmpl, closing: make(chan struct{})}
+	r.dlqRows = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_dlq_unresolved_rows",
+		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
+	r.base.MustRegister(r.dlqRows)
+	if cfg.Leader.Enabled {
+		id := cfg.Leader.InstanceID
+		if id == "" {
+			host, _ := os.Hostname()
+			id = fmt.Sprintf("%s-%d", host, os.Getpid())
+		}
+		schema, _, _ := replication.SplitTable(cfg.Postgres.Table)
+		r.elector, err = leader.New(leader.Config{URL: cfg.Postgres.URL, Slot: cfg.Postgres.Slot, Schema: schema,
+			InstanceID: id, TTL: cfg.Leader.LeaseTTL, Renew: cfg.Leader.RenewInterval, Poll: cfg.Leader.PollInterval},
+			r.log, leader.NewMetrics(r.base))
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cfg.MetricsAddr != "" {
+		r.server = NewServer(cfg.MetricsAddr, cfg.Pprof, r, r.log)
+	}
+	return r, nil
+}
+
+// Close asks Run to stop gracefully, like the end of Run's ctx.
+// Idempotent; does not block.
+func (r *Relay) Close() { r.closeOnce.Do(func() { close(r.closing) }) }
+
+// Run runs the relay until ctx ends, Close is called or a fatal error.
+// Stopping is graceful and bounded by one deadline: reading stops, Kafka's
+// acks are awaited until ShutdownTimeout has passed since the stop began,
+// the final position is confirmed, the lease handed over; Run returns
+// within ShutdownTimeout + ExitMargin. It returns nil on a stop, else the
+// error that ended it (the slot keeps everything not acked).
+func (r *Relay) Run(ctx context.Context) error {
+	soft, stopSoft := context.WithCancel(ctx)
+	defer stopSoft()
+	hard, stopHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHard()
+	// The one shutdown deadline: every graceful wait below ends at hard.
+	unhook := context.AfterFunc(soft, func() { time.AfterFunc(r.cfg.ShutdownTimeout, stopHard) })
+	defer unhook()
+
+	schema, table, _ := replication.SplitTable(r.cfg.Postgres.Table)
+	store, err := deadletter.Open(soft, r.cfg.Postgres.URL, schema, table) // connects lazily
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	g, gctx := errgroup.WithContext(hard)
+	aux, stopAux := context.WithCancel(gctx) // what serves until the leadership part is over
+	defer stopAux()
+	g.Go(func() error {
+		select {
+		case <-r.closing:
+			stopSoft()
+		case <-soft.Done():
+		}
+		return nil
+	})
+	if r.server != nil {
+		g.Go(func() error { return r.server.Run(aux) })
+	}
+	g.Go(func() error { return r.pollDeadLetters(aux, store) })
+	g.Go(func() error {
+		defer stopAux()
+		defer stopSoft()
+		lead := func(tctx context.Context, epoch int64) error { return r.runTerm(tctx, gctx, epoch, store) }
+		if r.elector == nil {
+			tctx, cancel := context.WithCancel(gctx)
+			defer context.AfterFunc(soft, cancel)()
+			defer cancel()
+			return lead(tctx, 0)
+		}
+		defer context.AfterFunc(soft, r.elector.Close)()
+		return r.elector.Run(gctx, lead)
+	})
+	return g.Wait()
+}
+
+// Health is a snapshot for /readyz and /role.
+type Health struct {
+	Ready  bool
+	Reason string
+	Role   any // leader.Status, or a fixed leader role when election is off
+}
+
+// Health reports whether this instance does its job: as the leader,
+// replication streams, Kafka is reachable and nothing halted it; as a
+// standby, its lease connection works so it can take over. Any goroutine.
+func (r *Relay) Health() Health {
+	h := Health{Role: map[string]any{"role": "leader", "election": "disabled"}}
+	if r.elector != nil {
+		h.Role = r.elector.Status()
+	}
+	switch t := r.current.Load(); {
+	case t != nil:
+		h.Ready, h.Reason = t.ready()
+	case r.elector == nil:
+		h.Reason = "starting"
+	default:
+		if st := r.elector.Status(); st.Connected {
+			h.Ready, h.Reason = true, "standby: lease connection up, ready to take over from "+st.Holder
+		} else {
+			h.Reason = "standby: lease connection down: " + st.LastError
+		}
+	}
+	return h
+}
+
+// Gather serves the process's metrics plus those of the running term: a
+// standby shows no producer or slot metrics.
+func (r *Relay) Gather() ([]*dto.MetricFamily, error) {
+	gs := prometheus.Gatherers{r.base}
+	if t := r.termReg.Load(); t != nil {
+		gs = append(gs, t)
+	}
+	return gs.Gather()
+}
+
+// pollDeadLetters keeps outbox_relay_dlq_unresolved_rows current: the "DLQ
+// size > 0, an operator is needed" alert of the seeds.
+func (r *Relay) pollDeadLetters(ctx context.Context, store *deadletter.Store) error {
+	t := time.NewTicker(r.cfg.Postgres.LagPollInterval)
+	defer t.Stop()
+	for {
+		if n, err := store.Unresolved(ctx); err == nil {
+			r.dlqRows.Set(float64(n))
+		} else if ctx.Err() == nil {
+			r.log.Debug().Err(err).Msg("count dead-lettered rows")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,117 @@
+package relay
+
+import (
+	"context"
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// term is one leadership term: a producer, a pipeline (with its tracker)
+// and a replication stream, all new, so nothing of an earlier term
+// (sarama's idempotent sequence numbers, in-flight events) leaks into it.
+// Its fields are set before the term is published to Health and never
+// change.
+type term struct {
+	log      zerolog.Logger
+	fence    replication.Fence // nil when election is disabled
+	producer *sink.Producer
+	pipe     *Pipeline
+	stream   *replication.Stream
+	lag      *replication.LagPoller
+}
+
+func (t *term) ready() (bool, string) {
+	if err := t.pipe.Halted(); err != nil {
+		return false, "halted on a poison event: " + err.Error()
+	}
+	switch {
+	case !t.stream.Streaming():
+		return false, "leader: replication not streaming"
+	case !t.producer.Connected():
+		return false, "leader: kafka not connected"
+	}
+	return true, "leader: streaming"
+}
+
+// fenced reports whether the term ended because the lease was lost.
+func (t *term) fenced() bool { return t.fence != nil && !t.fence.Valid() }
+
+// runTerm runs one leadership term. ctx ending stops it: gracefully (the
+// stream drains until hard ends, then confirms), or at once when the lease
+// was lost, since a fenced leader may confirm nothing.
+func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadletter.Store) error {
+	cfg := r.cfg
+	t := &term{log: r.log.With().Int64("epoch", epoch).Logger()}
+	if r.elector != nil {
+		t.fence = r.elector
+	}
+	reg := prometheus.NewRegistry() // this term's metrics, served while it runs
+	var err error
+	if t.producer, err = sink.New(cfg.Kafka, t.log, reg); err != nil {
+		return err
+	}
+	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Start: r.acked,
+		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
+		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
+			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax},
+	}, t.producer, store, t.log, reg)
+	if err != nil {
+		return err
+	}
+	repMetrics := replication.NewMetrics(reg)
+	if t.stream, err = replication.NewStream(cfg.Postgres, t.pipe, t.log, repMetrics); err != nil {
+		return err
+	}
+	t.stream.Fence = t.fence
+	t.lag = replication.NewLagPoller(cfg.Postgres, repMetrics, t.log)
+
+	r.termReg.Store(reg)
+	r.current.Store(t)
+	defer func() {
+		r.current.Store(nil)
+		r.termReg.Store(nil)
+		r.acked = max(r.acked, t.pipe.Flushed())
+		t.log.Info().Str("lsn", t.pipe.Flushed().String()).Bool("fenced", t.fenced()).Err(err).Msg("leader term ended")
+	}()
+
+	// The term's hard stop: the relay's deadline, or now if the lease is lost.
+	hard, stopHard := context.WithCancel(hard)
+	defer stopHard()
+	defer context.AfterFunc(ctx, func() {
+		if t.fenced() {
+			stopHard()
+		}
+	})()
+	g, gctx := errgroup.WithContext(hard)
+	after, stopAfter := context.WithCancel(gctx) // ends when the stream is done
+	g.Go(func() error { return t.producer.Run(gctx) })
+	g.Go(func() error { return t.pipe.Run(after) })
+	g.Go(func() error { return t.lag.Run(after) })
+	g.Go(func() error {
+		defer stopAfter()
+		defer t.producer.Close() // after the stream's drain: flush what is left, then stop
+		select {
+		case <-t.producer.Ready():
+		case <-ctx.Done():
+			return nil
+		case <-gctx.Done():
+			return nil
+		}
+		defer context.AfterFunc(ctx, t.stream.Close)()
+		return t.stream.Run(gctx, t.pipe.Handle)
+	})
+	err = g.Wait()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	err = nil
+	return nil
+}
