@@ -15,14 +15,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 //go:embed *.sql
 var files embed.FS
-
-// SlotRegistry is the table, in the outbox table's schema, that remembers
-// which slots the relay created.
-const SlotRegistry = "outbox_relay_slots"
 
 // Names are the configured object names substituted into the SQL.
 type Names struct {
@@ -42,13 +40,14 @@ func Load(n Names) ([]Migration, error) {
 	if err != nil {
 		return nil, err
 	}
+	t := n.table()
 	repl := strings.NewReplacer(
-		"{{table}}", pgx.Identifier{n.Schema, n.Table}.Sanitize(),
-		"{{index}}", pgx.Identifier{n.Table + "_unpublished_idx"}.Sanitize(),
-		"{{dlq_index}}", pgx.Identifier{n.Table + "_dead_lettered_idx"}.Sanitize(),
-		"{{slot_registry}}", pgx.Identifier{n.Schema, SlotRegistry}.Sanitize(),
-		"{{leader_table}}", pgx.Identifier{n.Schema, "outbox_relay_leader"}.Sanitize(),
-		"{{publication}}", pgx.Identifier{n.Publication}.Sanitize(),
+		"{{table}}", t.Quoted(),
+		"{{index}}", outboxschema.QuoteIdent(n.Table+"_unpublished_idx"),
+		"{{dlq_index}}", outboxschema.QuoteIdent(n.Table+"_dead_lettered_idx"),
+		"{{slot_registry}}", t.Sibling(outboxschema.SlotRegistry).Quoted(),
+		"{{leader_table}}", t.Sibling(outboxschema.LeaseTable).Quoted(),
+		"{{publication}}", outboxschema.QuoteIdent(n.Publication),
 		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",
 	)
 	var out []Migration
@@ -76,7 +75,8 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 	if err != nil {
 		return nil, err
 	}
-	history := pgx.Identifier{n.Schema, "outbox_relay_migrations"}.Sanitize()
+	t := n.table()
+	history := t.Sibling(outboxschema.MigrationHistory).Quoted()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{n.Schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create schema %s: %w", n.Schema, err)
 	}
@@ -86,7 +86,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 		return nil, fmt.Errorf("create %s: %w", history, err)
 	}
 	// One history per outbox table, so two outboxes can share a schema.
-	target := n.Schema + "." + n.Table
+	target := t.String()
 	var applied []int
 	for _, m := range ms {
 		sum := sha256.Sum256([]byte(m.SQL))
@@ -102,6 +102,8 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 	}
 	return applied, nil
 }
+
+func (n Names) table() outboxschema.Table { return outboxschema.Table{Schema: n.Schema, Name: n.Table} }
 
 func applyOne(ctx context.Context, conn *pgx.Conn, history, target string, m Migration, checksum string) (bool, error) {
 	tx, err := conn.Begin(ctx)

@@ -35,6 +35,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -142,7 +143,7 @@ func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 }
 
 func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
-	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
+	schema, table, _ := outboxschema.SplitTable(cfg.Postgres.Table)
 	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: connect to postgres")
@@ -174,7 +175,7 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	base.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := &termGatherer{base: base}
 
-	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
+	schema, table, _ := outboxschema.SplitTable(cfg.Postgres.Table)
 	store, err := deadletter.Open(ctx, cfg.Postgres.URL, schema, table)
 	if err != nil {
 		log.Error().Err(err).Msg("dead-letter store")

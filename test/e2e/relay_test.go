@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 func requireClean(t *testing.T, rep report, allowDups bool) {
@@ -508,15 +510,15 @@ func TestRefusesBadSetups(t *testing.T) {
 			return nil
 		}, []string{"dead_lettered_at", "outbox-relay migrate"}},
 		{"lease table missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP TABLE "+e.schema+".outbox_relay_leader")
+			mustExec(t, e, "DROP TABLE "+e.schema+"."+outboxschema.LeaseTable)
 			return nil
-		}, []string{"outbox_relay_leader", "does not exist", "outbox-relay migrate"}},
+		}, []string{outboxschema.LeaseTable, "does not exist", "outbox-relay migrate"}},
 		{"role without REPLICATION", func(t *testing.T, e *env) []string {
 			role := e.slot + "_norepl"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE pg_read_all_stats")
 			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.schema+".outbox_relay_slots TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.schema+".outbox_relay_leader TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.schema+"."+outboxschema.SlotRegistry+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.schema+"."+outboxschema.LeaseTable+" TO "+role)
 			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
@@ -528,7 +530,7 @@ func TestRefusesBadSetups(t *testing.T) {
 			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
-		}, []string{"permission denied", "GRANT SELECT, INSERT, UPDATE ON", "outbox_relay_leader"}},
+		}, []string{"permission denied", "GRANT SELECT, INSERT, UPDATE ON", outboxschema.LeaseTable}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -571,7 +573,7 @@ func (e *env) freshStart(t *testing.T) {
 	t.Helper()
 	mustExec(t, e, "DROP PUBLICATION "+e.pub)
 	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
-	mustExec(t, e, "DELETE FROM "+e.schema+".outbox_relay_slots")
+	mustExec(t, e, "DELETE FROM "+e.schema+"."+outboxschema.SlotRegistry)
 }
 
 func mustExec(t *testing.T, e *env, sql string, args ...any) {
@@ -637,7 +639,7 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 	if code != 1 || !strings.Contains(log, "is gone") || !strings.Contains(log, "DELETE FROM") {
 		t.Fatalf("exit code %d, want 1 with recovery steps:\n%s", code, tail([]byte(log), 2000))
 	}
-	mustExec(t, e, "DELETE FROM "+e.schema+".outbox_relay_slots WHERE slot_name = $1", e.slot)
+	mustExec(t, e, "DELETE FROM "+e.schema+"."+outboxschema.SlotRegistry+" WHERE slot_name = $1", e.slot)
 	r2 := e.startRelay()
 	if err := w.run(context.Background(), 20, 5, 5, 0, ""); err != nil {
 		t.Fatal(err)
@@ -717,7 +719,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	var versions, pubs, idx int
 	ctx := context.Background()
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM "+e.schema+".outbox_relay_migrations WHERE target = $1", e.table).Scan(&versions); err != nil {
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM "+e.schema+"."+outboxschema.MigrationHistory+" WHERE target = $1", e.table).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT pubupdate AND NOT pubdelete", e.pub).Scan(&pubs); err != nil {
