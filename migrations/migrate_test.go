@@ -46,3 +46,30 @@ func TestLoadSubstitutesNames(t *testing.T) {
 		})
 	}
 }
+
+// The checksum is the file's, so applying the same migration with other
+// names is not reported as a changed file.
+func TestChecksumIgnoresNames(t *testing.T) {
+	a, err := Load(Names{"public", "outbox", "outbox_pub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Load(Names{"Events", "Outbox$1", "other_pub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for i := range a {
+		raw, err := files.ReadFile(a[i].Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a[i].Checksum != sha256Hex(string(raw)) || b[i].Checksum != a[i].Checksum {
+			t.Errorf("%s: checksums %s and %s, want both the file's %s", a[i].Name, a[i].Checksum, b[i].Checksum, sha256Hex(string(raw)))
+		}
+		if other, dup := seen[a[i].Checksum]; dup {
+			t.Errorf("%s and %s have the same checksum", other, a[i].Name)
+		}
+		seen[a[i].Checksum] = a[i].Name
+	}
+}

@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -736,5 +739,68 @@ func TestMigrateIdempotent(t *testing.T) {
 	if versions != len(files) || pubs != 1 || idx != 1 || dlqIdx != 1 {
 		t.Fatalf("after two migrates: %d recorded versions (want %d, one per migrations/*.sql), %d insert-only publications (want 1), %d partial indexes on published_at and %d on dead_lettered_at (want 1 each)",
 			versions, len(files), pubs, idx, dlqIdx)
+	}
+}
+
+// An applied migration whose file changed since is never re-run, so migrate
+// refuses instead of silently not applying the change; a checksum recorded
+// by an older relay (over the SQL with names filled in) is accepted and
+// replaced by the file's.
+func TestMigrateChecksum(t *testing.T) {
+	tests := []struct {
+		name     string
+		version  int
+		recorded func(m migrations.Migration) string // the checksum to store
+		ok       bool
+		want     []string // in migrate's output
+	}{
+		{"file changed after it was applied", 2, func(migrations.Migration) string { return strings.Repeat("0", 64) }, false,
+			[]string{"version 2", "migrations/0002_slot_registry.sql", "changed after it was applied", "new migration", "UPDATE"}},
+		{"checksum recorded with names substituted", 1, func(m migrations.Migration) string {
+			sum := sha256.Sum256([]byte(m.SQL))
+			return hex.EncodeToString(sum[:])
+		}, true, []string{`"applied":[]`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, "migsum") // ran migrate once
+			schema, table, _ := outboxschema.SplitTable(e.table)
+			ms, err := migrations.Load(migrations.Names{Schema: schema, Table: table, Publication: e.pub})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m migrations.Migration
+			for _, m = range ms {
+				if m.Version == tt.version {
+					break
+				}
+			}
+			history := e.schema + "." + outboxschema.MigrationHistory
+			set := "UPDATE " + history + " SET checksum = $3 WHERE target = $1 AND version = $2"
+			mustExec(t, e, set, e.table, tt.version, tt.recorded(m))
+			out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput()
+			if (err == nil) != tt.ok {
+				t.Fatalf("migrate: err = %v, want ok=%v\n%s", err, tt.ok, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("migrate output lacks %q:\n%s", w, out)
+				}
+			}
+			var got string
+			if err := e.db.QueryRow(context.Background(), "SELECT checksum FROM "+history+" WHERE target = $1 AND version = $2",
+				e.table, tt.version).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]string{true: m.Checksum, false: tt.recorded(m)}[tt.ok]; got != want {
+				t.Errorf("recorded checksum after migrate = %s, want %s", got, want)
+			}
+			if !tt.ok { // the fix it suggests works
+				mustExec(t, e, set, e.table, tt.version, m.Checksum)
+				if out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput(); err != nil {
+					t.Fatalf("migrate after restoring the checksum: %v\n%s", err, out)
+				}
+			}
+		})
 	}
 }
