@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // Store reads and writes the dead-letter bookkeeping columns of the outbox
@@ -33,7 +35,8 @@ func Open(ctx context.Context, url, schema, table string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
 	}
-	return &Store{db: db, table: schema + "." + table, ident: pgx.Identifier{schema, table}.Sanitize()}, nil
+	t := outboxschema.Table{Schema: schema, Name: table}
+	return &Store{db: db, table: t.String(), ident: t.Quoted()}, nil
 }
 
 // Close closes the connections.

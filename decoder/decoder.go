@@ -17,10 +17,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // Event is one outbox row, ready to publish. Every byte slice and string is
@@ -131,22 +132,19 @@ const (
 )
 
 // New returns a Decoder for the outbox table named "schema.name", e.g.
-// "public.outbox". A name without a schema means schema public. Names are
-// compared exactly as pgoutput sends them: the unquoted, case-sensitive names
-// stored in the catalog. New is called once per replication stream, from any
-// goroutine, and does not block.
+// "public.outbox", as parsed by outboxschema.ParseTable (a name without a
+// schema means schema public). Names are compared exactly as pgoutput sends
+// them: the unquoted, case-sensitive names stored in the catalog. New is
+// called once per replication stream, from any goroutine, and does not block.
 func New(table string) (*Decoder, error) {
-	schema, name, ok := strings.Cut(table, ".")
-	if !ok {
-		schema, name = "public", table
-	}
-	if schema == "" || name == "" || strings.Contains(name, ".") {
-		return nil, fmt.Errorf("parse outbox table %q: want \"schema.name\" or \"name\"", table)
+	t, err := outboxschema.ParseTable(table)
+	if err != nil {
+		return nil, fmt.Errorf("outbox table: %w", err)
 	}
 	return &Decoder{
-		schema: schema,
-		name:   name,
-		table:  schema + "." + name,
+		schema: t.Schema,
+		name:   t.Name,
+		table:  t.String(),
 		rels:   make(map[uint32]*relation),
 		intern: make(map[string]string),
 	}, nil

@@ -335,9 +335,9 @@ func TestNew(t *testing.T) {
 			t.Errorf("New(%q): %v", table, err)
 		}
 	}
-	for _, table := range []string{"", ".", "public.", ".outbox", "a.b.c"} {
-		if _, err := decoder.New(table); err == nil {
-			t.Errorf("New(%q): no error", table)
+	for _, table := range []string{"", ".", "public.", ".outbox", "a.b.c", `"Public".outbox`, "public.out box"} {
+		if _, err := decoder.New(table); err == nil || !strings.Contains(err.Error(), "postgres.table") {
+			t.Errorf("New(%q) = %v, want an error naming postgres.table", table, err)
 		}
 	}
 }

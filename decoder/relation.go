@@ -4,6 +4,8 @@ import (
 	"bytes"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // role is the outbox field a relation column feeds.
@@ -20,14 +22,15 @@ const (
 	numRoles
 )
 
-// roleNames are the outbox column names, indexed by role.
+// roleNames are the outbox column names, indexed by role. Which of them are
+// required is outboxschema.RequiredColumns.
 var roleNames = [numRoles]string{
-	roleID:            "id",
-	roleAggregateType: "aggregate_type",
-	roleAggregateID:   "aggregate_id",
-	roleEventType:     "event_type",
-	rolePayload:       "payload",
-	roleHeaders:       "headers",
+	roleID:            outboxschema.ColID,
+	roleAggregateType: outboxschema.ColAggregateType,
+	roleAggregateID:   outboxschema.ColAggregateID,
+	roleEventType:     outboxschema.ColEventType,
+	rolePayload:       outboxschema.ColPayload,
+	roleHeaders:       outboxschema.ColHeaders,
 }
 
 // relation is what the decoder keeps of a Relation message.
@@ -108,9 +111,11 @@ func missingColumn(roles []role) string {
 			have[r] = true
 		}
 	}
-	for r := range roleHeaders { // every role before headers is required
-		if !have[r] {
-			return roleNames[r]
+	for _, name := range outboxschema.RequiredColumns {
+		for r, n := range roleNames {
+			if n == name && !have[r] {
+				return name
+			}
 		}
 	}
 	return ""

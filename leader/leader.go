@@ -34,23 +34,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // Config of the election.
 type Config struct {
 	URL        string // direct connection, like the replication one (no transaction pooler)
 	Slot       string // one lease per slot
-	Schema     string // where the lease table lives: the outbox table's schema
+	Schema     string // where the lease table (outboxschema.LeaseTable) lives: the outbox table's schema
 	InstanceID string // names the holder in the lease row, logs and /role
 	// TTL is how long a lease lives without renewal before a standby fences
 	// the holder; Renew how often the leader renews; Poll how often a
 	// standby tries to take over.
 	TTL, Renew, Poll time.Duration
 }
-
-// LeaseTable is the table, in the outbox table's schema, that holds the
-// lease rows (migration 0004).
-const LeaseTable = "outbox_relay_leader"
 
 // AppName marks lease connections in pg_stat_activity, so a standby only
 // ever terminates a lease backend, never an unrelated one that reused a pid.
@@ -115,7 +113,7 @@ func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
 	}
 	e := &Elector{cfg: cfg, metrics: m, start: time.Now(), closing: make(chan struct{}),
 		log:     log.With().Str("component", "leader").Str("instance", cfg.InstanceID).Logger(),
-		table:   pgx.Identifier{cfg.Schema, LeaseTable}.Sanitize(),
+		table:   outboxschema.QuoteIdent(cfg.Schema, outboxschema.LeaseTable),
 		lockKey: "outbox-relay:" + cfg.Slot}
 	e.status = Status{Role: Standby, Instance: cfg.InstanceID, Since: time.Now()}
 	return e, nil

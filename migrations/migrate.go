@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -15,14 +16,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 //go:embed *.sql
 var files embed.FS
-
-// SlotRegistry is the table, in the outbox table's schema, that remembers
-// which slots the relay created.
-const SlotRegistry = "outbox_relay_slots"
 
 // Names are the configured object names substituted into the SQL.
 type Names struct {
@@ -31,10 +30,15 @@ type Names struct {
 
 // Migration is one versioned SQL file.
 type Migration struct {
-	Version int
-	Name    string
-	SQL     string
+	Version  int
+	Name     string // file name
+	SQL      string // with names substituted
+	Checksum string // SHA-256 of the file before names are substituted: other names are not a change
 }
+
+// ErrChecksumMismatch is wrapped by Apply's error when a migration file was
+// changed after it was applied.
+var ErrChecksumMismatch = errors.New("migration file changed after it was applied")
 
 // Load returns the migrations in version order with names substituted.
 func Load(n Names) ([]Migration, error) {
@@ -42,13 +46,14 @@ func Load(n Names) ([]Migration, error) {
 	if err != nil {
 		return nil, err
 	}
+	t := n.table()
 	repl := strings.NewReplacer(
-		"{{table}}", pgx.Identifier{n.Schema, n.Table}.Sanitize(),
-		"{{index}}", pgx.Identifier{n.Table + "_unpublished_idx"}.Sanitize(),
-		"{{dlq_index}}", pgx.Identifier{n.Table + "_dead_lettered_idx"}.Sanitize(),
-		"{{slot_registry}}", pgx.Identifier{n.Schema, SlotRegistry}.Sanitize(),
-		"{{leader_table}}", pgx.Identifier{n.Schema, "outbox_relay_leader"}.Sanitize(),
-		"{{publication}}", pgx.Identifier{n.Publication}.Sanitize(),
+		"{{table}}", t.Quoted(),
+		"{{index}}", outboxschema.QuoteIdent(n.Table+"_unpublished_idx"),
+		"{{dlq_index}}", outboxschema.QuoteIdent(n.Table+"_dead_lettered_idx"),
+		"{{slot_registry}}", t.Sibling(outboxschema.SlotRegistry).Quoted(),
+		"{{leader_table}}", t.Sibling(outboxschema.LeaseTable).Quoted(),
+		"{{publication}}", outboxschema.QuoteIdent(n.Publication),
 		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",
 	)
 	var out []Migration
@@ -62,7 +67,7 @@ func Load(n Names) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Migration{Version: v, Name: name, SQL: repl.Replace(string(b))})
+		out = append(out, Migration{Version: v, Name: name, SQL: repl.Replace(string(b)), Checksum: sha256Hex(string(b))})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil
@@ -70,13 +75,15 @@ func Load(n Names) ([]Migration, error) {
 
 // Apply runs every migration not yet recorded, each in its own transaction,
 // under an advisory lock so concurrent runs do not race. It returns the
-// versions it applied. conn is a normal connection the caller owns.
+// versions it applied. conn is a normal connection the caller owns. An
+// applied migration whose file changed since fails with ErrChecksumMismatch.
 func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]int, error) {
 	ms, err := Load(n)
 	if err != nil {
 		return nil, err
 	}
-	history := pgx.Identifier{n.Schema, "outbox_relay_migrations"}.Sanitize()
+	t := n.table()
+	history := t.Sibling(outboxschema.MigrationHistory).Quoted()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{n.Schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("create schema %s: %w", n.Schema, err)
 	}
@@ -86,12 +93,10 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 		return nil, fmt.Errorf("create %s: %w", history, err)
 	}
 	// One history per outbox table, so two outboxes can share a schema.
-	target := n.Schema + "." + n.Table
+	target := t.String()
 	var applied []int
 	for _, m := range ms {
-		sum := sha256.Sum256([]byte(m.SQL))
-		checksum := hex.EncodeToString(sum[:])
-		done, err := applyOne(ctx, conn, history, target, m, checksum)
+		done, err := applyOne(ctx, conn, history, target, m)
 		if err != nil {
 			return applied, fmt.Errorf("apply migration %s to %s: %w", m.Name, target, err)
 		}
@@ -103,7 +108,14 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 	return applied, nil
 }
 
-func applyOne(ctx context.Context, conn *pgx.Conn, history, target string, m Migration, checksum string) (bool, error) {
+func (n Names) table() outboxschema.Table { return outboxschema.Table{Schema: n.Schema, Name: n.Table} }
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func applyOne(ctx context.Context, conn *pgx.Conn, history, target string, m Migration) (bool, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return false, err
@@ -112,10 +124,10 @@ func applyOne(ctx context.Context, conn *pgx.Conn, history, target string, m Mig
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('outbox-relay-migrate'))"); err != nil {
 		return false, err
 	}
-	var prev string
-	err = tx.QueryRow(ctx, "SELECT checksum FROM "+history+" WHERE target = $1 AND version = $2", target, m.Version).Scan(&prev)
+	var prev, prevName string
+	err = tx.QueryRow(ctx, "SELECT checksum, name FROM "+history+" WHERE target = $1 AND version = $2", target, m.Version).Scan(&prev, &prevName)
 	if err == nil {
-		return false, nil // recorded; an edited file is not re-run (ship a new version instead)
+		return false, checkApplied(ctx, tx, history, target, m, prev, prevName)
 	}
 	if err != pgx.ErrNoRows {
 		return false, err
@@ -124,8 +136,35 @@ func applyOne(ctx context.Context, conn *pgx.Conn, history, target string, m Mig
 		return false, err
 	}
 	if _, err := tx.Exec(ctx, "INSERT INTO "+history+" (target, version, name, checksum) VALUES ($1, $2, $3, $4)",
-		target, m.Version, m.Name, checksum); err != nil {
+		target, m.Version, m.Name, m.Checksum); err != nil {
 		return false, err
 	}
 	return true, tx.Commit(ctx)
+}
+
+// checkApplied compares an applied migration's recorded checksum with the
+// embedded file's. An applied migration is never re-run, so a file edited
+// since would silently not take effect: refuse instead.
+func checkApplied(ctx context.Context, tx pgx.Tx, history, target string, m Migration, recorded, recordedName string) error {
+	switch recorded {
+	case m.Checksum:
+		return nil
+	case sha256Hex(m.SQL):
+		// Recorded by an older relay, which summed the SQL with the names
+		// substituted: record the name-independent checksum from now on.
+		if _, err := tx.Exec(ctx, "UPDATE "+history+" SET checksum = $3 WHERE target = $1 AND version = $2",
+			target, m.Version, m.Checksum); err != nil {
+			return fmt.Errorf("update the checksum recorded in %s: %w", history, err)
+		}
+		return tx.Commit(ctx)
+	}
+	file := "migrations/" + m.Name
+	if recordedName != m.Name {
+		file += " (applied as " + recordedName + ")"
+	}
+	return fmt.Errorf("%w: version %d, %s, was applied with checksum %s but the file now has %s. "+
+		"Restore the file as it was when applied and put the change in a new migration with a higher number. "+
+		"If the database already matches the edited file, accept it with: UPDATE %s SET checksum = '%s' WHERE target = '%s' AND version = %d",
+		ErrChecksumMismatch, m.Version, file, recorded, m.Checksum,
+		history, m.Checksum, strings.ReplaceAll(target, "'", "''"), m.Version)
 }

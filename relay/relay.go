@@ -21,7 +21,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/leader"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -81,8 +81,8 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 			host, _ := os.Hostname()
 			id = fmt.Sprintf("%s-%d", host, os.Getpid())
 		}
-		schema, _, _ := replication.SplitTable(cfg.Postgres.Table)
-		r.elector, err = leader.New(leader.Config{URL: cfg.Postgres.URL, Slot: cfg.Postgres.Slot, Schema: schema,
+		tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: checked above
+		r.elector, err = leader.New(leader.Config{URL: cfg.Postgres.URL, Slot: cfg.Postgres.Slot, Schema: tbl.Schema,
 			InstanceID: id, TTL: cfg.Leader.LeaseTTL, Renew: cfg.Leader.RenewInterval, Poll: cfg.Leader.PollInterval},
 			r.log, leader.NewMetrics(r.base))
 		if err != nil {
@@ -114,8 +114,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	unhook := context.AfterFunc(soft, func() { time.AfterFunc(r.cfg.ShutdownTimeout, stopHard) })
 	defer unhook()
 
-	schema, table, _ := replication.SplitTable(r.cfg.Postgres.Table)
-	store, err := deadletter.Open(soft, r.cfg.Postgres.URL, schema, table) // connects lazily
+	tbl, _ := outboxschema.ParseTable(r.cfg.Postgres.Table)
+	store, err := deadletter.Open(soft, r.cfg.Postgres.URL, tbl.Schema, tbl.Name) // connects lazily
 	if err != nil {
 		return err
 	}

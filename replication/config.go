@@ -10,10 +10,11 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // Config is the replication part of the relay's configuration.
@@ -25,7 +26,7 @@ type Config struct {
 	Slot string `yaml:"slot"`
 	// Publication names the publication the slot streams.
 	Publication string `yaml:"publication"`
-	// Table is the outbox table as schema.name.
+	// Table is the outbox table as schema.name (see outboxschema.ParseTable).
 	Table string `yaml:"table"`
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool `yaml:"create_publication"`
@@ -83,8 +84,13 @@ func (c Config) Validate(prefix string) error {
 	if !identRe.MatchString(c.Publication) {
 		bad("publication", "%q is not a plain identifier: use letters, digits and underscores", c.Publication)
 	}
-	if _, _, err := SplitTable(c.Table); err != nil {
-		bad("table", "%v", err)
+	if _, err := outboxschema.ParseTable(c.Table); err != nil {
+		var te *outboxschema.TableError
+		if errors.As(err, &te) { // the key is already named by the prefix
+			bad("table", "%q: %s", te.Input, te.Reason)
+		} else {
+			bad("table", "%v", err)
+		}
 	}
 	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > time.Minute {
 		bad("status_interval", "%s is out of range: use 10ms..1m (default 1s)", c.StatusInterval)
@@ -101,18 +107,6 @@ func (c Config) Validate(prefix string) error {
 		bad("lag_poll_interval", "%s is too short: use at least 100ms (default 5s)", c.LagPollInterval)
 	}
 	return errors.Join(errs...)
-}
-
-// SplitTable splits "schema.name" (a bare name means schema public).
-func SplitTable(t string) (schema, name string, err error) {
-	schema, name = "public", t
-	if i := strings.IndexByte(t, '.'); i >= 0 {
-		schema, name = t[:i], t[i+1:]
-	}
-	if !identRe.MatchString(schema) || !identRe.MatchString(name) {
-		return "", "", fmt.Errorf("%q is not schema.table with plain identifiers (e.g. public.outbox)", t)
-	}
-	return schema, name, nil
 }
 
 // RedactURL returns the connection string with any password replaced, for

@@ -97,48 +97,6 @@ func TestValidate(t *testing.T) {
 	})
 }
 
-func TestSplitTable(t *testing.T) {
-	tests := []struct {
-		in           string
-		schema, name string
-		ok           bool
-	}{
-		{"public.outbox", "public", "outbox", true},
-		{"outbox", "public", "outbox", true},
-		{"events.outbox_v2", "events", "outbox_v2", true},
-		{"MySchema.Outbox$1", "MySchema", "Outbox$1", true},
-		{"_s._t", "_s", "_t", true},
-		{strings.Repeat("s", 63) + "." + strings.Repeat("t", 63), strings.Repeat("s", 63), strings.Repeat("t", 63), true},
-		{"", "", "", false},
-		{".", "", "", false},
-		{"public.", "", "", false},
-		{".outbox", "", "", false},
-		{"a.b.c", "", "", false},
-		{"1schema.outbox", "", "", false},
-		{"public.1outbox", "", "", false},
-		{"public.out-box", "", "", false},
-		{"public.out box", "", "", false},
-		{`"Public".outbox`, "", "", false},
-		{"$s.t", "", "", false},
-		{strings.Repeat("t", 64), "", "", false},
-		{"public.outbox;drop", "", "", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			schema, name, err := SplitTable(tt.in)
-			if (err == nil) != tt.ok {
-				t.Fatalf("SplitTable(%q) err = %v, want ok=%v", tt.in, err, tt.ok)
-			}
-			if schema != tt.schema || name != tt.name {
-				t.Errorf("SplitTable(%q) = %q, %q; want %q, %q", tt.in, schema, name, tt.schema, tt.name)
-			}
-			if err != nil && !strings.Contains(err.Error(), fmt.Sprintf("%q", tt.in)) {
-				t.Errorf("error %q does not quote the input", err)
-			}
-		})
-	}
-}
-
 func TestParsePGDuration(t *testing.T) {
 	tests := []struct {
 		in   string

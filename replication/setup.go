@@ -11,14 +11,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
-
-// RequiredColumns are the outbox columns the relay reads; headers is optional.
-var RequiredColumns = []string{"id", "aggregate_type", "aggregate_id", "event_type", "payload"}
-
-// BookkeepingColumns are the columns the relay writes when an event is
-// dead-lettered or halts it (migration 0003).
-var BookkeepingColumns = []string{"attempt_count", "last_error", "dead_lettered_at", "dlq_resolved_at"}
 
 // SlotInfo is what the relay needs to know about its slot at start.
 type SlotInfo struct {
@@ -97,10 +92,10 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 }
 
 // registryName is the slot registry table beside the outbox table (see
-// migrations/0002_slot_registry.sql).
+// migrations/0002_slot_registry.sql). table was validated with the config.
 func registryName(table string) string {
-	schema, _, _ := SplitTable(table)
-	return pgx.Identifier{schema, "outbox_relay_slots"}.Sanitize()
+	t, _ := outboxschema.ParseTable(table)
+	return t.Sibling(outboxschema.SlotRegistry).Quoted()
 }
 
 type registryRow struct{ at, lsn string }
@@ -131,13 +126,13 @@ func register(ctx context.Context, conn *pgx.Conn, registry, slot string, lsn pg
 }
 
 func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
-	schema, name, err := SplitTable(table)
+	t, err := outboxschema.ParseTable(table)
 	if err != nil {
 		return Fatal(err)
 	}
 	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_attribute a
 		JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, schema, name)
+		WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, t.Schema, t.Name)
 	if err != nil {
 		return fmt.Errorf("read columns of %s: %w", table, err)
 	}
@@ -157,10 +152,10 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 		}
 		return strings.Join(m, ", ")
 	}
-	if m := missing(RequiredColumns); m != "" {
+	if m := missing(outboxschema.RequiredColumns); m != "" {
 		return Fatal(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, m))
 	}
-	if m := missing(BookkeepingColumns); m != "" {
+	if m := missing(outboxschema.BookkeepingColumns); m != "" {
 		return Fatal(fmt.Errorf("outbox table %s lacks column(s) %s, where poison events are recorded: run `outbox-relay migrate` (migration 0003 adds them)", table, m))
 	}
 	return nil
@@ -172,17 +167,17 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 // up as of each change it decodes, so the first change before the new
 // publication fails the stream for ever.
 func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExists bool, confirmed pglogrepl.LSN) error {
-	schema, name, _ := SplitTable(cfg.Table)
+	t, _ := outboxschema.ParseTable(cfg.Table) // validated with the config
 	var pubInsert bool
 	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
 	if errors.Is(err, pgx.ErrNoRows) && slotExists {
 		return Fatal(fmt.Errorf("publication %q does not exist, but slot %q does (confirmed up to %s): PostgreSQL decodes each change with the publications that existed when it was written, so a publication created now cannot cover the changes already in the slot and streaming would fail on the first of them. Recreate the publication (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')), skip the gap with SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn()), then republish the outbox rows created since the publication was dropped (consumers deduplicate on event_id); or drop the slot and run outbox-relay migrate",
-			cfg.Publication, cfg.Slot, confirmed, pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize(), cfg.Slot))
+			cfg.Publication, cfg.Slot, confirmed, pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted(), cfg.Slot))
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !cfg.CreatePublication {
 			return Fatal(fmt.Errorf("publication %q does not exist and postgres.create_publication is false: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize()))
+				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted()))
 		}
 		_, err = conn.Exec(ctx, CreatePublicationSQL(cfg.Publication, cfg.Table))
 		var pgErr *pgconn.PgError
@@ -201,12 +196,12 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 	}
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-		cfg.Publication, schema, name).Scan(&n); err != nil {
+		cfg.Publication, t.Schema, t.Name).Scan(&n); err != nil {
 		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
 	}
 	if n == 0 {
 		return Fatal(fmt.Errorf("publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, cfg.Table,
-			pgx.Identifier{cfg.Publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize()))
+			pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted()))
 	}
 	return nil
 }
@@ -214,9 +209,9 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 // CreatePublicationSQL is the statement that creates the insert-only
 // publication for the outbox table.
 func CreatePublicationSQL(publication, table string) string {
-	schema, name, _ := SplitTable(table)
+	t, _ := outboxschema.ParseTable(table) // validated with the config
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-		pgx.Identifier{publication}.Sanitize(), pgx.Identifier{schema, name}.Sanitize())
+		pgx.Identifier{publication}.Sanitize(), t.Quoted())
 }
 
 func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool, error) {

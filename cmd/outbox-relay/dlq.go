@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // dlqMain runs `outbox-relay dlq list|replay|resolve` with the relay's own
@@ -61,8 +61,8 @@ func dlqMain(args []string, getenv func(string) string, stdout, stderr io.Writer
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
-	store, err := deadletter.Open(ctx, cfg.Postgres.URL, schema, table)
+	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
+	store, err := deadletter.Open(ctx, cfg.Postgres.URL, tbl.Schema, tbl.Name)
 	if err != nil {
 		fmt.Fprintln(stderr, "dlq:", err)
 		return exitConfig

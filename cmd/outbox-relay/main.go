@@ -25,6 +25,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -114,13 +115,13 @@ func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 }
 
 func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
-	schema, table, _ := replication.SplitTable(cfg.Postgres.Table)
+	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
 	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: connect to postgres")
 		return exitFatal
 	}
-	applied, err := migrations.Apply(ctx, conn, migrations.Names{Schema: schema, Table: table, Publication: cfg.Postgres.Publication}, log)
+	applied, err := migrations.Apply(ctx, conn, migrations.Names{Schema: tbl.Schema, Table: tbl.Name, Publication: cfg.Postgres.Publication}, log)
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
 		log.Error().Err(err).Msg("migrate failed")

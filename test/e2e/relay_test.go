@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +16,9 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 func requireClean(t *testing.T, rep report, allowDups bool) {
@@ -508,15 +513,15 @@ func TestRefusesBadSetups(t *testing.T) {
 			return nil
 		}, []string{"dead_lettered_at", "outbox-relay migrate"}},
 		{"lease table missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP TABLE "+e.schema+".outbox_relay_leader")
+			mustExec(t, e, "DROP TABLE "+e.schema+"."+outboxschema.LeaseTable)
 			return nil
-		}, []string{"outbox_relay_leader", "does not exist", "outbox-relay migrate"}},
+		}, []string{outboxschema.LeaseTable, "does not exist", "outbox-relay migrate"}},
 		{"role without REPLICATION", func(t *testing.T, e *env) []string {
 			role := e.slot + "_norepl"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE pg_read_all_stats")
 			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.schema+".outbox_relay_slots TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.schema+".outbox_relay_leader TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.schema+"."+outboxschema.SlotRegistry+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.schema+"."+outboxschema.LeaseTable+" TO "+role)
 			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
@@ -528,7 +533,7 @@ func TestRefusesBadSetups(t *testing.T) {
 			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
-		}, []string{"permission denied", "GRANT SELECT, INSERT, UPDATE ON", "outbox_relay_leader"}},
+		}, []string{"permission denied", "GRANT SELECT, INSERT, UPDATE ON", outboxschema.LeaseTable}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -571,7 +576,7 @@ func (e *env) freshStart(t *testing.T) {
 	t.Helper()
 	mustExec(t, e, "DROP PUBLICATION "+e.pub)
 	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
-	mustExec(t, e, "DELETE FROM "+e.schema+".outbox_relay_slots")
+	mustExec(t, e, "DELETE FROM "+e.schema+"."+outboxschema.SlotRegistry)
 }
 
 func mustExec(t *testing.T, e *env, sql string, args ...any) {
@@ -637,7 +642,7 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 	if code != 1 || !strings.Contains(log, "is gone") || !strings.Contains(log, "DELETE FROM") {
 		t.Fatalf("exit code %d, want 1 with recovery steps:\n%s", code, tail([]byte(log), 2000))
 	}
-	mustExec(t, e, "DELETE FROM "+e.schema+".outbox_relay_slots WHERE slot_name = $1", e.slot)
+	mustExec(t, e, "DELETE FROM "+e.schema+"."+outboxschema.SlotRegistry+" WHERE slot_name = $1", e.slot)
 	r2 := e.startRelay()
 	if err := w.run(context.Background(), 20, 5, 5, 0, ""); err != nil {
 		t.Fatal(err)
@@ -717,7 +722,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	var versions, pubs, idx int
 	ctx := context.Background()
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM "+e.schema+".outbox_relay_migrations WHERE target = $1", e.table).Scan(&versions); err != nil {
+	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM "+e.schema+"."+outboxschema.MigrationHistory+" WHERE target = $1", e.table).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT pubupdate AND NOT pubdelete", e.pub).Scan(&pubs); err != nil {
@@ -734,5 +739,68 @@ func TestMigrateIdempotent(t *testing.T) {
 	if versions != len(files) || pubs != 1 || idx != 1 || dlqIdx != 1 {
 		t.Fatalf("after two migrates: %d recorded versions (want %d, one per migrations/*.sql), %d insert-only publications (want 1), %d partial indexes on published_at and %d on dead_lettered_at (want 1 each)",
 			versions, len(files), pubs, idx, dlqIdx)
+	}
+}
+
+// An applied migration whose file changed since is never re-run, so migrate
+// refuses instead of silently not applying the change; a checksum recorded
+// by an older relay (over the SQL with names filled in) is accepted and
+// replaced by the file's.
+func TestMigrateChecksum(t *testing.T) {
+	tests := []struct {
+		name     string
+		version  int
+		recorded func(m migrations.Migration) string // the checksum to store
+		ok       bool
+		want     []string // in migrate's output
+	}{
+		{"file changed after it was applied", 2, func(migrations.Migration) string { return strings.Repeat("0", 64) }, false,
+			[]string{"version 2", "migrations/0002_slot_registry.sql", "changed after it was applied", "new migration", "UPDATE"}},
+		{"checksum recorded with names substituted", 1, func(m migrations.Migration) string {
+			sum := sha256.Sum256([]byte(m.SQL))
+			return hex.EncodeToString(sum[:])
+		}, true, []string{`"applied":[]`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, "migsum") // ran migrate once
+			tbl, _ := outboxschema.ParseTable(e.table)
+			ms, err := migrations.Load(migrations.Names{Schema: tbl.Schema, Table: tbl.Name, Publication: e.pub})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m migrations.Migration
+			for _, m = range ms {
+				if m.Version == tt.version {
+					break
+				}
+			}
+			history := e.schema + "." + outboxschema.MigrationHistory
+			set := "UPDATE " + history + " SET checksum = $3 WHERE target = $1 AND version = $2"
+			mustExec(t, e, set, e.table, tt.version, tt.recorded(m))
+			out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput()
+			if (err == nil) != tt.ok {
+				t.Fatalf("migrate: err = %v, want ok=%v\n%s", err, tt.ok, out)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("migrate output lacks %q:\n%s", w, out)
+				}
+			}
+			var got string
+			if err := e.db.QueryRow(context.Background(), "SELECT checksum FROM "+history+" WHERE target = $1 AND version = $2",
+				e.table, tt.version).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]string{true: m.Checksum, false: tt.recorded(m)}[tt.ok]; got != want {
+				t.Errorf("recorded checksum after migrate = %s, want %s", got, want)
+			}
+			if !tt.ok { // the fix it suggests works
+				mustExec(t, e, set, e.table, tt.version, m.Checksum)
+				if out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput(); err != nil {
+					t.Fatalf("migrate after restoring the checksum: %v\n%s", err, out)
+				}
+			}
+		})
 	}
 }

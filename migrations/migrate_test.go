@@ -1,0 +1,75 @@
+package migrations
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
+)
+
+var q = outboxschema.QuoteIdent
+
+// The SQL names every object through the placeholders filled from
+// outboxschema, quoted; none is left unfilled.
+func TestLoadSubstitutesNames(t *testing.T) {
+	tests := []struct {
+		names Names
+		want  []string
+	}{
+		{Names{"public", "outbox", "outbox_pub"}, []string{
+			`"public"."outbox"`, `"public".` + q(outboxschema.SlotRegistry), `"public".` + q(outboxschema.LeaseTable),
+			`"outbox_unpublished_idx"`, `"outbox_dead_lettered_idx"`, `"outbox_pub"`, `'outbox_pub'`}},
+		{Names{"Events", "Outbox$1", "Pub"}, []string{
+			`"Events"."Outbox$1"`, `"Events".` + q(outboxschema.SlotRegistry), `"Events".` + q(outboxschema.LeaseTable), `"Pub"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.names.Schema+"."+tt.names.Table, func(t *testing.T) {
+			ms, err := Load(tt.names)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var all strings.Builder
+			for i, m := range ms {
+				if i > 0 && m.Version <= ms[i-1].Version {
+					t.Errorf("%s: version %d after %d", m.Name, m.Version, ms[i-1].Version)
+				}
+				if strings.Contains(m.SQL, "{{") {
+					t.Errorf("%s: placeholder left in:\n%s", m.Name, m.SQL)
+				}
+				all.WriteString(m.SQL)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(all.String(), w) {
+					t.Errorf("no %s in the SQL", w)
+				}
+			}
+		})
+	}
+}
+
+// The checksum is the file's, so applying the same migration with other
+// names is not reported as a changed file.
+func TestChecksumIgnoresNames(t *testing.T) {
+	a, err := Load(Names{"public", "outbox", "outbox_pub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Load(Names{"Events", "Outbox$1", "other_pub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for i := range a {
+		raw, err := files.ReadFile(a[i].Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a[i].Checksum != sha256Hex(string(raw)) || b[i].Checksum != a[i].Checksum {
+			t.Errorf("%s: checksums %s and %s, want both the file's %s", a[i].Name, a[i].Checksum, b[i].Checksum, sha256Hex(string(raw)))
+		}
+		if other, dup := seen[a[i].Checksum]; dup {
+			t.Errorf("%s and %s have the same checksum", other, a[i].Name)
+		}
+		seen[a[i].Checksum] = a[i].Name
+	}
+}

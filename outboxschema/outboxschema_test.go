@@ -1,0 +1,122 @@
+package outboxschema
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+func TestParseTable(t *testing.T) {
+	s63, t63 := strings.Repeat("s", 63), strings.Repeat("t", 63)
+	tests := []struct {
+		in     string
+		want   Table
+		reason string // substring of the error; "" means ok
+	}{
+		{"public.outbox", Table{"public", "outbox"}, ""},
+		{"outbox", Table{"public", "outbox"}, ""},
+		{"events.outbox_v2", Table{"events", "outbox_v2"}, ""},
+		// Upper case is kept: it names the table created as "MySchema"."Outbox$1".
+		{"MySchema.Outbox$1", Table{"MySchema", "Outbox$1"}, ""},
+		{"OUTBOX", Table{"public", "OUTBOX"}, ""},
+		{"_s._t", Table{"_s", "_t"}, ""},
+		{s63 + "." + t63, Table{s63, t63}, ""},
+
+		{"", Table{}, "is empty"},
+		{".", Table{}, "schema name is empty"},
+		{"public.", Table{}, "table name is empty"},
+		{".outbox", Table{}, "schema name is empty"},
+		{"a.b.c", Table{}, "more than one '.'"},
+		{"public..outbox", Table{}, "more than one '.'"},
+		{"1schema.outbox", Table{}, "must start with a letter or underscore"},
+		{"public.1outbox", Table{}, "must start with a letter or underscore"},
+		{"$s.t", Table{}, "must start with a letter or underscore"},
+		{"public.out-box", Table{}, `has '-'`},
+		{"public.out box", Table{}, `has ' '`},
+		{" public.outbox", Table{}, `has ' '`},
+		{"public.outbox ", Table{}, `has ' '`},
+		{"public.outbox;drop", Table{}, `has ';'`},
+		{"public.outbox\x00", Table{}, `has '\x00'`},
+		{"public.ünbox", Table{}, `has 'ü'`},
+		{`"Public".outbox`, Table{}, "quoted identifiers are not supported"},
+		{`"My Schema"."Out Box"`, Table{}, "quoted identifiers are not supported"},
+		{`"public.outbox"`, Table{}, "quoted identifiers are not supported"},
+		{strings.Repeat("t", 64), Table{}, "64 bytes, over PostgreSQL's limit of 63"},
+		{strings.Repeat("s", 64) + ".t", Table{}, "schema name"},
+		{"public." + strings.Repeat("é", 32), Table{}, "64 bytes"}, // 32 characters, 64 bytes
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseTable(tt.in)
+			if tt.reason == "" {
+				if err != nil || got != tt.want {
+					t.Fatalf("ParseTable(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("ParseTable(%q) = %v, want an error with %q", tt.in, got, tt.reason)
+			}
+			var te *TableError
+			if !errors.As(err, &te) || te.Input != tt.in {
+				t.Errorf("error %v is not a *TableError for the input", err)
+			}
+			msg := err.Error()
+			for _, want := range []string{"postgres.table", fmt.Sprintf("%q", tt.in), tt.reason, "e.g. public.outbox"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q lacks %q", msg, want)
+				}
+			}
+			if got != (Table{}) {
+				t.Errorf("ParseTable(%q) returned %v with its error", tt.in, got)
+			}
+		})
+	}
+}
+
+// Quoting must match pgx's, which the rest of the SQL was written with.
+func TestQuoteIdent(t *testing.T) {
+	tests := [][]string{
+		{"public", "outbox"},
+		{"MySchema", "Outbox$1"},
+		{"My Schema", `Out "Box"`},
+		{"nul\x00byte"},
+		{""},
+	}
+	for _, parts := range tests {
+		if got, want := QuoteIdent(parts...), pgx.Identifier(parts).Sanitize(); got != want {
+			t.Errorf("QuoteIdent(%q) = %s, want %s", parts, got, want)
+		}
+	}
+	tb := Table{"Events", "outbox"}
+	if got, want := tb.Quoted(), `"Events"."outbox"`; got != want {
+		t.Errorf("Quoted() = %s, want %s", got, want)
+	}
+	if got, want := tb.String(), "Events.outbox"; got != want {
+		t.Errorf("String() = %s, want %s", got, want)
+	}
+	if got, want := tb.Sibling(LeaseTable).Quoted(), `"Events"."outbox_relay_leader"`; got != want {
+		t.Errorf("Sibling(LeaseTable).Quoted() = %s, want %s", got, want)
+	}
+}
+
+// These names are in deployed databases and in migrations/*.sql: a change
+// here would orphan existing tables, so it must be deliberate.
+func TestNamesAreStable(t *testing.T) {
+	tests := []struct{ got, want string }{
+		{SlotRegistry, "outbox_relay_slots"},
+		{LeaseTable, "outbox_relay_leader"},
+		{MigrationHistory, "outbox_relay_migrations"},
+		{strings.Join(RequiredColumns, ","), "id,aggregate_type,aggregate_id,event_type,payload"},
+		{strings.Join(BookkeepingColumns, ","), "attempt_count,last_error,dead_lettered_at,dlq_resolved_at"},
+		{ColHeaders, "headers"},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("name %q changed, was %q", tt.got, tt.want)
+		}
+	}
+}
