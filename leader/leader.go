@@ -33,6 +33,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/rs/zerolog"
 )
 
@@ -173,7 +174,9 @@ type Lead func(ctx context.Context, epoch int64) error
 // it releases the lease so a standby takes over at once.
 func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	defer e.closeConn()
-	backoff := e.cfg.Poll
+	// A steady schedule: standbys already spread out by when they started.
+	// The cap is never below Poll, so the wait never shrinks as failures go on.
+	reconnect := backoff.Backoff{Policy: backoff.Policy{Initial: e.cfg.Poll, Max: max(10*time.Second, e.cfg.Poll), Jitter: backoff.Exact}}
 	for ctx.Err() == nil {
 		if err := e.ensureConn(ctx); err != nil {
 			var fatal *fatalError
@@ -181,12 +184,12 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 				return fatal.err
 			}
 			e.setConnected(false, err)
-			e.log.Warn().Err(err).Dur("retry_in", backoff).Msg("lease connection failed; retrying, standby meanwhile")
-			sleep(ctx, backoff)
-			backoff = min(backoff*2, 10*time.Second)
+			wait := reconnect.Next()
+			e.log.Warn().Err(err).Dur("retry_in", wait).Msg("lease connection failed; retrying, standby meanwhile")
+			_ = backoff.Sleep(ctx, wait) // the loop checks ctx
 			continue
 		}
-		backoff = e.cfg.Poll
+		reconnect.Reset()
 		epoch, err := e.campaign(ctx)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
@@ -197,12 +200,12 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 			e.setConnected(false, err)
 			e.log.Warn().Err(err).Dur("retry_in", e.cfg.Poll).Msg("lease check failed; retrying")
 			e.closeConn()
-			sleep(ctx, e.cfg.Poll)
+			_ = backoff.Sleep(ctx, e.cfg.Poll)
 			continue
 		}
 		e.setConnected(true, nil)
 		if epoch == 0 {
-			sleep(ctx, e.cfg.Poll)
+			_ = backoff.Sleep(ctx, e.cfg.Poll)
 			continue
 		}
 		if err := e.serve(ctx, epoch, lead); err != nil {
@@ -215,13 +218,6 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 type fatalError struct{ err error }
 
 func (f *fatalError) Error() string { return f.err.Error() }
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
-}
 
 func (e *Elector) ensureConn(ctx context.Context) error {
 	e.connMu.Lock()

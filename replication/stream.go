@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/rs/zerolog"
 )
 
@@ -94,7 +94,8 @@ func (s *Stream) Received() pglogrepl.LSN { return pglogrepl.LSN(s.received.Load
 // end it stops reading, waits (bounded) for in-flight acks, sends a final
 // status update and returns nil.
 func (s *Stream) Run(ctx context.Context, h Handler) error {
-	backoff := s.cfg.ReconnectMin
+	// Jitter (the default) keeps relays from reconnecting in step.
+	b := backoff.Backoff{Policy: backoff.Policy{Initial: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}}
 	for {
 		started := time.Now()
 		err := s.session(ctx, h)
@@ -106,17 +107,13 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		}
 		s.metrics.reconnects.Inc()
 		if time.Since(started) > time.Minute {
-			backoff = s.cfg.ReconnectMin // the session was healthy for a while
+			b.Reset() // the session was healthy for a while
 		}
-		// Full jitter on the upper half keeps relays from reconnecting in step.
-		sleep := backoff/2 + rand.N(backoff/2+1)
+		sleep := b.Next()
 		s.log.Warn().Err(err).Dur("retry_in", sleep).Msg("replication session ended; reconnecting")
-		select {
-		case <-ctx.Done():
+		if backoff.Sleep(ctx, sleep) != nil {
 			return nil
-		case <-time.After(sleep):
 		}
-		backoff = min(backoff*2, s.cfg.ReconnectMax)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/decoder"
@@ -238,7 +239,7 @@ func (d *delivery) done(err error) {
 		if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
 			ev.Warn().Err(err).Msg("transient publish error; retrying until the broker takes it")
 		}
-		p.retry(d, sink.Backoff(transientFirst, p.policy.transientMax, d.attempts))
+		p.retry(d, backoff.Policy{Initial: transientFirst, Max: p.policy.transientMax}.Delay(d.attempts))
 	case d.letter != nil:
 		p.halt(d, fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err))
 	case kind == sink.Refused:
@@ -246,7 +247,7 @@ func (d *delivery) done(err error) {
 		p.halt(d, fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err))
 	case d.attempts < p.policy.maxAttempts:
 		ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
-		p.retry(d, sink.Backoff(p.policy.backoff, time.Minute, d.attempts))
+		p.retry(d, backoff.Policy{Initial: p.policy.backoff, Max: time.Minute}.Delay(d.attempts))
 	case p.policy.halt:
 		p.halt(d, fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err))
 	default:
@@ -351,7 +352,7 @@ func (p *pipeline) markDead(d *delivery) {
 		}
 		p.log.Warn().Err(err).Int64("id", d.id).Msg("cannot mark the dead-lettered row yet; retrying")
 		select {
-		case <-time.After(sink.Backoff(time.Second, 30*time.Second, attempt)):
+		case <-time.After(backoff.Policy{Initial: time.Second, Max: 30 * time.Second}.Delay(attempt)):
 		case <-p.pubCtx.Done():
 			return
 		}
