@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/rs/zerolog"
 )
 
@@ -179,9 +180,8 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	reconnect := backoff.Backoff{Policy: backoff.Policy{Initial: e.cfg.Poll, Max: max(10*time.Second, e.cfg.Poll), Jitter: backoff.Exact}}
 	for ctx.Err() == nil {
 		if err := e.ensureConn(ctx); err != nil {
-			var fatal *fatalError
-			if errors.As(err, &fatal) {
-				return fatal.err
+			if fault.KindOf(err) == fault.Fatal {
+				return err
 			}
 			e.setConnected(false, err)
 			wait := reconnect.Next()
@@ -191,10 +191,12 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 		}
 		reconnect.Reset()
 		epoch, err := e.campaign(ctx)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		if fault.IsPrivilege(err) {
 			return fmt.Errorf("%w; the relay's role needs SELECT, INSERT, UPDATE on %s (GRANT SELECT, INSERT, UPDATE ON %s TO <role>) and, to fence a stalled leader, the same role as the other instances or pg_signal_backend",
 				err, e.table, e.table)
+		}
+		if fault.KindOf(err) == fault.Fatal {
+			return err
 		}
 		if err != nil {
 			e.setConnected(false, err)
@@ -215,10 +217,6 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	return nil
 }
 
-type fatalError struct{ err error }
-
-func (f *fatalError) Error() string { return f.err.Error() }
-
 func (e *Elector) ensureConn(ctx context.Context) error {
 	e.connMu.Lock()
 	defer e.connMu.Unlock()
@@ -227,7 +225,7 @@ func (e *Elector) ensureConn(ctx context.Context) error {
 	}
 	cc, err := pgx.ParseConfig(e.cfg.URL)
 	if err != nil {
-		return &fatalError{errors.New("parse postgres.url: not a valid connection string")}
+		return fault.Fatal.Wrap(errors.New("parse postgres.url: not a valid connection string"))
 	}
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = 10 * time.Second
@@ -252,7 +250,7 @@ func (e *Elector) ensureConn(ctx context.Context) error {
 	}
 	if !exists {
 		conn.Close(context.Background())
-		return &fatalError{fmt.Errorf("lease table %s does not exist: run `outbox-relay migrate` (migration 0004 adds it)", e.table)}
+		return fault.Fatal.Wrap(fmt.Errorf("lease table %s does not exist: run `outbox-relay migrate` (migration 0004 adds it)", e.table))
 	}
 	e.conn = conn
 	return nil

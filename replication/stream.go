@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/rs/zerolog"
 )
 
@@ -102,7 +103,7 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if IsFatal(err) {
+		if fault.KindOf(err) == fault.Fatal {
 			return err
 		}
 		s.metrics.reconnects.Inc()
@@ -203,7 +204,7 @@ func (s *Stream) checkSenderTimeout(ctx context.Context, conn *pgconn.PgConn) er
 		return nil
 	}
 	if s.cfg.StatusInterval >= d/2 {
-		return Fatal(fmt.Errorf("postgres.status_interval %s must be below wal_sender_timeout/2 (%s): lower it", s.cfg.StatusInterval, d/2))
+		return fault.Fatal.Wrap(fmt.Errorf("postgres.status_interval %s must be below wal_sender_timeout/2 (%s): lower it", s.cfg.StatusInterval, d/2))
 	}
 	return nil
 }
@@ -304,7 +305,7 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 			if ctx.Err() != nil {
 				return nil
 			}
-			return Fatal(fmt.Errorf("handle WAL at %s: %w", xld.WALStart, err))
+			return fault.Fatal.Wrap(fmt.Errorf("handle WAL at %s: %w", xld.WALStart, err))
 		}
 	}
 	return nil
