@@ -27,9 +27,11 @@ type Progress interface {
 	// Flushed is the position every event before which is acked; it goes
 	// into Flush and Apply of each status update. Any goroutine.
 	Flushed() pglogrepl.LSN
-	// Idle is called with a keepalive's WAL end; the implementation advances
-	// only when nothing is in flight and no transaction is open.
-	Idle(walEnd pglogrepl.LSN)
+	// AdvanceIdle asks to move Flushed up to walEnd (a keepalive's WAL end,
+	// or the slot's confirmed position at session start); the
+	// implementation does so only when nothing is in flight and no
+	// transaction is open.
+	AdvanceIdle(walEnd pglogrepl.LSN)
 	// Drain blocks until every event handed over so far is acked (or ctx
 	// ends) and forgets any partially received transaction. The stream calls
 	// it before reconnecting and at shutdown.
@@ -155,7 +157,7 @@ func (s *Stream) session(ctx context.Context, h Handler) error {
 	// Everything before the slot's confirmed position is durable downstream
 	// and nothing is in flight (drained above): seed the watermark with it,
 	// so status updates never carry less than the server already has.
-	s.progress.Idle(info.ConfirmedFlush)
+	s.progress.AdvanceIdle(info.ConfirmedFlush)
 	start := s.progress.Flushed()
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
@@ -289,7 +291,7 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 		s.observe(ka.ServerWALEnd)
 		// Every XLogData before this keepalive was handled on this goroutine,
 		// so the progress can judge whether it is idle.
-		s.progress.Idle(ka.ServerWALEnd)
+		s.progress.AdvanceIdle(ka.ServerWALEnd)
 		if ka.ReplyRequested {
 			s.mu.Lock()
 			defer s.mu.Unlock()

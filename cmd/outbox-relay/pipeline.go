@@ -460,9 +460,9 @@ func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key 
 // Flushed implements replication.Progress.
 func (p *pipeline) Flushed() pglogrepl.LSN { return p.tracker.Flushed() }
 
-// Idle implements replication.Progress; called on the loop goroutine, so
+// AdvanceIdle implements replication.Progress; called on the loop goroutine, so
 // the decoder's state is consistent with everything handled so far.
-func (p *pipeline) Idle(walEnd pglogrepl.LSN) {
+func (p *pipeline) AdvanceIdle(walEnd pglogrepl.LSN) {
 	if !p.dec.InTxn() && p.halted.Load() == nil { // a halt may sit before walEnd with nothing in flight
 		p.tracker.AdvanceIdle(walEnd)
 	}
