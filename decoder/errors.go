@@ -10,8 +10,10 @@ import (
 
 // ErrProtocol is wrapped by every Decode error about the byte stream itself:
 // a truncated or malformed message, a message out of transaction order, or an
-// Insert for a relation id never announced. The stream cannot continue. The
-// replication loop matches it with errors.Is to classify the error as fatal.
+// Insert for a relation id never announced. The stream cannot continue: the
+// pipeline returns the error from its handler, and the replication stream
+// stops the relay on every handler error, so nothing needs to match it. It
+// tells a broken stream apart from a bad row (RowError, which is no error).
 var ErrProtocol = errors.New("malformed pgoutput stream")
 
 func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
@@ -22,7 +24,8 @@ func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 // required column that is NULL, missing or not text, an empty aggregate_id,
 // an id that is not an integer, or headers that are not a JSON object. The
 // bytes in the WAL never change, so retrying cannot help: the relay
-// dead-letters the row or stops on it (on_poison). The text says what to do.
+// dead-letters the row or halts publishing at it (on_poison). The text says
+// what to do.
 type RowError struct {
 	Table  string        // schema.name
 	ID     int64         // outbox.id; 0 if unknown

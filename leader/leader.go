@@ -33,6 +33,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
@@ -92,8 +94,9 @@ type Elector struct {
 	connMu     sync.Mutex
 	term       atomic.Pointer[term]
 
-	closing   chan struct{} // closed by Close: hand the lease over and return
-	closeOnce sync.Once
+	stopMu sync.Mutex
+	stop   context.CancelFunc // ends Run's campaign and term gracefully; set by Run
+	closed bool               // Close was called
 }
 
 type term struct {
@@ -111,7 +114,7 @@ func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	e := &Elector{cfg: cfg, metrics: m, start: time.Now(), closing: make(chan struct{}),
+	e := &Elector{cfg: cfg, metrics: m, start: time.Now(),
 		log:     log.With().Str("component", "leader").Str("instance", cfg.InstanceID).Logger(),
 		table:   outboxschema.QuoteIdent(cfg.Schema, outboxschema.LeaseTable),
 		lockKey: "outbox-relay:" + cfg.Slot}
@@ -176,36 +179,47 @@ type Lead func(ctx context.Context, epoch int64) error
 // once. ctx ending is the hard stop: lead's context ends with it.
 func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	defer e.closeConn()
-	backoff := e.cfg.Poll
-	for ctx.Err() == nil && !e.stopping() {
+	ctx, cancel := context.WithCancel(ctx) // ends at Close too
+	defer cancel()
+	e.stopMu.Lock()
+	e.stop = cancel
+	if e.closed {
+		cancel()
+	}
+	e.stopMu.Unlock()
+	// A steady schedule: standbys already spread out by when they started.
+	// The cap is never below Poll, so the wait never shrinks as failures go on.
+	reconnect := backoff.Backoff{Policy: backoff.Policy{Initial: e.cfg.Poll, Max: max(10*time.Second, e.cfg.Poll), Jitter: backoff.Exact}}
+	for ctx.Err() == nil {
 		if err := e.ensureConn(ctx); err != nil {
-			var fatal *fatalError
-			if errors.As(err, &fatal) {
-				return fatal.err
+			if fault.KindOf(err) == fault.Fatal {
+				return err
 			}
 			e.setConnected(false, err)
-			e.log.Warn().Err(err).Dur("retry_in", backoff).Msg("lease connection failed; retrying, standby meanwhile")
-			e.sleep(ctx, backoff)
-			backoff = min(backoff*2, 10*time.Second)
+			wait := reconnect.Next()
+			e.log.Warn().Err(err).Dur("retry_in", wait).Msg("lease connection failed; retrying, standby meanwhile")
+			_ = backoff.Sleep(ctx, wait) // the loop checks ctx
 			continue
 		}
-		backoff = e.cfg.Poll
+		reconnect.Reset()
 		epoch, err := e.campaign(ctx)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		if fault.IsPrivilege(err) {
 			return fmt.Errorf("%w; the relay's role needs SELECT, INSERT, UPDATE on %s (GRANT SELECT, INSERT, UPDATE ON %s TO <role>) and, to fence a stalled leader, the same role as the other instances or pg_signal_backend",
 				err, e.table, e.table)
+		}
+		if fault.KindOf(err) == fault.Fatal {
+			return err
 		}
 		if err != nil {
 			e.setConnected(false, err)
 			e.log.Warn().Err(err).Dur("retry_in", e.cfg.Poll).Msg("lease check failed; retrying")
 			e.closeConn()
-			e.sleep(ctx, e.cfg.Poll)
+			_ = backoff.Sleep(ctx, e.cfg.Poll)
 			continue
 		}
 		e.setConnected(true, nil)
 		if epoch == 0 {
-			e.sleep(ctx, e.cfg.Poll)
+			_ = backoff.Sleep(ctx, e.cfg.Poll)
 			continue
 		}
 		if err := e.serve(ctx, epoch, lead); err != nil {
@@ -215,29 +229,14 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	return nil
 }
 
-type fatalError struct{ err error }
-
-func (f *fatalError) Error() string { return f.err.Error() }
-
-// Close asks Run to stop gracefully (see Run). Idempotent, does not block.
-func (e *Elector) Close() { e.closeOnce.Do(func() { close(e.closing) }) }
-
-func (e *Elector) stopping() bool {
-	select {
-	case <-e.closing:
-		return true
-	default:
-		return false
-	}
-}
-
-func (e *Elector) sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-e.closing:
-	case <-t.C:
+// Close asks Run to stop gracefully (see Run). Idempotent, does not block;
+// before Run it makes Run return at once.
+func (e *Elector) Close() {
+	e.stopMu.Lock()
+	defer e.stopMu.Unlock()
+	e.closed = true
+	if e.stop != nil {
+		e.stop()
 	}
 }
 
@@ -249,7 +248,7 @@ func (e *Elector) ensureConn(ctx context.Context) error {
 	}
 	cc, err := pgx.ParseConfig(e.cfg.URL)
 	if err != nil {
-		return &fatalError{errors.New("parse postgres.url: not a valid connection string")}
+		return fault.Fatal.Wrap(errors.New("parse postgres.url: not a valid connection string"))
 	}
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = 10 * time.Second
@@ -274,7 +273,7 @@ func (e *Elector) ensureConn(ctx context.Context) error {
 	}
 	if !exists {
 		conn.Close(context.Background())
-		return &fatalError{fmt.Errorf("lease table %s does not exist: run `outbox-relay migrate` (migration 0004 adds it)", e.table)}
+		return fault.Fatal.Wrap(fmt.Errorf("lease table %s does not exist: run `outbox-relay migrate` (migration 0004 adds it)", e.table))
 	}
 	e.conn = conn
 	return nil
@@ -411,14 +410,14 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 
 	t := time.NewTicker(e.cfg.Renew)
 	defer t.Stop()
-	stop := e.closing
+	stop := ctx.Done()
 	reason := "shutting down"
 	var leadErr error
 	for done != nil {
 		select {
 		case leadErr = <-done:
 			done = nil
-			if ctx.Err() == nil && !e.stopping() {
+			if ctx.Err() == nil {
 				reason = "leader stopped"
 			}
 		case <-stop:
@@ -435,13 +434,13 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 		}
 	}
 	e.fence()
-	if ctx.Err() != nil || e.stopping() {
+	if ctx.Err() != nil {
 		e.release()
 	}
 	// A new lease session for the next campaign: this one may hold the lock.
 	e.closeConn()
 	e.transition(Standby, epoch, reason)
-	if leadErr != nil && !errors.Is(leadErr, context.Canceled) && ctx.Err() == nil && !e.stopping() {
+	if leadErr != nil && !errors.Is(leadErr, context.Canceled) && ctx.Err() == nil {
 		return leadErr
 	}
 	return nil

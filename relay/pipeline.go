@@ -12,9 +12,11 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -184,7 +186,7 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 // under dlq the event becomes its dead letter at once.
 func (p *Pipeline) poisonRow(ctx context.Context, d *delivery, reason string, err error) error {
 	d.attempts = 1
-	if Decide(Failure{Kind: sink.Poison, Attempts: 1, Permanent: true}, p.policy) == Halt {
+	if Decide(Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, p.policy) == Halt {
 		p.halt(d, err)
 		return p.waitIfHalted(ctx)
 	}
@@ -243,7 +245,7 @@ func (d *delivery) done(err error) {
 		switch {
 		case d.letter != nil:
 			err = fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err)
-		case kind == sink.Refused:
+		case kind == fault.Refused:
 			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err)
 		default:
 			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
@@ -276,6 +278,9 @@ func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
 
+// markBackoff paces the retries of a row mark while PostgreSQL is away.
+var markBackoff = backoff.Policy{Initial: time.Second, Max: 30 * time.Second}
+
 // rowMark is a dead letter or a halt to record on the outbox row.
 type rowMark struct {
 	d      *delivery
@@ -306,9 +311,7 @@ func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 			return nil // shutting down: unacked, so the event comes back after restart
 		}
 		p.log.Warn().Err(err).Int64("id", d.id).Bool("dead_letter", m.dead).Msg("cannot mark the outbox row yet; retrying")
-		select {
-		case <-time.After(sink.Backoff(time.Second, 30*time.Second, attempt)):
-		case <-ctx.Done():
+		if backoff.Sleep(ctx, markBackoff.Delay(attempt)) != nil {
 			return nil
 		}
 	}
@@ -376,9 +379,9 @@ func (p *Pipeline) Flushed() pglogrepl.LSN { return p.tracker.Flushed() }
 // acked. Any goroutine.
 func (p *Pipeline) InFlight() (events int, bytes int64) { return p.tracker.InFlight() }
 
-// Idle implements replication.Progress; called on the loop goroutine, so
-// the decoder's state is consistent with everything handled so far.
-func (p *Pipeline) Idle(walEnd pglogrepl.LSN) {
+// AdvanceIdle implements replication.Progress; called on the loop goroutine,
+// so the decoder's state is consistent with everything handled so far.
+func (p *Pipeline) AdvanceIdle(walEnd pglogrepl.LSN) {
 	if !p.dec.InTxn() && p.halted.Load() == nil { // a halt may sit before walEnd with nothing in flight
 		p.tracker.AdvanceIdle(walEnd)
 	}

@@ -315,7 +315,7 @@ func TestBadRow(t *testing.T) {
 				if sent, _ := h.pub.snapshot(); len(sent) != 0 {
 					t.Errorf("published %d records of a halted transaction", len(sent))
 				}
-				h.p.Idle(1000)
+				h.p.AdvanceIdle(1000)
 				if h.p.Flushed() != 0 {
 					t.Errorf("idle advance moved a halted pipeline to %s", h.p.Flushed())
 				}
@@ -378,7 +378,7 @@ func TestAckOrderAndResendOrder(t *testing.T) {
 		t.Errorf("%d events in flight after every ack", e)
 	}
 	// Idle: nothing in flight and no open transaction, so a keepalive moves it.
-	h.p.Idle(500)
+	h.p.AdvanceIdle(500)
 	if h.p.Flushed() != 500 {
 		t.Errorf("idle advance: watermark %s, want 0/1F4", h.p.Flushed())
 	}
@@ -414,7 +414,7 @@ func TestDrainAndIdle(t *testing.T) {
 	if err := h.p.Handle(h.ctx, 195, pg.Begin(300, 8)); err != nil {
 		t.Fatal(err)
 	}
-	h.p.Idle(250)
+	h.p.AdvanceIdle(250)
 	if h.p.Flushed() != 110 {
 		t.Errorf("idle advance inside a transaction: watermark %s", h.p.Flushed())
 	}

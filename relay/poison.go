@@ -3,7 +3,8 @@ package relay
 import (
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/fault"
 )
 
 // Policy says what happens to an event that can never be published as it
@@ -18,7 +19,7 @@ type Policy struct {
 
 // Failure is one failed attempt as the poison decision sees it.
 type Failure struct {
-	Kind       sink.Kind
+	Kind       fault.Kind
 	Attempts   int  // failed attempts so far, this one included
 	DeadLetter bool // the failed record was the event's dead letter
 	// Permanent: the row itself cannot become a record (a bad row, a topic
@@ -57,9 +58,9 @@ func Decide(f Failure, p Policy) Action {
 		return Halt
 	case f.Permanent:
 		return DeadLetter
-	case f.Kind == sink.Transient:
+	case f.Kind == fault.Transient:
 		return RetryTransient
-	case f.DeadLetter, f.Kind == sink.Refused:
+	case f.DeadLetter, f.Kind == fault.Refused:
 		return Halt
 	case f.Attempts < p.MaxAttempts:
 		return RetryPoison
@@ -74,9 +75,9 @@ func Decide(f Failure, p Policy) Action {
 func (p Policy) delay(a Action, attempts int) time.Duration {
 	switch a {
 	case RetryTransient:
-		return sink.Backoff(transientFirst, p.TransientMax, attempts)
+		return backoff.Policy{Initial: transientFirst, Max: p.TransientMax}.Delay(attempts)
 	case RetryPoison:
-		return sink.Backoff(p.Backoff, time.Minute, attempts)
+		return backoff.Policy{Initial: p.Backoff, Max: time.Minute}.Delay(attempts)
 	}
 	return 0
 }

@@ -3,7 +3,7 @@ package relay
 import (
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/fault"
 )
 
 func TestDecide(t *testing.T) {
@@ -15,18 +15,18 @@ func TestDecide(t *testing.T) {
 		p    Policy
 		want Action
 	}{
-		{"transient is retried for ever", Failure{Kind: sink.Transient, Attempts: 1000}, dlq, RetryTransient},
-		{"transient under halt too", Failure{Kind: sink.Transient, Attempts: 1000}, halt, RetryTransient},
-		{"transient dead letter is retried", Failure{Kind: sink.Transient, Attempts: 9, DeadLetter: true}, dlq, RetryTransient},
-		{"poison within attempts is retried", Failure{Kind: sink.Poison, Attempts: 2}, dlq, RetryPoison},
-		{"poison at max attempts is dead-lettered", Failure{Kind: sink.Poison, Attempts: 3}, dlq, DeadLetter},
-		{"poison at max attempts halts under halt", Failure{Kind: sink.Poison, Attempts: 3}, halt, Halt},
-		{"poison within attempts under halt is retried", Failure{Kind: sink.Poison, Attempts: 1}, halt, RetryPoison},
-		{"refused halts at once", Failure{Kind: sink.Refused, Attempts: 1}, dlq, Halt},
-		{"a dead letter that fails halts", Failure{Kind: sink.Poison, Attempts: 1, DeadLetter: true}, dlq, Halt},
-		{"a bad row is dead-lettered at once", Failure{Kind: sink.Poison, Attempts: 1, Permanent: true}, dlq, DeadLetter},
-		{"a bad row halts under halt", Failure{Kind: sink.Poison, Attempts: 1, Permanent: true}, halt, Halt},
-		{"one attempt allowed", Failure{Kind: sink.Poison, Attempts: 1}, Policy{MaxAttempts: 1}, DeadLetter},
+		{"transient is retried for ever", Failure{Kind: fault.Transient, Attempts: 1000}, dlq, RetryTransient},
+		{"transient under halt too", Failure{Kind: fault.Transient, Attempts: 1000}, halt, RetryTransient},
+		{"transient dead letter is retried", Failure{Kind: fault.Transient, Attempts: 9, DeadLetter: true}, dlq, RetryTransient},
+		{"poison within attempts is retried", Failure{Kind: fault.Poison, Attempts: 2}, dlq, RetryPoison},
+		{"poison at max attempts is dead-lettered", Failure{Kind: fault.Poison, Attempts: 3}, dlq, DeadLetter},
+		{"poison at max attempts halts under halt", Failure{Kind: fault.Poison, Attempts: 3}, halt, Halt},
+		{"poison within attempts under halt is retried", Failure{Kind: fault.Poison, Attempts: 1}, halt, RetryPoison},
+		{"refused halts at once", Failure{Kind: fault.Refused, Attempts: 1}, dlq, Halt},
+		{"a dead letter that fails halts", Failure{Kind: fault.Poison, Attempts: 1, DeadLetter: true}, dlq, Halt},
+		{"a bad row is dead-lettered at once", Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, dlq, DeadLetter},
+		{"a bad row halts under halt", Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, halt, Halt},
+		{"one attempt allowed", Failure{Kind: fault.Poison, Attempts: 1}, Policy{MaxAttempts: 1}, DeadLetter},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,17 +1,9 @@
 package replication
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"io"
-	"net"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func validConfig() Config {
@@ -130,65 +122,5 @@ func TestParsePGDuration(t *testing.T) {
 				t.Errorf("parsePGDuration(%q) = %s, want %s", tt.in, got, tt.want)
 			}
 		})
-	}
-}
-
-func TestIsFatal(t *testing.T) {
-	pgErr := func(code string) error { return &pgconn.PgError{Severity: "FATAL", Code: code, Message: "test"} }
-	netErr := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"nil", nil, false},
-		{"Fatal", Fatal(errors.New("slot is physical")), true},
-		{"wrapped Fatal", fmt.Errorf("start replication: %w", Fatal(errors.New("x"))), true},
-		{"twice wrapped Fatal", fmt.Errorf("a: %w", fmt.Errorf("b: %w", Fatal(io.EOF))), true},
-		{"joined with a Fatal", errors.Join(io.EOF, Fatal(errors.New("x"))), true},
-		{"Fatal of a network error", Fatal(netErr), true},
-		{"28P01 invalid password", pgErr("28P01"), true},
-		{"28000 invalid authorization", pgErr("28000"), true},
-		{"42501 insufficient privilege", pgErr("42501"), true},
-		{"3D000 database does not exist", pgErr("3D000"), true},
-		{"wrapped 28P01", fmt.Errorf("connect: %w", pgErr("28P01")), true},
-		{"wrapped 42501", fmt.Errorf("create slot: %w", pgErr("42501")), true},
-		{"wrapped 3D000", fmt.Errorf("connect to %s: %w", "db", pgErr("3D000")), true},
-		{"57P01 admin shutdown", pgErr("57P01"), false},
-		{"53300 too many connections", pgErr("53300"), false},
-		{"55006 slot active", pgErr("55006"), false},
-		{"08006 connection failure", pgErr("08006"), false},
-		{"network error", netErr, false},
-		{"wrapped network error", fmt.Errorf("connect: %w", netErr), false},
-		{"io.EOF", io.EOF, false},
-		{"unexpected EOF", io.ErrUnexpectedEOF, false},
-		{"context canceled", context.Canceled, false},
-		{"deadline exceeded", context.DeadlineExceeded, false},
-		{"plain error", errors.New("28P01"), false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := IsFatal(tt.err); got != tt.want {
-				t.Errorf("IsFatal(%v) = %v, want %v", tt.err, got, tt.want)
-			}
-		})
-	}
-}
-
-func TestFatal(t *testing.T) {
-	if err := Fatal(nil); err != nil {
-		t.Errorf("Fatal(nil) = %v, want nil", err)
-	}
-	inner := fmt.Errorf("slot %s: %w", "outbox_relay", io.EOF)
-	err := Fatal(inner)
-	if err.Error() != inner.Error() {
-		t.Errorf("Fatal changed the message: %q, want %q", err.Error(), inner.Error())
-	}
-	if !errors.Is(err, io.EOF) {
-		t.Error("Fatal(err) does not unwrap to err's chain")
-	}
-	var f *FatalError
-	if !errors.As(fmt.Errorf("outer: %w", err), &f) || f.Err != inner {
-		t.Errorf("errors.As(*FatalError) = %v, %v", f, inner)
 	}
 }

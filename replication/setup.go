@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -24,14 +25,14 @@ type SlotInfo struct {
 	Created        bool  // created by this call
 }
 
-// ErrSlotVanished is returned (as a FatalError) when a slot that existed
+// ErrSlotVanished is returned (marked fault.Fatal) when a slot that existed
 // earlier in this process is gone: recreating it silently would skip every
 // event written in between.
 var ErrSlotVanished = errors.New("replication slot vanished")
 
 // Prepare checks the server and the outbox objects on a normal connection and
 // creates the publication and, when createSlot is true, the slot if missing.
-// Every problem an operator must fix comes back as a FatalError that says how
+// Every problem an operator must fix comes back marked fault.Fatal, saying how
 // to fix it. It is safe to call concurrently with another relay: creation
 // races are tolerated.
 func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error) {
@@ -46,7 +47,7 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		return SlotInfo{}, fmt.Errorf("read wal_level: %w", err)
 	}
 	if walLevel != "logical" {
-		return SlotInfo{}, Fatal(fmt.Errorf("postgres wal_level is %q but logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf) and restart PostgreSQL", walLevel))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("postgres wal_level is %q but logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf) and restart PostgreSQL", walLevel))
 	}
 	if err := checkTable(ctx, conn, cfg.Table); err != nil {
 		return SlotInfo{}, err
@@ -64,11 +65,11 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		return SlotInfo{}, err
 	}
 	if !found && registered {
-		return SlotInfo{}, Fatal(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (dropped?): %w. Events committed while it was missing were not streamed. Republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id), then DELETE FROM %s WHERE slot_name = '%s' and start again: the relay will create a fresh slot",
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (dropped?): %w. Events committed while it was missing were not streamed. Republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id), then DELETE FROM %s WHERE slot_name = '%s' and start again: the relay will create a fresh slot",
 			cfg.Slot, created.at, created.lsn, ErrSlotVanished, registry, cfg.Slot))
 	}
 	if !found && !createSlot {
-		return SlotInfo{}, Fatal(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recreate it with `outbox-relay migrate`, then republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id)", cfg.Slot, ErrSlotVanished))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recreate it with `outbox-relay migrate`, then republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id)", cfg.Slot, ErrSlotVanished))
 	}
 	if !found {
 		if err := createReplicationSlot(ctx, cfg); err != nil {
@@ -128,7 +129,7 @@ func register(ctx context.Context, conn *pgx.Conn, registry, slot string, lsn pg
 func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 	t, err := outboxschema.ParseTable(table)
 	if err != nil {
-		return Fatal(err)
+		return fault.Fatal.Wrap(err)
 	}
 	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_attribute a
 		JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -141,7 +142,7 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 		return fmt.Errorf("read columns of %s: %w", table, err)
 	}
 	if len(have) == 0 {
-		return Fatal(fmt.Errorf("outbox table %s does not exist: run `outbox-relay migrate` with the same config, or set postgres.table", table))
+		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s does not exist: run `outbox-relay migrate` with the same config, or set postgres.table", table))
 	}
 	missing := func(want []string) string {
 		var m []string
@@ -153,10 +154,10 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 		return strings.Join(m, ", ")
 	}
 	if m := missing(outboxschema.RequiredColumns); m != "" {
-		return Fatal(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, m))
+		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, m))
 	}
 	if m := missing(outboxschema.BookkeepingColumns); m != "" {
-		return Fatal(fmt.Errorf("outbox table %s lacks column(s) %s, where poison events are recorded: run `outbox-relay migrate` (migration 0003 adds them)", table, m))
+		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s lacks column(s) %s, where poison events are recorded: run `outbox-relay migrate` (migration 0003 adds them)", table, m))
 	}
 	return nil
 }
@@ -171,12 +172,12 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 	var pubInsert bool
 	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
 	if errors.Is(err, pgx.ErrNoRows) && slotExists {
-		return Fatal(fmt.Errorf("publication %q does not exist, but slot %q does (confirmed up to %s): PostgreSQL decodes each change with the publications that existed when it was written, so a publication created now cannot cover the changes already in the slot and streaming would fail on the first of them. Recreate the publication (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')), skip the gap with SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn()), then republish the outbox rows created since the publication was dropped (consumers deduplicate on event_id); or drop the slot and run outbox-relay migrate",
+		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not exist, but slot %q does (confirmed up to %s): PostgreSQL decodes each change with the publications that existed when it was written, so a publication created now cannot cover the changes already in the slot and streaming would fail on the first of them. Recreate the publication (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')), skip the gap with SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn()), then republish the outbox rows created since the publication was dropped (consumers deduplicate on event_id); or drop the slot and run outbox-relay migrate",
 			cfg.Publication, cfg.Slot, confirmed, pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted(), cfg.Slot))
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !cfg.CreatePublication {
-			return Fatal(fmt.Errorf("publication %q does not exist and postgres.create_publication is false: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
+			return fault.Fatal.Wrap(fmt.Errorf("publication %q does not exist and postgres.create_publication is false: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
 				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted()))
 		}
 		_, err = conn.Exec(ctx, CreatePublicationSQL(cfg.Publication, cfg.Table))
@@ -192,7 +193,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 		return fmt.Errorf("read publication %q: %w", cfg.Publication, err)
 	}
 	if !pubInsert {
-		return Fatal(fmt.Errorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize()))
+		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize()))
 	}
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
@@ -200,7 +201,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
 	}
 	if n == 0 {
-		return Fatal(fmt.Errorf("publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, cfg.Table,
+		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, cfg.Table,
 			pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted()))
 	}
 	return nil
@@ -216,17 +217,17 @@ func CreatePublicationSQL(publication, table string) string {
 
 func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool, error) {
 	var (
-		info              SlotInfo
-		plugin, slotType  *string
-		database          *string
-		confirmed, restrt *string
-		walStatus         *string
-		pid               *int32
-		currentDB         string
+		info               SlotInfo
+		plugin, slotType   *string
+		database           *string
+		confirmed, restart *string
+		walStatus          *string
+		pid                *int32
+		currentDB          string
 	)
 	err := conn.QueryRow(ctx, `SELECT plugin, slot_type, database, confirmed_flush_lsn::text, restart_lsn::text,
 		wal_status, active_pid, current_database() FROM pg_replication_slots WHERE slot_name = $1`, slot).
-		Scan(&plugin, &slotType, &database, &confirmed, &restrt, &walStatus, &pid, &currentDB)
+		Scan(&plugin, &slotType, &database, &confirmed, &restart, &walStatus, &pid, &currentDB)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return info, false, nil
 	}
@@ -240,22 +241,22 @@ func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool,
 		return *p
 	}
 	if str(slotType) != "logical" || str(plugin) != "pgoutput" {
-		return info, false, Fatal(fmt.Errorf("slot %q exists but is a %s slot with plugin %q; the relay needs a logical pgoutput slot: choose another postgres.slot name, or drop that slot if nothing else uses it", slot, str(slotType), str(plugin)))
+		return info, false, fault.Fatal.Wrap(fmt.Errorf("slot %q exists but is a %s slot with plugin %q; the relay needs a logical pgoutput slot: choose another postgres.slot name, or drop that slot if nothing else uses it", slot, str(slotType), str(plugin)))
 	}
 	if str(database) != currentDB {
-		return info, false, Fatal(fmt.Errorf("slot %q belongs to database %q, not %q: connect to that database or choose another postgres.slot", slot, str(database), currentDB))
+		return info, false, fault.Fatal.Wrap(fmt.Errorf("slot %q belongs to database %q, not %q: connect to that database or choose another postgres.slot", slot, str(database), currentDB))
 	}
 	info.WALStatus = str(walStatus)
 	if info.WALStatus == "lost" {
-		return info, false, Fatal(fmt.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events after its last confirmed position %s may never be streamed. Retrying cannot fix this. Drop and recreate the slot (SELECT pg_drop_replication_slot('%s'); then outbox-relay migrate), then replay from the outbox table the rows created since the relay last ran healthy (INSERT INTO <table> (aggregate_type, aggregate_id, event_type, payload, headers) SELECT ... WHERE created_at >= ...); consumers deduplicate on event_id. Raise max_slot_wal_keep_size or alert on slot lag to prevent it", slot, info.ConfirmedFlush, slot))
+		return info, false, fault.Fatal.Wrap(fmt.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events after its last confirmed position %s may never be streamed. Retrying cannot fix this. Drop and recreate the slot (SELECT pg_drop_replication_slot('%s'); then outbox-relay migrate), then replay from the outbox table the rows created since the relay last ran healthy (INSERT INTO <table> (aggregate_type, aggregate_id, event_type, payload, headers) SELECT ... WHERE created_at >= ...); consumers deduplicate on event_id. Raise max_slot_wal_keep_size or alert on slot lag to prevent it", slot, info.ConfirmedFlush, slot))
 	}
 	if confirmed != nil {
 		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
 			return info, false, fmt.Errorf("parse confirmed_flush_lsn of slot %q: %w", slot, err)
 		}
 	}
-	if restrt != nil {
-		if info.RestartLSN, err = pglogrepl.ParseLSN(*restrt); err != nil {
+	if restart != nil {
+		if info.RestartLSN, err = pglogrepl.ParseLSN(*restart); err != nil {
 			return info, false, fmt.Errorf("parse restart_lsn of slot %q: %w", slot, err)
 		}
 	}
@@ -286,16 +287,15 @@ func createReplicationSlot(ctx context.Context, cfg Config) error {
 func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
 	pc, err := pgconn.ParseConfig(url)
 	if err != nil {
-		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
+		return nil, fault.Fatal.Wrap(errors.New("parse postgres.url: not a valid connection string"))
 	}
 	withConnectTimeout(pc)
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = "outbox-relay"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-		return nil, Fatal(fmt.Errorf("open replication connection as %q: %w; grant it with ALTER ROLE %s REPLICATION (and allow it in pg_hba.conf for the replication database)",
-			pc.User, err, pgx.Identifier{pc.User}.Sanitize()))
+	if fault.IsPrivilege(err) { // fatal (fault.KindOf); only here is the missing grant known
+		return nil, fmt.Errorf("open replication connection as %q: %w; grant it with ALTER ROLE %s REPLICATION (and allow it in pg_hba.conf for the replication database)",
+			pc.User, err, pgx.Identifier{pc.User}.Sanitize())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open replication connection: %w", connectError(err))
@@ -305,11 +305,13 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 
 // connectError makes a connection error that retrying cannot fix fatal: a
 // run-time parameter the server does not know, e.g. in options=-c ... of
-// postgres.url.
+// postgres.url. 42704 (undefined_object) is fatal only here, at connect:
+// fault.KindOf keeps it transient, because START_REPLICATION on a dropped
+// slot says 42704 too, and the next session's Prepare explains that one.
 func connectError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42704" {
-		return Fatal(fmt.Errorf("%w; fix the options in postgres.url", err))
+		return fault.Fatal.Wrap(fmt.Errorf("%w; fix the options in postgres.url", err))
 	}
 	return err
 }
@@ -330,7 +332,7 @@ func withConnectTimeout(c *pgconn.Config) {
 func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	cc, err := pgx.ParseConfig(url)
 	if err != nil {
-		return nil, Fatal(errors.New("parse postgres.url: not a valid connection string"))
+		return nil, fault.Fatal.Wrap(errors.New("parse postgres.url: not a valid connection string"))
 	}
 	withConnectTimeout(&cc.Config)
 	conn, err := pgx.ConnectConfig(ctx, cc)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/rs/zerolog"
 )
 
@@ -26,9 +27,11 @@ type Progress interface {
 	// Flushed is the position every event before which is acked; it goes
 	// into Flush and Apply of each status update. Any goroutine.
 	Flushed() pglogrepl.LSN
-	// Idle is called with a keepalive's WAL end; the implementation advances
-	// only when nothing is in flight and no transaction is open.
-	Idle(walEnd pglogrepl.LSN)
+	// AdvanceIdle asks to move Flushed up to walEnd (a keepalive's WAL end,
+	// or the slot's confirmed position at session start); the
+	// implementation does so only when nothing is in flight and no
+	// transaction is open.
+	AdvanceIdle(walEnd pglogrepl.LSN)
 	// Drain blocks until every event handed over so far is acked (or ctx
 	// ends) and forgets any partially received transaction. The stream calls
 	// it before reconnecting and at shutdown.
@@ -106,29 +109,26 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		cancel()
 	}
 	s.stopMu.Unlock()
-	backoff := s.cfg.ReconnectMin
+	// Jitter (the default) keeps relays from reconnecting in step.
+	b := backoff.Backoff{Policy: backoff.Policy{Initial: s.cfg.ReconnectMin, Max: s.cfg.ReconnectMax}}
 	for {
 		started := time.Now()
 		err := s.session(ctx, hard, h)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if IsFatal(err) {
+		if fault.KindOf(err) == fault.Fatal {
 			return err
 		}
 		s.metrics.reconnects.Inc()
 		if time.Since(started) > time.Minute {
-			backoff = s.cfg.ReconnectMin // the session was healthy for a while
+			b.Reset() // the session was healthy for a while
 		}
-		// Full jitter on the upper half keeps relays from reconnecting in step.
-		sleep := backoff/2 + rand.N(backoff/2+1)
+		sleep := b.Next()
 		s.log.Warn().Err(err).Dur("retry_in", sleep).Msg("replication session ended; reconnecting")
-		select {
-		case <-ctx.Done():
+		if backoff.Sleep(ctx, sleep) != nil {
 			return nil
-		case <-time.After(sleep):
 		}
-		backoff = min(backoff*2, s.cfg.ReconnectMax)
 	}
 }
 
@@ -181,7 +181,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	// Everything before the slot's confirmed position is durable downstream
 	// and nothing is in flight (drained above): seed the watermark with it,
 	// so status updates never carry less than the server already has.
-	s.progress.Idle(info.ConfirmedFlush)
+	s.progress.AdvanceIdle(info.ConfirmedFlush)
 	start := s.progress.Flushed()
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
@@ -234,7 +234,7 @@ func (s *Stream) checkSenderTimeout(ctx context.Context, conn *pgconn.PgConn) er
 		return nil
 	}
 	if s.cfg.StatusInterval >= d/2 {
-		return Fatal(fmt.Errorf("postgres.status_interval %s must be below wal_sender_timeout/2 (%s): lower it", s.cfg.StatusInterval, d/2))
+		return fault.Fatal.Wrap(fmt.Errorf("postgres.status_interval %s must be below wal_sender_timeout/2 (%s): lower it", s.cfg.StatusInterval, d/2))
 	}
 	return nil
 }
@@ -319,7 +319,7 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 		s.observe(ka.ServerWALEnd)
 		// Every XLogData before this keepalive was handled on this goroutine,
 		// so the progress can judge whether it is idle.
-		s.progress.Idle(ka.ServerWALEnd)
+		s.progress.AdvanceIdle(ka.ServerWALEnd)
 		if ka.ReplyRequested {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -335,7 +335,7 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 			if ctx.Err() != nil {
 				return nil
 			}
-			return Fatal(fmt.Errorf("handle WAL at %s: %w", xld.WALStart, err))
+			return fault.Fatal.Wrap(fmt.Errorf("handle WAL at %s: %w", xld.WALStart, err))
 		}
 	}
 	return nil

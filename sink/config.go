@@ -36,8 +36,10 @@ type Config struct {
 	// RetryBackoffMax caps the exponential backoff between retries of a
 	// failed produce; retries go on until the broker takes the batch.
 	RetryBackoffMax time.Duration `yaml:"retry_backoff_max"`
-	// RetryMax is how many times one batch is retried before the error
-	// stops the relay (default 1000: about an hour with a 5s backoff cap).
+	// RetryMax is how many times sarama retries one batch before it returns
+	// the error (default 1000: about an hour with a 5s backoff cap); the
+	// pipeline then requeues the events, so a transient error never stops
+	// the relay.
 	RetryMax int `yaml:"retry_max"`
 	// SASL and TLS secure the broker connections.
 	SASL SASLConfig `yaml:"sasl"`

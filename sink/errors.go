@@ -8,23 +8,24 @@ import (
 	"syscall"
 
 	"github.com/IBM/sarama"
+	"github.com/outbox-relay/outbox-relay/fault"
 )
 
-// Kind says what to do about a produce error.
-type Kind int
+// Kind is fault's Kind: what to do about a produce error. The names below
+// let the pipeline speak sink's vocabulary; the meanings are fault's.
+type Kind = fault.Kind
 
 const (
-	// Transient errors go away by themselves (a broker restarts, a leader is
-	// elected, replicas catch up): retry for ever, never skip the event.
-	Transient Kind = iota
-	// Poison errors are about the record itself and come back on every
-	// attempt (too large, invalid topic, rejected by the broker): after a
-	// few attempts the event is dead-lettered or the relay halts (on_poison).
-	Poison
-	// Refused errors are about the relay's rights, not the event (topic or
-	// cluster authorization): dead-lettering would send every event to the
-	// DLQ, so the relay halts until an operator fixes the ACLs.
-	Refused
+	// Transient: a broker restarts, a leader is elected, replicas catch
+	// up. Retried for ever; the event is never skipped.
+	Transient = fault.Transient
+	// Poison: the record itself is refused on every attempt (too large,
+	// invalid topic, rejected by the broker). After a few attempts the
+	// event is dead-lettered or the relay halts (on_poison).
+	Poison = fault.Poison
+	// Refused: topic or cluster authorization. The relay halts until an
+	// operator fixes the ACLs.
+	Refused = fault.Refused
 )
 
 // Reasons, the label values of outbox_relay_publish_errors_total.

@@ -5,12 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
@@ -107,14 +107,14 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.Idempotent = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
 	sc.Net.MaxOpenRequests = 1
-	// Retry for about an hour of outage (sarama sizes a per-partition array
-	// by Retry.Max, so "forever" is not an option). When retries run out the
-	// error stops the relay; the slot has not moved past the event, so a
-	// restart resends it. Nothing is ever dropped.
+	// sarama retries a batch up to Retry.Max times (it sizes a per-partition
+	// array by it, so "forever" is not an option). When they run out it
+	// returns the error; the pipeline requeues a transient one, for ever,
+	// so the relay never stops on it and nothing is dropped.
 	sc.Producer.Retry.Max = cfg.RetryMax
-	backoffMax := cfg.RetryBackoffMax
+	retry := backoff.Policy{Initial: 100 * time.Millisecond, Max: cfg.RetryBackoffMax}
 	sc.Producer.Retry.BackoffFunc = func(retries, _ int) time.Duration {
-		return Backoff(100*time.Millisecond, backoffMax, retries+1)
+		return retry.Delay(retries + 1)
 	}
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
@@ -147,19 +147,12 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	return sc, nil
 }
 
-// Backoff is the wait before attempt (1, 2, ...) of a retried produce:
-// exponential from first, capped, with jitter on the upper half, so retries
-// of many records do not march in step. The relay's own retries use it too.
-func Backoff(first, cap time.Duration, attempt int) time.Duration {
-	d := min(first<<min(max(attempt-1, 0), 20), cap)
-	return d/2 + rand.N(d/2+1)
-}
-
 // connect dials the cluster, retrying with capped backoff until it succeeds,
 // ctx ends or Close is called (errClosing). Each failure is logged; the
 // relay stays not ready meanwhile.
 func (p *Producer) connect(ctx context.Context) error {
-	backoff := 200 * time.Millisecond
+	// One dialer, alone in its loop: a steady schedule reads better in logs.
+	b := backoff.Backoff{Policy: backoff.Policy{Initial: 200 * time.Millisecond, Max: 10 * time.Second, Jitter: backoff.Exact}}
 	hc := *p.sc
 	hc.Metadata.Retry.Max = 1
 	hc.Metadata.Retry.BackoffFunc = nil
@@ -183,15 +176,15 @@ func (p *Producer) connect(ctx context.Context) error {
 			return fmt.Errorf("kafka refused the credentials of user %q (SASL %s): %w; check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)",
 				p.cfg.SASL.Username, p.cfg.SASL.Mechanism, err)
 		}
-		p.log.Warn().Err(err).Strs("brokers", p.cfg.Brokers).Dur("retry_in", backoff).Msg("kafka not reachable; retrying")
+		wait := b.Next()
+		p.log.Warn().Err(err).Strs("brokers", p.cfg.Brokers).Dur("retry_in", wait).Msg("kafka not reachable; retrying")
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("connect to kafka %v: %w", p.cfg.Brokers, ctx.Err())
 		case <-p.closing:
 			return errClosing
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, 10*time.Second)
 	}
 }
 

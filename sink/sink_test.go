@@ -738,12 +738,20 @@ func TestProducerLifecycleErrors(t *testing.T) {
 	}
 }
 
-func TestBackoffIsBoundedAndJittered(t *testing.T) {
-	for attempt := 1; attempt < 100; attempt++ {
-		d := Backoff(100*time.Millisecond, 5*time.Second, attempt)
-		lo := min(100*time.Millisecond<<min(attempt-1, 20), 5*time.Second) / 2
-		if d < lo || d > 2*lo {
-			t.Fatalf("attempt %d: %s outside [%s, %s]", attempt, d, lo, 2*lo)
+// sarama's retries of a batch wait 100ms doubling up to
+// kafka.retry_backoff_max, jittered over the upper half of each step.
+func TestSaramaRetryBackoff(t *testing.T) {
+	c := validConfig()
+	c.RetryBackoffMax = 2 * time.Second
+	sc, err := saramaConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for retries := 0; retries < 100; retries++ {
+		hi := min(100*time.Millisecond<<min(retries, 20), c.RetryBackoffMax)
+		d := sc.Producer.Retry.BackoffFunc(retries, c.RetryMax)
+		if d < hi/2 || d > hi {
+			t.Fatalf("retry %d: %s outside [%s, %s]", retries, d, hi/2, hi)
 		}
 	}
 }
