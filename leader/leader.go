@@ -92,14 +92,14 @@ type Elector struct {
 	validUntil atomic.Int64
 	conn       *pgx.Conn // owned by Run's goroutine
 	connMu     sync.Mutex
-	term       atomic.Pointer[term]
+	held       atomic.Pointer[heldLease] // the epoch this instance leads, nil when standby
 
 	stopMu sync.Mutex
 	stop   context.CancelFunc // ends Run's campaign and term gracefully; set by Run
 	closed bool               // Close was called
 }
 
-type term struct {
+type heldLease struct {
 	epoch int64
 }
 
@@ -145,7 +145,7 @@ func (e *Elector) Valid() bool {
 // Check verifies the lease with a round trip: the row still names this
 // instance and epoch. The replication stream calls it before each session.
 func (e *Elector) Check(ctx context.Context) error {
-	t := e.term.Load()
+	t := e.held.Load()
 	if t == nil || !e.Valid() {
 		return ErrNotLeader
 	}
@@ -401,7 +401,7 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 // renewed until lead has drained and sent its last status update, then
 // handed over.
 func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
-	e.term.Store(&term{epoch: epoch})
+	e.held.Store(&heldLease{epoch: epoch})
 	e.transition(Leader, epoch, "took the lease")
 	tctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -449,7 +449,7 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 // fence ends the term locally: Valid and Check fail from now on.
 func (e *Elector) fence() {
 	e.validUntil.Store(0)
-	e.term.Store(nil)
+	e.held.Store(nil)
 }
 
 func (e *Elector) renew(ctx context.Context, epoch int64) error {

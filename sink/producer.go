@@ -282,25 +282,54 @@ func (p *Producer) Run(ctx context.Context) error {
 		wg.Wait()
 		close(drained)
 	}()
-	probe := time.NewTicker(3 * time.Second)
-	defer probe.Stop()
-	defer func() {
-		p.setConnected(false)
-		_ = p.client.Close()
-		_ = p.health.Close()
-	}()
-	for {
-		select {
-		case <-drained: // after Close: every buffered record was acked or failed
-			return nil
-		case <-ctx.Done():
-			p.log.Warn().Msg("kafka producer not drained by the shutdown deadline; unacked events will be resent after restart")
-			return nil
-		case <-probe.C:
+	// The readiness probe runs on its own: a metadata request to a silent
+	// broker takes seconds, and Run must see its ctx end at once.
+	stopProbe, probed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(probed)
+		t := time.NewTicker(3 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopProbe:
+				return
+			case <-t.C:
+			}
 			p.setConnected(p.health.RefreshMetadata() == nil)
 		}
+	}()
+	defer p.closeClients(stopProbe, probed)
+	select {
+	case <-drained: // after Close: every buffered record was acked or failed
+	case <-ctx.Done():
+		p.log.Warn().Msg("kafka producer not drained by the shutdown deadline; unacked events will be resent after restart")
 	}
+	return nil
 }
+
+// closeClients stops the probe and closes both clients. Closing a sarama
+// broker waits for its response reader, which a silent broker holds for the
+// read timeout: after closeTimeout the rest is left to finish on its own, so
+// a stop stays within the shutdown deadline.
+func (p *Producer) closeClients(stopProbe chan struct{}, probed <-chan struct{}) {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		close(stopProbe)
+		_ = p.health.Close() // cuts a metadata request in flight
+		<-probed
+		_ = p.client.Close()
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeTimeout):
+		p.log.Warn().Dur("timeout", closeTimeout).Msg("kafka connections not closed in time; leaving them to the exit")
+	}
+	p.setConnected(false)
+}
+
+// closeTimeout bounds closing the clients at the end of Run.
+const closeTimeout = time.Second
 
 // Publish hands m to the producer. It blocks while sarama's input buffer is
 // full (backpressure), until ctx ends, or until Run has returned. Safe for

@@ -146,7 +146,7 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Kafka.Version })},
 	{"kafka.retry_backoff_max", "OUTBOX_RELAY_KAFKA_RETRY_BACKOFF_MAX", "kafka-retry-backoff-max", "cap of the produce retry backoff",
 		dur(func(c *Config) *time.Duration { return &c.Kafka.RetryBackoffMax })},
-	{"kafka.retry_max", "OUTBOX_RELAY_KAFKA_RETRY_MAX", "kafka-retry-max", "retries of one produce batch before the relay stops (slot kept)",
+	{"kafka.retry_max", "OUTBOX_RELAY_KAFKA_RETRY_MAX", "kafka-retry-max", "sarama's retries of one batch before it returns the error; the relay then requeues the events itself",
 		integer(func(c *Config) *int { return &c.Kafka.RetryMax })},
 	{"kafka.sasl.mechanism", "OUTBOX_RELAY_KAFKA_SASL_MECHANISM", "kafka-sasl-mechanism", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty = no SASL)",
 		str(func(c *Config) *string { return &c.Kafka.SASL.Mechanism })},
