@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -113,7 +112,7 @@ func TestKill9RestartNoLossDuplicatesOnlyUnconfirmed(t *testing.T) {
 	}
 	waitFor(t, 60*time.Second, "first batch acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 500 })
 	// Let a status update carry the watermark, then stall the broker.
-	time.Sleep(1500 * time.Millisecond)
+	waitFor(t, 30*time.Second, "the slot to confirm the first batch", func() bool { return e.slotLSN(t) > w.LastLSN() })
 	svc(t, "kafka-pause")
 	paused := true
 	defer func() {
@@ -198,7 +197,7 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 	// Several status intervals pass; sample what the slot confirms meanwhile.
 	var maxConfirmed pglogrepl.LSN
 	for i := 0; i < 5; i++ {
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // an observation window of five status intervals, not a synchronisation
 		maxConfirmed = max(maxConfirmed, e.slotLSN(t))
 	}
 	svc(t, "kafka-start")
@@ -228,13 +227,13 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 func TestIdleOutboxSlotAdvances(t *testing.T) {
 	e := newEnv(t, "idle")
 	ctx := context.Background()
-	if _, err := e.db.Exec(ctx, "CREATE TABLE "+e.schema+".busy (id bigserial primary key, note text)"); err != nil {
+	if _, err := e.DB.Exec(ctx, "CREATE TABLE "+e.Schema+".busy (id bigserial primary key, note text)"); err != nil {
 		t.Fatal(err)
 	}
 	r := e.startRelay()
 	for round := 0; round < 3; round++ {
 		for i := 0; i < 300; i++ {
-			if _, err := e.db.Exec(ctx, "INSERT INTO "+e.schema+".busy (note) SELECT repeat('x', 200) FROM generate_series(1, 20)"); err != nil {
+			if _, err := e.DB.Exec(ctx, "INSERT INTO "+e.Schema+".busy (note) SELECT repeat('x', 200) FROM generate_series(1, 20)"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -253,12 +252,12 @@ func TestIdleOutboxSlotAdvances(t *testing.T) {
 func TestOtherTablesIgnoredAndAlterTable(t *testing.T) {
 	e := newEnv(t, "alter")
 	ctx := context.Background()
-	other := e.schema + ".orders"
-	if _, err := e.db.Exec(ctx, "CREATE TABLE "+other+" (id bigserial primary key, note text)"); err != nil {
+	other := e.Schema + ".orders"
+	if _, err := e.DB.Exec(ctx, "CREATE TABLE "+other+" (id bigserial primary key, note text)"); err != nil {
 		t.Fatal(err)
 	}
 	// In the publication, so the decoder really sees (and must drop) its rows.
-	if _, err := e.db.Exec(ctx, "ALTER PUBLICATION "+e.pub+" ADD TABLE "+other); err != nil {
+	if _, err := e.DB.Exec(ctx, "ALTER PUBLICATION "+e.Pub+" ADD TABLE "+other); err != nil {
 		t.Fatal(err)
 	}
 	r := e.startRelay()
@@ -266,7 +265,7 @@ func TestOtherTablesIgnoredAndAlterTable(t *testing.T) {
 	if err := w.run(ctx, 300, 5, 20, 0, other); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Exec(ctx, "ALTER TABLE "+e.table+" ADD COLUMN extra text DEFAULT 'x', ADD COLUMN region int"); err != nil {
+	if _, err := e.DB.Exec(ctx, "ALTER TABLE "+e.Table+" ADD COLUMN extra text DEFAULT 'x', ADD COLUMN region int"); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.run(ctx, 300, 5, 20, 0, other); err != nil {
@@ -309,7 +308,7 @@ func TestBackpressureKeepsReplicationAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the in-flight limit to be reached", func() bool { return r.metric("outbox_relay_inflight_events") >= 1 })
-	time.Sleep(6 * time.Second) // three wal_sender_timeouts with the handler blocked
+	time.Sleep(6 * time.Second) // the fault: three wal_sender_timeouts pass with the handler blocked
 	svc(t, "kafka-resume")
 	paused = false
 	ws := w.written()
@@ -368,7 +367,7 @@ func TestPostgresRestartReconnects(t *testing.T) {
 		}
 		before := r.metric("outbox_relay_leader_transitions_total")
 		svc(t, "pg-restart", mode)
-		e.db.Reset() // drop pooled connections the restart killed
+		e.DB.Reset() // drop pooled connections the restart killed
 		// The restart ends every session, the lease's too: the relay steps
 		// down (confirming nothing more), then leads again by itself.
 		waitFor(t, 60*time.Second, fmt.Sprintf("the relay to lead and stream again after the %s restart", mode), func() bool {
@@ -483,8 +482,8 @@ func TestRefusesBadSetups(t *testing.T) {
 		want    []string
 	}{
 		{"slot with another plugin", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
-			mustExec(t, e, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", e.slot)
+			mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.Slot)
+			mustExec(t, e, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", e.Slot)
 			return nil
 		}, []string{"test_decoding", "needs a logical pgoutput slot", "choose another postgres.slot"}},
 		{"publication missing, creation disabled", func(t *testing.T, e *env) []string {
@@ -492,40 +491,40 @@ func TestRefusesBadSetups(t *testing.T) {
 			return []string{"--create-publication=false"}
 		}, []string{"does not exist", "CREATE PUBLICATION", "create_publication"}},
 		{"publication dropped behind the slot", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP PUBLICATION "+e.pub)
+			mustExec(t, e, "DROP PUBLICATION "+e.Pub)
 			return nil
 		}, []string{"does not exist", "but slot", "CREATE PUBLICATION", "pg_replication_slot_advance", "republish"}},
 		{"outbox table missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP TABLE "+e.table)
+			mustExec(t, e, "DROP TABLE "+e.Table)
 			return nil
 		}, []string{"does not exist", "outbox-relay migrate"}},
 		{"required column missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN aggregate_id")
+			mustExec(t, e, "ALTER TABLE "+e.Table+" DROP COLUMN aggregate_id")
 			return nil
 		}, []string{"lacks required column(s) aggregate_id"}},
 		{"dead-letter columns missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN dead_lettered_at")
+			mustExec(t, e, "ALTER TABLE "+e.Table+" DROP COLUMN dead_lettered_at")
 			return nil
 		}, []string{"dead_lettered_at", "outbox-relay migrate"}},
 		{"lease table missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP TABLE "+e.schema+".outbox_relay_leader")
+			mustExec(t, e, "DROP TABLE "+e.Schema+".outbox_relay_leader")
 			return nil
 		}, []string{"outbox_relay_leader", "does not exist", "outbox-relay migrate"}},
 		{"role without REPLICATION", func(t *testing.T, e *env) []string {
-			role := e.slot + "_norepl"
+			role := e.Slot + "_norepl"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE pg_read_all_stats")
-			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.schema+".outbox_relay_slots TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.schema+".outbox_relay_leader TO "+role)
-			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
+			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.Schema+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.Schema+".outbox_relay_slots TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.Schema+".outbox_relay_leader TO "+role)
+			t.Cleanup(func() { e.DB.Exec(ctx, "DROP OWNED BY "+role); e.DB.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
 		}, []string{"ALTER ROLE", "REPLICATION"}},
 		{"role without rights on the lease table", func(t *testing.T, e *env) []string {
-			role := e.slot + "_nolease"
+			role := e.Slot + "_nolease"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN REPLICATION PASSWORD 'pw'")
-			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
-			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
+			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.Schema+" TO "+role)
+			t.Cleanup(func() { e.DB.Exec(ctx, "DROP OWNED BY "+role); e.DB.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
 		}, []string{"permission denied", "GRANT SELECT, INSERT, UPDATE ON", "outbox_relay_leader"}},
@@ -569,14 +568,14 @@ func TestMissingPublicationIsCreated(t *testing.T) {
 // start: no publication, no slot, no registry row.
 func (e *env) freshStart(t *testing.T) {
 	t.Helper()
-	mustExec(t, e, "DROP PUBLICATION "+e.pub)
-	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
-	mustExec(t, e, "DELETE FROM "+e.schema+".outbox_relay_slots")
+	mustExec(t, e, "DROP PUBLICATION "+e.Pub)
+	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.Slot)
+	mustExec(t, e, "DELETE FROM "+e.Schema+".outbox_relay_slots")
 }
 
 func mustExec(t *testing.T, e *env, sql string, args ...any) {
 	t.Helper()
-	if _, err := e.db.Exec(context.Background(), sql, args...); err != nil {
+	if _, err := e.DB.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
@@ -592,13 +591,13 @@ func TestSlotDroppedWhileRunningStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "events acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 50 })
-	mustExec(t, e, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", e.slot)
+	mustExec(t, e, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", e.Slot)
 	waitFor(t, 10*time.Second, "the walsender to exit", func() bool {
-		_, err := e.db.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
+		_, err := e.DB.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.Slot)
 		return err == nil
 	})
 	select {
-	case <-r.done:
+	case <-r.Done():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the relay kept running (and may have recreated the slot) after its slot was dropped")
 	}
@@ -609,7 +608,7 @@ func TestSlotDroppedWhileRunningStops(t *testing.T) {
 		t.Fatalf("the log does not explain the vanished slot:\n%s", tail([]byte(log), 2000))
 	}
 	var n int
-	if err := e.db.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot).Scan(&n); err != nil || n != 0 {
+	if err := e.DB.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("slot recreated (count %d, err %v)", n, err)
 	}
 }
@@ -630,14 +629,14 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 		t.Fatalf("exit code %d", code)
 	}
 	waitFor(t, 10*time.Second, "the slot to be dropped", func() bool {
-		_, err := e.db.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
+		_, err := e.DB.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.Slot)
 		return err == nil
 	})
 	code, log := e.runRelayToExit(60 * time.Second)
 	if code != 1 || !strings.Contains(log, "is gone") || !strings.Contains(log, "DELETE FROM") {
 		t.Fatalf("exit code %d, want 1 with recovery steps:\n%s", code, tail([]byte(log), 2000))
 	}
-	mustExec(t, e, "DELETE FROM "+e.schema+".outbox_relay_slots WHERE slot_name = $1", e.slot)
+	mustExec(t, e, "DELETE FROM "+e.Schema+".outbox_relay_slots WHERE slot_name = $1", e.Slot)
 	r2 := e.startRelay()
 	if err := w.run(context.Background(), 20, 5, 5, 0, ""); err != nil {
 		t.Fatal(err)
@@ -650,8 +649,8 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 // listener (the consumer reads through the plain one); a wrong password
 // stops the relay with the keys to check, and the secret is never logged.
 func TestSASLScramAuthentication(t *testing.T) {
-	sasl := os.Getenv("OUTBOX_TEST_KAFKA_SASL_BROKERS")
-	user, pass := os.Getenv("OUTBOX_TEST_KAFKA_SASL_USER"), os.Getenv("OUTBOX_TEST_KAFKA_SASL_PASSWORD")
+	sasl := svcs.Get("OUTBOX_TEST_KAFKA_SASL_BROKERS")
+	user, pass := svcs.Get("OUTBOX_TEST_KAFKA_SASL_USER"), svcs.Get("OUTBOX_TEST_KAFKA_SASL_PASSWORD")
 	if sasl == "" || user == "" || pass == "" {
 		t.Fatal("OUTBOX_TEST_KAFKA_SASL_* not set: test/services.sh must start the SASL listener")
 	}
@@ -684,7 +683,7 @@ func TestSASLScramAuthentication(t *testing.T) {
 // certificate against kafka.tls.ca_file; without the CA it stops and says
 // which key to set.
 func TestTLSProducer(t *testing.T) {
-	tlsBrokers, ca := os.Getenv("OUTBOX_TEST_KAFKA_TLS_BROKERS"), os.Getenv("OUTBOX_TEST_KAFKA_TLS_CA_FILE")
+	tlsBrokers, ca := svcs.Get("OUTBOX_TEST_KAFKA_TLS_BROKERS"), svcs.Get("OUTBOX_TEST_KAFKA_TLS_CA_FILE")
 	if tlsBrokers == "" || ca == "" {
 		t.Fatal("OUTBOX_TEST_KAFKA_TLS_* not set: test/services.sh must start the TLS listener")
 	}
@@ -717,17 +716,17 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	var versions, pubs, idx int
 	ctx := context.Background()
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM "+e.schema+".outbox_relay_migrations WHERE target = $1", e.table).Scan(&versions); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM "+e.Schema+".outbox_relay_migrations WHERE target = $1", e.Table).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT pubupdate AND NOT pubdelete", e.pub).Scan(&pubs); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT pubupdate AND NOT pubdelete", e.Pub).Scan(&pubs); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE (published_at IS NULL)%'", e.schema).Scan(&idx); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE (published_at IS NULL)%'", e.Schema).Scan(&idx); err != nil {
 		t.Fatal(err)
 	}
 	var dlqIdx int
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE ((dead_lettered_at IS NOT NULL) AND (dlq_resolved_at IS NULL))%'", e.schema).Scan(&dlqIdx); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE ((dead_lettered_at IS NOT NULL) AND (dlq_resolved_at IS NULL))%'", e.Schema).Scan(&dlqIdx); err != nil {
 		t.Fatal(err)
 	}
 	files, _ := filepath.Glob("../../migrations/*.sql")
