@@ -97,20 +97,14 @@ func (e *env) lsn(q string, args ...any) (pglogrepl.LSN, error) {
 func (e *env) confirmed(t *testing.T) pglogrepl.LSN {
 	t.Helper()
 	l, err := e.Confirmed(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return testkit.Must(t, l, err)
 }
 
 // walsender returns the pid serving the slot, 0 if none.
 func (e *env) walsender(t *testing.T) int {
 	t.Helper()
 	pid, err := e.WalsenderPID(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
+	return testkit.Must(t, pid, err)
 }
 
 // --- the relay process -------------------------------------------------------

@@ -240,28 +240,19 @@ func (w *writer) bigTxn(ctx context.Context, n, k int) error { return w.BigTxn(c
 func consume(t *testing.T, topics []string, want int, d, quiet time.Duration) []record {
 	t.Helper()
 	rs, err := testkit.ReadUntil(brokers, topics, want, d, quiet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rs
+	return testkit.Must(t, rs, err)
 }
 
 func partitionCount(t *testing.T, topic string) int {
 	t.Helper()
 	parts, err := testkit.Partitions(brokers, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return parts[topic]
+	return testkit.Must(t, parts, err)[topic]
 }
 
 func (e *env) partitions(t *testing.T) map[string]int {
 	t.Helper()
 	parts, err := testkit.Partitions(brokers, e.topics()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return parts
+	return testkit.Must(t, parts, err)
 }
 
 // check compares what the consumer read with what was committed
@@ -284,29 +275,20 @@ func check(t *testing.T, ws []written, rs []record, partitions map[string]int) r
 func (e *env) slotLSN(t *testing.T) pglogrepl.LSN {
 	t.Helper()
 	l, err := e.Confirmed(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return testkit.Must(t, l, err)
 }
 
 func (e *env) currentLSN(t *testing.T) pglogrepl.LSN {
 	t.Helper()
 	l, err := e.CurrentLSN(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return testkit.Must(t, l, err)
 }
 
 // walsenderPID returns the pid of the walsender serving the test's slot.
 func (e *env) walsenderPID(t *testing.T) int {
 	t.Helper()
 	pid, err := e.WalsenderPID(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pid == 0 {
+	if testkit.Must(t, pid, err) == 0 {
 		t.Fatalf("slot %s has no walsender", e.Slot)
 	}
 	return pid

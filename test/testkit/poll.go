@@ -31,3 +31,12 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		t.Fatalf("%v waiting for %s", err, what)
 	}
 }
+
+// Must returns v, failing t when err is not nil: for one-line test helpers.
+func Must[V any](t testing.TB, v V, err error) V {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
