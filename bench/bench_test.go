@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 func TestHistQuantileLikePrometheus(t *testing.T) {
@@ -47,7 +49,7 @@ outbox_relay_events_published_total{topic="a.b"} 3
 outbox_relay_events_published_total{topic="c"} 4
 outbox_relay_acked_lsn 2.3456789e+07
 `
-	ss := parseProm(strings.NewReader(text))
+	ss := testkit.ParseMetrics(strings.NewReader(text))
 	h := histogram(ss, ackHistogram)
 	if len(h) != 3 || h[0].LE != 0.001 || !math.IsInf(h[2].LE, 1) || h[2].Count != 9 {
 		t.Fatalf("histogram %+v", h)
@@ -56,10 +58,10 @@ outbox_relay_acked_lsn 2.3456789e+07
 	if d[0].Count != 4 || d[1].Count != 5 || d[2].Count != 7 {
 		t.Fatalf("delta %+v", d)
 	}
-	if v, _ := value(ss, "outbox_relay_events_published_total", map[string]string{"topic": "a.b"}); v != 3 {
+	if v, _ := testkit.SumMetric(ss, "outbox_relay_events_published_total", map[string]string{"topic": "a.b"}); v != 3 {
 		t.Errorf("published{a.b} = %g", v)
 	}
-	if v, _ := value(ss, "outbox_relay_acked_lsn", nil); v != 23456789 {
+	if v, _ := testkit.SumMetric(ss, "outbox_relay_acked_lsn", nil); v != 23456789 {
 		t.Errorf("acked_lsn = %g", v)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // kafka is the bench's admin client: it creates each measurement's topics
@@ -24,11 +26,8 @@ type kafka struct {
 }
 
 func saramaCfg() *sarama.Config {
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V3_6_0_0
+	cfg := testkit.SaramaConfig()
 	cfg.ClientID = "outbox-bench"
-	cfg.Consumer.Return.Errors = true
-	cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
 	return cfg
 }
 
@@ -47,33 +46,10 @@ func connectKafka(brokers []string, partitions int) (*kafka, error) {
 
 // createTopic creates a topic and waits until every partition has a leader.
 func (k *kafka) createTopic(topic string) error {
-	err := k.admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: k.partitions, ReplicationFactor: 1}, false)
-	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
-		return fmt.Errorf("create topic %s: %w", topic, err)
-	}
 	k.mu.Lock()
 	k.created = append(k.created, topic)
 	k.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_ = k.client.RefreshMetadata(topic)
-		parts, err := k.client.Partitions(topic)
-		if err == nil && len(parts) == int(k.partitions) {
-			ok := true
-			for _, p := range parts {
-				if _, err := k.client.Leader(topic, p); err != nil {
-					ok = false
-				}
-			}
-			if ok {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("topic %s has no leaders after 30s: %v", topic, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return testkit.CreateTopics(k.brokers, k.partitions, nil, topic)
 }
 
 // records is the number of records in a topic (sum of high watermarks; the
@@ -129,65 +105,23 @@ func (k *kafka) close() {
 // receive time minus the record timestamp (the PostgreSQL commit time the
 // relay sets; Kafka keeps it in milliseconds).
 type latencyConsumer struct {
-	consumer sarama.Consumer
-	pcs      []sarama.PartitionConsumer
-	mu       sync.Mutex
-	lat      []float64 // milliseconds
-	wg       sync.WaitGroup
+	c   *testkit.Consumer
+	mu  sync.Mutex
+	lat []float64 // milliseconds
 }
 
 func (k *kafka) consume(topic string) (*latencyConsumer, error) {
-	consumer, err := sarama.NewConsumer(k.brokers, saramaCfg())
+	lc := &latencyConsumer{}
+	c, err := testkit.Consume(k.brokers, []string{topic}, 30*time.Second, func(m *sarama.ConsumerMessage) {
+		ms := float64(time.Since(m.Timestamp)) / float64(time.Millisecond)
+		lc.mu.Lock()
+		lc.lat = append(lc.lat, ms)
+		lc.mu.Unlock()
+	})
 	if err != nil {
 		return nil, err
 	}
-	lc := &latencyConsumer{consumer: consumer}
-	parts, err := k.client.Partitions(topic)
-	if err != nil {
-		consumer.Close()
-		return nil, err
-	}
-	for _, p := range parts {
-		// A just-created partition may not serve yet (NOT_LEADER): retry.
-		var pc sarama.PartitionConsumer
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			pc, err = consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				lc.close()
-				return nil, fmt.Errorf("consume %s/%d: %w", topic, p, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		lc.pcs = append(lc.pcs, pc)
-		lc.wg.Add(2)
-		go func() {
-			defer lc.wg.Done()
-			buf := make([]float64, 0, 256)
-			flush := func() {
-				lc.mu.Lock()
-				lc.lat = append(lc.lat, buf...)
-				lc.mu.Unlock()
-				buf = buf[:0]
-			}
-			for m := range pc.Messages() {
-				now := time.Now()
-				buf = append(buf, float64(now.Sub(m.Timestamp))/float64(time.Millisecond))
-				if len(buf) == cap(buf) || len(pc.Messages()) == 0 {
-					flush()
-				}
-			}
-			flush()
-		}()
-		go func() {
-			defer lc.wg.Done()
-			for err := range pc.Errors() {
-				logf("consumer %s/%d: %v", topic, p, err)
-			}
-		}()
-	}
+	lc.c = c
 	return lc, nil
 }
 
@@ -206,11 +140,10 @@ func (lc *latencyConsumer) reset() {
 
 // close stops consuming and returns the sorted latencies (ms).
 func (lc *latencyConsumer) close() []float64 {
-	for _, pc := range lc.pcs {
-		pc.AsyncClose()
+	lc.c.Close()
+	for _, err := range lc.c.Errors() {
+		logf("consumer: %v", err)
 	}
-	lc.wg.Wait()
-	lc.consumer.Close()
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	slices.Sort(lc.lat)

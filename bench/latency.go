@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 const ackHistogram = "outbox_relay_commit_to_ack_seconds"
@@ -178,7 +180,7 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 		}
 		sum := 0.0
 		for _, t := range topics {
-			v, _ := value(ss, "outbox_relay_events_published_total", map[string]string{"topic": t})
+			v, _ := testkit.SumMetric(ss, "outbox_relay_events_published_total", map[string]string{"topic": t})
 			sum += v
 		}
 		return sum

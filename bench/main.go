@@ -18,7 +18,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -32,6 +31,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // aggregates is the number of distinct aggregate_ids events are spread over.
@@ -127,27 +128,6 @@ func execCtx(ctx context.Context, name string, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, name, args...)
 }
 
-// readEnvFile loads test/services.sh's env file (plain KEY=value lines).
-func readEnvFile(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: start the services first (OUTBOX_TEST_RUN_DIR=... bash test/services.sh start) or use make bench", err)
-	}
-	defer f.Close()
-	env := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		if k, v, ok := strings.Cut(line, "="); ok {
-			env[k] = v
-		}
-	}
-	return env, sc.Err()
-}
-
 func durEnv(key string, def time.Duration) time.Duration {
 	if v := os.Getenv(key); v != "" {
 		if d, err := time.ParseDuration(v); err == nil {
@@ -190,11 +170,15 @@ func run() int {
 		logf("%v", err)
 		return 2
 	}
-	env, err := readEnvFile(*envFile)
+	svc, err := testkit.ReadServices(*envFile)
+	if err == nil {
+		err = svc.Require("OUTBOX_TEST_KAFKA_PID")
+	}
 	if err != nil {
 		logf("%v", err)
 		return 2
 	}
+	env := svc.Vars
 	b := &bench{sc: sc, runDir: filepath.Dir(*envFile), relayFlags: strings.Fields(*relayFlags),
 		goBin: getenv("GO", "go"), fillSessions: 2, profileShape: 100, parts: map[string]bool{}}
 	for _, p := range strings.Split(*partsFlag, ",") {
@@ -210,10 +194,13 @@ func run() int {
 			b.recvlogical = filepath.Join(bin, "pg_recvlogical")
 		}
 	}
-	b.brokers = strings.Split(env["OUTBOX_TEST_KAFKA_BROKERS"], ",")
-	b.kafkaPID, _ = strconv.Atoi(env["OUTBOX_TEST_KAFKA_PID"])
-	if env["OUTBOX_TEST_PG_URL"] == "" || b.brokers[0] == "" || b.kafkaPID == 0 {
-		logf("%s lacks OUTBOX_TEST_PG_URL, OUTBOX_TEST_KAFKA_BROKERS or OUTBOX_TEST_KAFKA_PID", *envFile)
+	b.brokers = svc.Brokers
+	if b.kafkaPID, err = strconv.Atoi(env["OUTBOX_TEST_KAFKA_PID"]); err != nil || b.kafkaPID <= 0 {
+		logf("%s: OUTBOX_TEST_KAFKA_PID=%q is not a pid", *envFile, env["OUTBOX_TEST_KAFKA_PID"])
+		return 2
+	}
+	if err := svc.Reachable(5 * time.Second); err != nil {
+		logf("%v", err)
 		return 2
 	}
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // pgDB is the bench's own connection pool plus the names of its outbox.
@@ -237,25 +239,7 @@ func (d *pgDB) walsenderPID(ctx context.Context, slot string, alive func() bool,
 
 // dropSlot waits for the slot's walsender to let go, then drops it.
 func (d *pgDB) dropSlot(ctx context.Context, name string) error {
-	for i := 0; i < 300; i++ {
-		var active *bool
-		err := d.pool.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", name).Scan(&active)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if active == nil || !*active {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	_, err := d.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", name)
-	if err != nil {
-		return fmt.Errorf("drop slot %s: %w", name, err)
-	}
-	return nil
+	return testkit.DropSlot(ctx, d.pool, name)
 }
 
 // cleanup drops every slot, the publication and the schema of this run.

@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bufio"
-	"io"
 	"math"
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // mmm is min / median / max of repeated measurements.
@@ -41,104 +40,6 @@ func exactQuantile(sorted []float64, q float64) float64 {
 	return sorted[i]
 }
 
-// --- Prometheus text exposition ------------------------------------------
-
-// sample is one line of the text exposition format.
-type sample struct {
-	Name   string
-	Labels map[string]string
-	Value  float64
-}
-
-// parseProm reads the text exposition format (what /metrics serves). It
-// handles what client_golang writes: name{k="v",...} value [timestamp].
-func parseProm(r io.Reader) []sample {
-	var out []sample
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		s := sample{Labels: map[string]string{}}
-		rest := line
-		if i := strings.IndexAny(line, "{ "); i >= 0 && line[i] == '{' {
-			s.Name = line[:i]
-			j := i + 1
-			for j < len(line) && line[j] != '}' {
-				k := j
-				for k < len(line) && line[k] != '=' {
-					k++
-				}
-				if k+1 >= len(line) || line[k+1] != '"' {
-					break
-				}
-				name := strings.TrimLeft(line[j:k], ", ")
-				var val strings.Builder
-				m := k + 2
-				for ; m < len(line) && line[m] != '"'; m++ {
-					if line[m] == '\\' && m+1 < len(line) {
-						m++
-						switch line[m] {
-						case 'n':
-							val.WriteByte('\n')
-						default:
-							val.WriteByte(line[m])
-						}
-						continue
-					}
-					val.WriteByte(line[m])
-				}
-				s.Labels[name] = val.String()
-				j = m + 1
-				for j < len(line) && line[j] == ',' {
-					j++
-				}
-			}
-			rest = strings.TrimSpace(line[min(j+1, len(line)):])
-		} else if i >= 0 {
-			s.Name = line[:i]
-			rest = strings.TrimSpace(line[i:])
-		} else {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			continue
-		}
-		s.Value = v
-		out = append(out, s)
-	}
-	return out
-}
-
-// value sums every series of a metric whose labels include match.
-func value(ss []sample, name string, match map[string]string) (float64, bool) {
-	sum, found := 0.0, false
-	for _, s := range ss {
-		if s.Name != name {
-			continue
-		}
-		ok := true
-		for k, v := range match {
-			if s.Labels[k] != v {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			sum += s.Value
-			found = true
-		}
-	}
-	return sum, found
-}
-
 // --- histograms -------------------------------------------------------------
 
 // bucket is one cumulative histogram bucket: count of observations <= LE.
@@ -148,7 +49,7 @@ type bucket struct {
 }
 
 // histogram reads a Prometheus histogram's cumulative buckets, sorted by le.
-func histogram(ss []sample, name string) []bucket {
+func histogram(ss []testkit.Sample, name string) []bucket {
 	var bs []bucket
 	for _, s := range ss {
 		if s.Name != name+"_bucket" {

@@ -149,10 +149,10 @@ func (s *run) execute(seed uint64) {
 	events, retries := s.w.snapshot()
 	t.Logf("workload and faults took %s; writer retried %d statements", time.Since(start).Round(time.Second), retries)
 	recs, parts := s.e.consume(t, sc.deliver)
-	res := check(events, recs, parts, s.e.prefix)
+	res := check(events, recs, parts, s.e.Prefix)
 	s.res = &res
 	t.Logf("written %d, delivered %d (%d records), lost %d, duplicates %d, order violations %d, wrong partition %d",
-		res.Written, res.Delivered, res.Records, res.Lost, res.Duplicates, res.OrderViolations, res.WrongPartition)
+		res.Written, res.Delivered, res.Records, res.Lost, res.Duplicates, res.OrderViolations, res.PartitionViolations)
 	s.r.alive()
 	if s.sc.verify != nil {
 		s.sc.verify(s, res)
@@ -174,11 +174,11 @@ func (s *run) execute(seed uint64) {
 		}
 	}
 	var poisoned int
-	if err := s.e.db.QueryRow(context.Background(), "SELECT count(*) FROM "+s.e.table+
+	if err := s.e.DB.QueryRow(context.Background(), "SELECT count(*) FROM "+s.e.Table+
 		" WHERE attempt_count > 0 OR last_error IS NOT NULL").Scan(&poisoned); err != nil || poisoned > 0 {
 		t.Errorf("%d outbox rows marked as failed (poison) by the relay, %v: a transient fault must be retried, not dead-lettered", poisoned, err)
 	}
-	if res.Lost != 0 || res.OrderViolations != 0 || res.WrongPartition != 0 || len(res.Problems) > 0 {
+	if res.Lost != 0 || res.OrderViolations != 0 || res.PartitionViolations != 0 || len(res.Problems) > 0 {
 		t.Errorf("delivery check failed:\n  %s", strings.Join(res.Problems, "\n  "))
 	}
 	inFlight := 0
@@ -212,14 +212,14 @@ func (s *run) drive() {
 				t.Fatalf("writer stopped before fault %d: %v", i, err)
 			default:
 			}
-			return s.w.written.Load() >= at
+			return s.w.Count() >= at
 		})
 		if i == n-1 {
 			s.w.limit.Store(int64(total))
 		} else {
 			s.w.limit.Store(int64(seg*(i+2) + seg/2))
 		}
-		if s.w.written.Load() >= int64(total) {
+		if s.w.Count() >= int64(total) {
 			t.Fatal("the workload ended before the last fault: the scenario proves nothing")
 		}
 		s.sc.inject(s, i)
@@ -420,7 +420,7 @@ func restartPostgres(s *run, i int) {
 	pid := s.e.walsender(t)
 	s.fault("postgres restart -m " + mode)
 	svc(t, "pg-restart", mode)
-	s.e.db.Reset() // pooled connections died with the server
+	s.e.DB.Reset() // pooled connections died with the server
 	start := time.Now()
 	s.e.waitStreaming(s.r, 90*time.Second, pid)
 	s.note("%s: streaming again %s after the restart", mode, time.Since(start).Round(100*time.Millisecond))
@@ -535,12 +535,12 @@ func sigtermRelay(s *run, i int) {
 	kind := "SIGTERM, restart"
 	if i%2 == 1 {
 		kind = "SIGTERM in a write burst, restart"
-		from := s.w.written.Load()
+		from := s.w.Count()
 		s.w.burst.Store(true)
 		defer s.w.burst.Store(false)
 		start := time.Now()
-		waitFor(s.t, time.Minute, "a write burst", func() bool { return s.w.written.Load()-from >= int64(sc.events/(4*sc.sigterms)) })
-		s.t.Logf("burst: %d events in %s", s.w.written.Load()-from, time.Since(start).Round(time.Millisecond))
+		waitFor(s.t, time.Minute, "a write burst", func() bool { return s.w.Count()-from >= int64(sc.events/(4*sc.sigterms)) })
+		s.t.Logf("burst: %d events in %s", s.w.Count()-from, time.Since(start).Round(time.Millisecond))
 	}
 	s.fault(kind)
 	start := time.Now()
@@ -574,7 +574,7 @@ func newProxy(t *testing.T, listen, target string) *proxy.Proxy {
 func (s *run) logWarnings() {
 	counts := map[string]int{}
 	for n := 1; n <= s.e.logs; n++ {
-		path := filepath.Join(runDir, "chaos-relay-logs", fmt.Sprintf("%s-%d.log", s.e.slot, n))
+		path := filepath.Join(runDir, "chaos-relay-logs", fmt.Sprintf("%s-%d.log", s.e.Slot, n))
 		f, err := os.Open(path)
 		if err != nil {
 			continue
@@ -644,7 +644,7 @@ func table(rows []row) string {
 		nums := "- | - | - | - | - | -"
 		if r.res != nil {
 			nums = fmt.Sprintf("%d | %d | %d | %d | %d | %d", r.res.Written, r.res.Delivered, r.res.Lost, r.res.Duplicates,
-				r.res.OrderViolations, r.res.WrongPartition)
+				r.res.OrderViolations, r.res.PartitionViolations)
 		}
 		verdict := "pass"
 		if r.failed {

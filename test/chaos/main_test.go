@@ -13,20 +13,21 @@
 package chaos
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 var (
+	svcs      *testkit.Services
 	pgURL     string   // direct
 	pgPort    string   // direct
 	brokers   []string // direct PLAINTEXT listener: the consumer and the admin use it
-	services  string   // test/services.sh
 	proxyPort string   // where the broker's PROXIED listener advertises itself
 	proxyTo   string   // the PROXIED listener's real address
 	relayBin  string
@@ -39,27 +40,14 @@ func TestMain(m *testing.M) {
 }
 
 func mainErr(m *testing.M) int {
-	need := map[string]*string{
-		"OUTBOX_TEST_PG_URL": &pgURL, "OUTBOX_TEST_PG_PORT": &pgPort, "OUTBOX_TEST_SERVICES": &services,
-		"OUTBOX_TEST_KAFKA_PROXY_PORT": &proxyPort, "OUTBOX_TEST_KAFKA_PROXY_TARGET": &proxyTo,
-	}
-	var missing []string
-	for k, p := range need {
-		if *p = os.Getenv(k); *p == "" {
-			missing = append(missing, k)
-		}
-	}
-	if b := os.Getenv("OUTBOX_TEST_KAFKA_BROKERS"); b != "" {
-		brokers = strings.Split(b, ",")
-	} else {
-		missing = append(missing, "OUTBOX_TEST_KAFKA_BROKERS")
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		fmt.Fprintf(os.Stderr, "FAIL: %s not set; start the services with test/services.sh and load its env file (make test and make chaos do both)\n",
-			strings.Join(missing, ", "))
+	var err error
+	svcs, err = testkit.LoadServices("OUTBOX_TEST_PG_PORT", "OUTBOX_TEST_KAFKA_PROXY_PORT", "OUTBOX_TEST_KAFKA_PROXY_TARGET")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
+	pgURL, pgPort, brokers = svcs.PGURL, svcs.Get("OUTBOX_TEST_PG_PORT"), svcs.Brokers
+	proxyPort, proxyTo = svcs.Get("OUTBOX_TEST_KAFKA_PROXY_PORT"), svcs.Get("OUTBOX_TEST_KAFKA_PROXY_TARGET")
 	switch mode := os.Getenv("OUTBOX_CHAOS"); mode {
 	case "", "short":
 		sc = shortScale
@@ -91,10 +79,8 @@ func mainErr(m *testing.M) int {
 	} else {
 		// -race: the chaos runs double as a race check of the daemon.
 		relayBin = filepath.Join(tmp, "outbox-relay")
-		build := exec.Command("go", "build", "-race", "-o", relayBin, "../../cmd/outbox-relay")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "FAIL: build relay:", err)
+		if err := testkit.BuildRelay(context.Background(), "go", relayBin, true); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
 			return 1
 		}
 	}

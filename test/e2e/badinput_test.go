@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,7 +19,7 @@ import (
 // advertises the proxy's port on its PROXIED listener), then heals.
 func TestKafkaDownAtStartIsWaitedFor(t *testing.T) {
 	e := newEnv(t, "kafkalate")
-	port, target := os.Getenv("OUTBOX_TEST_KAFKA_PROXY_PORT"), os.Getenv("OUTBOX_TEST_KAFKA_PROXY_TARGET")
+	port, target := svcs.Get("OUTBOX_TEST_KAFKA_PROXY_PORT"), svcs.Get("OUTBOX_TEST_KAFKA_PROXY_TARGET")
 	if port == "" || target == "" {
 		t.Fatal("OUTBOX_TEST_KAFKA_PROXY_PORT and _TARGET are not set: start the services with test/services.sh")
 	}
@@ -71,6 +70,7 @@ func TestPostgresUnreachableAtStartIsRetried(t *testing.T) {
 func notReadyButAlive(t *testing.T, r *relay, d time.Duration) {
 	t.Helper()
 	waitFor(t, 30*time.Second, "/healthz", func() bool { c, _ := r.get("/healthz"); return c == 200 })
+	// An observation window: the relay must keep waiting for all of d.
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
 		if !r.running() {
 			t.Fatalf("relay exited while a service was down; it must wait:\n%s", tail([]byte(r.log()), 2000))
@@ -89,18 +89,18 @@ func TestLostSlotFailsFast(t *testing.T) {
 	mustExec(t, e, "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
 	mustExec(t, e, "SELECT pg_reload_conf()")
 	t.Cleanup(func() {
-		e.db.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
-		e.db.Exec(ctx, "SELECT pg_reload_conf()")
+		e.DB.Exec(ctx, "ALTER SYSTEM RESET max_slot_wal_keep_size")
+		e.DB.Exec(ctx, "SELECT pg_reload_conf()")
 	})
-	mustExec(t, e, "CREATE TABLE "+e.schema+".filler (x text)")
+	mustExec(t, e, "CREATE TABLE "+e.Schema+".filler (x text)")
 	waitFor(t, 60*time.Second, "slot to be invalidated", func() bool {
 		for i := 0; i < 3; i++ {
-			mustExec(t, e, "INSERT INTO "+e.schema+".filler SELECT repeat('x', 100) FROM generate_series(1, 2000)")
+			mustExec(t, e, "INSERT INTO "+e.Schema+".filler SELECT repeat('x', 100) FROM generate_series(1, 2000)")
 			mustExec(t, e, "SELECT pg_switch_wal()")
 		}
 		mustExec(t, e, "CHECKPOINT")
 		var status string
-		err := e.db.QueryRow(ctx, "SELECT COALESCE(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", e.slot).Scan(&status)
+		err := e.DB.QueryRow(ctx, "SELECT COALESCE(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", e.Slot).Scan(&status)
 		return err == nil && status == "lost"
 	})
 	start := time.Now()
@@ -123,11 +123,11 @@ func TestLostSlotFailsFast(t *testing.T) {
 func TestWalLevelNotLogicalRefused(t *testing.T) {
 	e := newEnv(t, "wallevel")
 	ctx := context.Background()
-	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
+	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.Slot)
 	// Inactive slots other e2e runs left behind on a reused dev server.
 	mustExec(t, e, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'e2e\\_%' AND NOT active")
 	var others []string
-	rows, _ := e.db.Query(ctx, "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical'")
+	rows, _ := e.DB.Query(ctx, "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'logical'")
 	for rows.Next() {
 		var s string
 		rows.Scan(&s)
@@ -141,13 +141,13 @@ func TestWalLevelNotLogicalRefused(t *testing.T) {
 	restore := func() {
 		if !restored {
 			restored = true
-			e.db.Exec(ctx, "ALTER SYSTEM RESET wal_level")
+			e.DB.Exec(ctx, "ALTER SYSTEM RESET wal_level")
 			svc(t, "pg-restart", "fast")
 		}
 	}
 	t.Cleanup(restore)
 	svc(t, "pg-restart", "fast")
-	e.db.Reset()
+	e.DB.Reset()
 	code, log := e.runRelayToExit(60 * time.Second)
 	if code != 1 {
 		t.Fatalf("exit code %d, want 1:\n%s", code, tail([]byte(log), 3000))
@@ -158,9 +158,9 @@ func TestWalLevelNotLogicalRefused(t *testing.T) {
 		}
 	}
 	restore()
-	e.db.Reset()
+	e.DB.Reset()
 	var level string
-	if err := e.db.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil || level != "logical" {
+	if err := e.DB.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil || level != "logical" {
 		t.Fatal(fmt.Errorf("wal_level after restore: %q, %v", level, err))
 	}
 }

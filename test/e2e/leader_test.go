@@ -30,7 +30,7 @@ var roleClient = &http.Client{Timeout: time.Second}
 // role returns what /role says, or "" when the relay does not answer
 // (stopped, dead, or slower than roleClient's timeout).
 func (r *relay) role() (string, int64) {
-	resp, err := roleClient.Get("http://" + r.metrics + "/role")
+	resp, err := roleClient.Get("http://" + r.Metrics + "/role")
 	if err != nil {
 		return "", 0
 	}
@@ -97,8 +97,8 @@ func (e *env) watch(relays ...*relay) *sampler {
 			wg.Wait()
 			var senders int
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			err := e.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
-				WHERE s.slot_name = $1`, e.slot).Scan(&senders)
+			err := e.DB.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
+				WHERE s.slot_name = $1`, e.Slot).Scan(&senders)
 			cancel()
 			s.mu.Lock()
 			s.samples++
@@ -235,8 +235,8 @@ func TestLeaderKill9Takeover(t *testing.T) {
 		}
 		waitFor(t, 30*time.Second, "standby ready", func() bool { role, _ := next.role(); return role == "standby" && next.readyStatus() == 200 })
 		killed := time.Now()
-		cur.cmd.Process.Signal(syscall.SIGKILL)
-		<-cur.done
+		cur.Cmd.Process.Signal(syscall.SIGKILL)
+		<-cur.Done()
 		waitFor(t, 30*time.Second, "new leader publishing", func() bool {
 			role, _ := next.role()
 			return role == "leader" && next.metric("outbox_relay_events_published_total") > 0
@@ -275,7 +275,7 @@ func TestLeaderStallIsFenced(t *testing.T) {
 	waitFor(t, 30*time.Second, "a publishing", func() bool { return a.metric("outbox_relay_events_published_total") > 0 })
 	oldSender := e.walsenderPID(t)
 
-	a.cmd.Process.Signal(syscall.SIGSTOP)
+	a.Cmd.Process.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
 	waitFor(t, testTTL+10*time.Second, "b leading and publishing", func() bool {
 		role, _ := b.role()
@@ -283,12 +283,12 @@ func TestLeaderStallIsFenced(t *testing.T) {
 	})
 	takeover := time.Since(stopped)
 	var alive bool
-	e.db.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", oldSender).Scan(&alive)
-	time.Sleep(2*testTTL - time.Since(stopped))
+	e.DB.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", oldSender).Scan(&alive)
+	time.Sleep(2*testTTL - time.Since(stopped)) // the fault: a stays stopped for two lease TTLs
 	logBefore := len(a.log())
-	a.cmd.Process.Signal(syscall.SIGCONT)
+	a.Cmd.Process.Signal(syscall.SIGCONT)
 	waitFor(t, 15*time.Second, "a to step down", func() bool { role, _ := a.role(); return role == "standby" })
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // deliberate: the sampler watches the new term under load for a while
 	stopWriter()
 	s.finish(t)
 	after := a.log()[logBefore:]
@@ -338,7 +338,7 @@ func TestLeaderCutOffFromPostgres(t *testing.T) {
 	})
 	takeover := time.Since(cut)
 	waitFor(t, 15*time.Second, "a to step down", func() bool { role, _ := a.role(); return role == "standby" })
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // deliberate: the sampler watches the new term under load for a while
 	if err := px.Heal(); err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestLeaderSigtermHandsOverWithoutDuplicates(t *testing.T) {
 		return role == "leader" && b.metric("outbox_relay_events_published_total") > 0
 	})
 	handover := time.Since(term)
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // deliberate: the sampler watches the new term under load for a while
 	stopWriter()
 	s.finish(t)
 	ws := w.written()

@@ -4,36 +4,27 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // createTopic creates a topic with one partition and the given configs, so
 // a test can make the broker reject records (max.message.bytes).
 func createTopic(t *testing.T, name string, configs map[string]string) {
 	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V3_6_0_0
-	admin, err := sarama.NewClusterAdmin(brokers, cfg)
-	if err != nil {
-		t.Fatalf("kafka admin: %v", err)
-	}
-	defer admin.Close()
 	entries := map[string]*string{}
 	for k, v := range configs {
 		entries[k] = &v
 	}
-	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: entries}, false); err != nil {
-		t.Fatalf("create topic %s: %v", name, err)
+	if err := testkit.CreateTopics(brokers, 1, entries, name); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -43,23 +34,17 @@ func (e *env) cli(args ...string) (int, string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, relayBin, append(args, e.flags()...)...)
-	cmd.Env = os.Environ()
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode(), string(out)
-	}
+	code, out, err := testkit.Run(ctx, os.Environ(), relayBin, append(args, e.flags()...)...)
 	if err != nil {
 		e.t.Fatalf("%v: %v", args, err)
 	}
-	return 0, string(out)
+	return code, out
 }
 
 func (e *env) insertRow(t *testing.T, aggType, aggID any, eventType, payload, headers string) int64 {
 	t.Helper()
 	var id int64
-	err := e.db.QueryRow(context.Background(), "INSERT INTO "+e.table+
+	err := e.DB.QueryRow(context.Background(), "INSERT INTO "+e.Table+
 		" (aggregate_type, aggregate_id, event_type, payload, headers) VALUES ($1, $2, $3, $4, $5) RETURNING id",
 		aggType, aggID, eventType, payload, headers).Scan(&id)
 	if err != nil {
@@ -75,9 +60,9 @@ func (e *env) insertRow(t *testing.T, aggType, aggID any, eventType, payload, he
 func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 	e := newEnv(t, "poison")
 	ctx := context.Background()
-	dlq := e.prefix + ".dlq"
-	mustExec(t, e, "ALTER TABLE "+e.table+" ALTER COLUMN aggregate_id DROP NOT NULL")
-	createTopic(t, e.prefix+".big", map[string]string{"max.message.bytes": "3000"})
+	dlq := e.Prefix + ".dlq"
+	mustExec(t, e, "ALTER TABLE "+e.Table+" ALTER COLUMN aggregate_id DROP NOT NULL")
+	createTopic(t, e.Prefix+".big", map[string]string{"max.message.bytes": "3000"})
 	r := e.startRelay("--dlq-topic", dlq, "--dlq-max-attempts", "2", "--dlq-retry-backoff", "50ms", "--lag-poll-interval", "200ms")
 
 	type poison struct {
@@ -105,13 +90,13 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 			poisons[id] = poison{"message_too_large", "too large", "", 2}
 		},
 		func() { // a required column dropped while running, then restored
-			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN event_type")
+			mustExec(t, e, "ALTER TABLE "+e.Table+" DROP COLUMN event_type")
 			var id int64
-			if err := e.db.QueryRow(ctx, "INSERT INTO "+e.table+" (aggregate_type, aggregate_id, payload) VALUES ('order', 'order-1', '{\"n\": 5}') RETURNING id").Scan(&id); err != nil {
+			if err := e.DB.QueryRow(ctx, "INSERT INTO "+e.Table+" (aggregate_type, aggregate_id, payload) VALUES ('order', 'order-1', '{\"n\": 5}') RETURNING id").Scan(&id); err != nil {
 				t.Fatal(err)
 			}
 			poisons[id] = poison{"bad_row", `column "event_type": is missing from the table`, `{"n": 5}`, 1}
-			mustExec(t, e, "ALTER TABLE "+e.table+" ADD COLUMN event_type TEXT")
+			mustExec(t, e, "ALTER TABLE "+e.Table+" ADD COLUMN event_type TEXT")
 		},
 	}
 	w := e.newWriter(11)
@@ -138,7 +123,7 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 			continue
 		}
 		h := l.Headers
-		if h["dlq.reason"] != p.reason || h["dlq.attempts"] != strconv.Itoa(p.attempts) || h["dlq.table"] != e.table ||
+		if h["dlq.reason"] != p.reason || h["dlq.attempts"] != strconv.Itoa(p.attempts) || h["dlq.table"] != e.Table ||
 			h["dlq.source_lsn"] == "" || h["dlq.failed_at"] == "" || !strings.Contains(h["dlq.error"], p.errText) {
 			t.Errorf("dead letter of id %d: headers %v, want reason %s, attempts %d, error containing %q", id, h, p.reason, p.attempts, p.errText)
 		}
@@ -148,14 +133,14 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 		if p.payload != "" && string(l.Value) != p.payload {
 			t.Errorf("dead letter of id %d: value %q, want the row's payload %q", id, l.Value, p.payload)
 		}
-		if p.reason == "message_too_large" && h["dlq.original_topic"] != e.prefix+".big" {
+		if p.reason == "message_too_large" && h["dlq.original_topic"] != e.Prefix+".big" {
 			t.Errorf("dead letter of id %d: original topic %q", id, h["dlq.original_topic"])
 		}
 	}
 
 	// Rows are marked for the operator; the slot has moved past them all.
 	waitFor(t, 30*time.Second, "slot past every poison event", func() bool { return e.slotLSN(t) >= end })
-	rows, err := e.db.Query(ctx, "SELECT id, attempt_count, last_error FROM "+e.table+" WHERE dead_lettered_at IS NOT NULL")
+	rows, err := e.DB.Query(ctx, "SELECT id, attempt_count, last_error FROM "+e.Table+" WHERE dead_lettered_at IS NOT NULL")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +189,7 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 		t.Errorf("replay of a row that is still bad: exit %d, %s; want 1 and what to fix", code, out)
 	}
 	// Dropping event_type above emptied it in every row: fix that too.
-	mustExec(t, e, "UPDATE "+e.table+` SET headers = '{"fixed": true}', event_type = 'order.updated' WHERE id = $1`, headersID)
+	mustExec(t, e, "UPDATE "+e.Table+` SET headers = '{"fixed": true}', event_type = 'order.updated' WHERE id = $1`, headersID)
 	code, out = e.cli("dlq", "replay", "--id", strconv.FormatInt(headersID, 10))
 	var newID int64
 	if _, err := fmt.Sscanf(out[strings.Index(out, "replayed"):], "replayed outbox row %d as row %d", new(int64), &newID); code != 0 || err != nil {
@@ -218,17 +203,17 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 	}
 	replayed, orders := false, 0
 	for _, rec := range rs {
-		if rec.Topic == e.prefix+".order" {
+		if rec.Topic == e.Prefix+".order" {
 			orders++
 		}
 	}
-	for _, rec := range consume(t, []string{e.prefix + ".order"}, orders+1, 60*time.Second, 2*time.Second) {
+	for _, rec := range consume(t, []string{e.Prefix + ".order"}, orders+1, 60*time.Second, 2*time.Second) {
 		if rec.Headers["event_id"] == strconv.FormatInt(newID, 10) {
 			replayed = rec.Key == "order-1" && rec.Headers["fixed"] == "true" && string(rec.Value) == `{"n": 1}`
 		}
 	}
 	if !replayed {
-		t.Errorf("replayed row %d not delivered to %s.order with its key, payload and fixed headers", newID, e.prefix)
+		t.Errorf("replayed row %d not delivered to %s.order with its key, payload and fixed headers", newID, e.Prefix)
 	}
 	waitFor(t, 15*time.Second, "unresolved gauge to drop by two", func() bool {
 		return r.metric("outbox_relay_dlq_unresolved_rows") == float64(len(poisons)-2)
@@ -253,7 +238,7 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "outbox_relay_halted = 1", func() bool { return r.metric("outbox_relay_halted") == 1 })
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // deliberate: the halted relay must stay up over time, not just at one instant
 	if !r.running() {
 		t.Fatal("the relay exited; halt must keep it up (not ready) so it does not crash-loop")
 	}
@@ -272,11 +257,11 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 	var attempts int
 	var lastErr string
 	waitFor(t, 10*time.Second, "row records the error", func() bool {
-		err := e.db.QueryRow(ctx, "SELECT attempt_count, COALESCE(last_error, '') FROM "+e.table+" WHERE id = $1", id).Scan(&attempts, &lastErr)
+		err := e.DB.QueryRow(ctx, "SELECT attempt_count, COALESCE(last_error, '') FROM "+e.Table+" WHERE id = $1", id).Scan(&attempts, &lastErr)
 		return err == nil && attempts == 1 && strings.Contains(lastErr, "headers")
 	})
 	log := r.log()
-	for _, want := range []string{e.table, fmt.Sprintf(`"id":%d`, id), "headers", "HALTED"} {
+	for _, want := range []string{e.Table, fmt.Sprintf(`"id":%d`, id), "headers", "HALTED"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log does not name %q:\n%s", want, tail([]byte(log), 2000))
 		}
@@ -288,7 +273,7 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 		t.Fatalf("slot confirmed %s past the poison row at shutdown (before %s)", c, before)
 	}
 
-	r = e.startRelay("--dlq-topic", e.prefix+".dlq")
+	r = e.startRelay("--dlq-topic", e.Prefix+".dlq")
 	rs := consume(t, e.topics(), len(w.written()), 60*time.Second, 3*time.Second)
 	requireClean(t, check(t, w.written(), rs, e.partitions(t)), true)
 	waitFor(t, 30*time.Second, "poison row dead-lettered", func() bool { return r.metric("outbox_relay_dead_lettered_total") == 1 })
@@ -298,7 +283,7 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 // drop the event.
 func TestDeadLetterWriteFailureHalts(t *testing.T) {
 	e := newEnv(t, "dlqfail")
-	dlq := e.prefix + ".dlq"
+	dlq := e.Prefix + ".dlq"
 	createTopic(t, dlq, map[string]string{"max.message.bytes": "1500"})
 	r := e.startRelay("--dlq-topic", dlq)
 	before := e.currentLSN(t)
@@ -312,7 +297,7 @@ func TestDeadLetterWriteFailureHalts(t *testing.T) {
 	}
 	var lastErr string
 	waitFor(t, 10*time.Second, "row records the error", func() bool {
-		return e.db.QueryRow(context.Background(), "SELECT COALESCE(last_error, '') FROM "+e.table+" WHERE id = $1", id).Scan(&lastErr) == nil &&
+		return e.DB.QueryRow(context.Background(), "SELECT COALESCE(last_error, '') FROM "+e.Table+" WHERE id = $1", id).Scan(&lastErr) == nil &&
 			strings.Contains(lastErr, "dead letter")
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -118,7 +117,7 @@ func TestKill9RestartNoLossDuplicatesOnlyUnconfirmed(t *testing.T) {
 	}
 	waitFor(t, 60*time.Second, "first batch acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 500 })
 	// Let a status update carry the watermark, then stall the broker.
-	time.Sleep(1500 * time.Millisecond)
+	waitFor(t, 30*time.Second, "the slot to confirm the first batch", func() bool { return e.slotLSN(t) > w.LastLSN() })
 	svc(t, "kafka-pause")
 	paused := true
 	defer func() {
@@ -203,7 +202,7 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 	// Several status intervals pass; sample what the slot confirms meanwhile.
 	var maxConfirmed pglogrepl.LSN
 	for i := 0; i < 5; i++ {
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // an observation window of five status intervals, not a synchronisation
 		maxConfirmed = max(maxConfirmed, e.slotLSN(t))
 	}
 	svc(t, "kafka-start")
@@ -233,13 +232,13 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 func TestIdleOutboxSlotAdvances(t *testing.T) {
 	e := newEnv(t, "idle")
 	ctx := context.Background()
-	if _, err := e.db.Exec(ctx, "CREATE TABLE "+e.schema+".busy (id bigserial primary key, note text)"); err != nil {
+	if _, err := e.DB.Exec(ctx, "CREATE TABLE "+e.Schema+".busy (id bigserial primary key, note text)"); err != nil {
 		t.Fatal(err)
 	}
 	r := e.startRelay()
 	for round := 0; round < 3; round++ {
 		for i := 0; i < 300; i++ {
-			if _, err := e.db.Exec(ctx, "INSERT INTO "+e.schema+".busy (note) SELECT repeat('x', 200) FROM generate_series(1, 20)"); err != nil {
+			if _, err := e.DB.Exec(ctx, "INSERT INTO "+e.Schema+".busy (note) SELECT repeat('x', 200) FROM generate_series(1, 20)"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -258,12 +257,12 @@ func TestIdleOutboxSlotAdvances(t *testing.T) {
 func TestOtherTablesIgnoredAndAlterTable(t *testing.T) {
 	e := newEnv(t, "alter")
 	ctx := context.Background()
-	other := e.schema + ".orders"
-	if _, err := e.db.Exec(ctx, "CREATE TABLE "+other+" (id bigserial primary key, note text)"); err != nil {
+	other := e.Schema + ".orders"
+	if _, err := e.DB.Exec(ctx, "CREATE TABLE "+other+" (id bigserial primary key, note text)"); err != nil {
 		t.Fatal(err)
 	}
 	// In the publication, so the decoder really sees (and must drop) its rows.
-	if _, err := e.db.Exec(ctx, "ALTER PUBLICATION "+e.pub+" ADD TABLE "+other); err != nil {
+	if _, err := e.DB.Exec(ctx, "ALTER PUBLICATION "+e.Pub+" ADD TABLE "+other); err != nil {
 		t.Fatal(err)
 	}
 	r := e.startRelay()
@@ -271,7 +270,7 @@ func TestOtherTablesIgnoredAndAlterTable(t *testing.T) {
 	if err := w.run(ctx, 300, 5, 20, 0, other); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.db.Exec(ctx, "ALTER TABLE "+e.table+" ADD COLUMN extra text DEFAULT 'x', ADD COLUMN region int"); err != nil {
+	if _, err := e.DB.Exec(ctx, "ALTER TABLE "+e.Table+" ADD COLUMN extra text DEFAULT 'x', ADD COLUMN region int"); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.run(ctx, 300, 5, 20, 0, other); err != nil {
@@ -314,7 +313,7 @@ func TestBackpressureKeepsReplicationAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the in-flight limit to be reached", func() bool { return r.metric("outbox_relay_inflight_events") >= 1 })
-	time.Sleep(6 * time.Second) // three wal_sender_timeouts with the handler blocked
+	time.Sleep(6 * time.Second) // the fault: three wal_sender_timeouts pass with the handler blocked
 	svc(t, "kafka-resume")
 	paused = false
 	ws := w.written()
@@ -373,7 +372,7 @@ func TestPostgresRestartReconnects(t *testing.T) {
 		}
 		before := r.metric("outbox_relay_leader_transitions_total")
 		svc(t, "pg-restart", mode)
-		e.db.Reset() // drop pooled connections the restart killed
+		e.DB.Reset() // drop pooled connections the restart killed
 		// The restart ends every session, the lease's too: the relay steps
 		// down (confirming nothing more), then leads again by itself.
 		waitFor(t, 60*time.Second, fmt.Sprintf("the relay to lead and stream again after the %s restart", mode), func() bool {
@@ -488,8 +487,8 @@ func TestRefusesBadSetups(t *testing.T) {
 		want    []string
 	}{
 		{"slot with another plugin", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
-			mustExec(t, e, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", e.slot)
+			mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.Slot)
+			mustExec(t, e, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", e.Slot)
 			return nil
 		}, []string{"test_decoding", "needs a logical pgoutput slot", "choose another postgres.slot"}},
 		{"publication missing, creation disabled", func(t *testing.T, e *env) []string {
@@ -497,40 +496,40 @@ func TestRefusesBadSetups(t *testing.T) {
 			return []string{"--create-publication=false"}
 		}, []string{"does not exist", "CREATE PUBLICATION", "create_publication"}},
 		{"publication dropped behind the slot", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP PUBLICATION "+e.pub)
+			mustExec(t, e, "DROP PUBLICATION "+e.Pub)
 			return nil
 		}, []string{"does not exist", "but slot", "CREATE PUBLICATION", "pg_replication_slot_advance", "republish"}},
 		{"outbox table missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP TABLE "+e.table)
+			mustExec(t, e, "DROP TABLE "+e.Table)
 			return nil
 		}, []string{"does not exist", "outbox-relay migrate"}},
 		{"required column missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN aggregate_id")
+			mustExec(t, e, "ALTER TABLE "+e.Table+" DROP COLUMN aggregate_id")
 			return nil
 		}, []string{"lacks required column(s) aggregate_id"}},
 		{"dead-letter columns missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "ALTER TABLE "+e.table+" DROP COLUMN dead_lettered_at")
+			mustExec(t, e, "ALTER TABLE "+e.Table+" DROP COLUMN dead_lettered_at")
 			return nil
 		}, []string{"dead_lettered_at", "outbox-relay migrate"}},
 		{"lease table missing", func(t *testing.T, e *env) []string {
-			mustExec(t, e, "DROP TABLE "+e.schema+"."+outboxschema.LeaseTable)
+			mustExec(t, e, "DROP TABLE "+e.Schema+"."+outboxschema.LeaseTable)
 			return nil
 		}, []string{outboxschema.LeaseTable, "does not exist", "outbox-relay migrate"}},
 		{"role without REPLICATION", func(t *testing.T, e *env) []string {
-			role := e.slot + "_norepl"
+			role := e.Slot + "_norepl"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw' IN ROLE pg_read_all_stats")
-			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.schema+"."+outboxschema.SlotRegistry+" TO "+role)
-			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.schema+"."+outboxschema.LeaseTable+" TO "+role)
-			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
+			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.Schema+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.Schema+"."+outboxschema.SlotRegistry+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.Schema+"."+outboxschema.LeaseTable+" TO "+role)
+			t.Cleanup(func() { e.DB.Exec(ctx, "DROP OWNED BY "+role); e.DB.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
 		}, []string{"ALTER ROLE", "REPLICATION"}},
 		{"role without rights on the lease table", func(t *testing.T, e *env) []string {
-			role := e.slot + "_nolease"
+			role := e.Slot + "_nolease"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN REPLICATION PASSWORD 'pw'")
-			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.schema+" TO "+role)
-			t.Cleanup(func() { e.db.Exec(ctx, "DROP OWNED BY "+role); e.db.Exec(ctx, "DROP ROLE "+role) })
+			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.Schema+" TO "+role)
+			t.Cleanup(func() { e.DB.Exec(ctx, "DROP OWNED BY "+role); e.DB.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
 		}, []string{"permission denied", "GRANT SELECT, INSERT, UPDATE ON", outboxschema.LeaseTable}},
@@ -574,14 +573,14 @@ func TestMissingPublicationIsCreated(t *testing.T) {
 // start: no publication, no slot, no registry row.
 func (e *env) freshStart(t *testing.T) {
 	t.Helper()
-	mustExec(t, e, "DROP PUBLICATION "+e.pub)
-	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.slot)
-	mustExec(t, e, "DELETE FROM "+e.schema+"."+outboxschema.SlotRegistry)
+	mustExec(t, e, "DROP PUBLICATION "+e.Pub)
+	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.Slot)
+	mustExec(t, e, "DELETE FROM "+e.Schema+"."+outboxschema.SlotRegistry)
 }
 
 func mustExec(t *testing.T, e *env, sql string, args ...any) {
 	t.Helper()
-	if _, err := e.db.Exec(context.Background(), sql, args...); err != nil {
+	if _, err := e.DB.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
@@ -597,13 +596,13 @@ func TestSlotDroppedWhileRunningStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "events acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 50 })
-	mustExec(t, e, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", e.slot)
+	mustExec(t, e, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1", e.Slot)
 	waitFor(t, 10*time.Second, "the walsender to exit", func() bool {
-		_, err := e.db.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
+		_, err := e.DB.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.Slot)
 		return err == nil
 	})
 	select {
-	case <-r.done:
+	case <-r.Done():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the relay kept running (and may have recreated the slot) after its slot was dropped")
 	}
@@ -614,7 +613,7 @@ func TestSlotDroppedWhileRunningStops(t *testing.T) {
 		t.Fatalf("the log does not explain the vanished slot:\n%s", tail([]byte(log), 2000))
 	}
 	var n int
-	if err := e.db.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot).Scan(&n); err != nil || n != 0 {
+	if err := e.DB.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("slot recreated (count %d, err %v)", n, err)
 	}
 }
@@ -635,14 +634,14 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 		t.Fatalf("exit code %d", code)
 	}
 	waitFor(t, 10*time.Second, "the slot to be dropped", func() bool {
-		_, err := e.db.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.slot)
+		_, err := e.DB.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", e.Slot)
 		return err == nil
 	})
 	code, log := e.runRelayToExit(60 * time.Second)
 	if code != 1 || !strings.Contains(log, "is gone") || !strings.Contains(log, "DELETE FROM") {
 		t.Fatalf("exit code %d, want 1 with recovery steps:\n%s", code, tail([]byte(log), 2000))
 	}
-	mustExec(t, e, "DELETE FROM "+e.schema+"."+outboxschema.SlotRegistry+" WHERE slot_name = $1", e.slot)
+	mustExec(t, e, "DELETE FROM "+e.Schema+"."+outboxschema.SlotRegistry+" WHERE slot_name = $1", e.Slot)
 	r2 := e.startRelay()
 	if err := w.run(context.Background(), 20, 5, 5, 0, ""); err != nil {
 		t.Fatal(err)
@@ -655,8 +654,8 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 // listener (the consumer reads through the plain one); a wrong password
 // stops the relay with the keys to check, and the secret is never logged.
 func TestSASLScramAuthentication(t *testing.T) {
-	sasl := os.Getenv("OUTBOX_TEST_KAFKA_SASL_BROKERS")
-	user, pass := os.Getenv("OUTBOX_TEST_KAFKA_SASL_USER"), os.Getenv("OUTBOX_TEST_KAFKA_SASL_PASSWORD")
+	sasl := svcs.Get("OUTBOX_TEST_KAFKA_SASL_BROKERS")
+	user, pass := svcs.Get("OUTBOX_TEST_KAFKA_SASL_USER"), svcs.Get("OUTBOX_TEST_KAFKA_SASL_PASSWORD")
 	if sasl == "" || user == "" || pass == "" {
 		t.Fatal("OUTBOX_TEST_KAFKA_SASL_* not set: test/services.sh must start the SASL listener")
 	}
@@ -689,7 +688,7 @@ func TestSASLScramAuthentication(t *testing.T) {
 // certificate against kafka.tls.ca_file; without the CA it stops and says
 // which key to set.
 func TestTLSProducer(t *testing.T) {
-	tlsBrokers, ca := os.Getenv("OUTBOX_TEST_KAFKA_TLS_BROKERS"), os.Getenv("OUTBOX_TEST_KAFKA_TLS_CA_FILE")
+	tlsBrokers, ca := svcs.Get("OUTBOX_TEST_KAFKA_TLS_BROKERS"), svcs.Get("OUTBOX_TEST_KAFKA_TLS_CA_FILE")
 	if tlsBrokers == "" || ca == "" {
 		t.Fatal("OUTBOX_TEST_KAFKA_TLS_* not set: test/services.sh must start the TLS listener")
 	}
@@ -722,17 +721,17 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	var versions, pubs, idx int
 	ctx := context.Background()
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM "+e.schema+"."+outboxschema.MigrationHistory+" WHERE target = $1", e.table).Scan(&versions); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM "+e.Schema+"."+outboxschema.MigrationHistory+" WHERE target = $1", e.Table).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT pubupdate AND NOT pubdelete", e.pub).Scan(&pubs); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1 AND pubinsert AND NOT pubupdate AND NOT pubdelete", e.Pub).Scan(&pubs); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE (published_at IS NULL)%'", e.schema).Scan(&idx); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE (published_at IS NULL)%'", e.Schema).Scan(&idx); err != nil {
 		t.Fatal(err)
 	}
 	var dlqIdx int
-	if err := e.db.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE ((dead_lettered_at IS NOT NULL) AND (dlq_resolved_at IS NULL))%'", e.schema).Scan(&dlqIdx); err != nil {
+	if err := e.DB.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%WHERE ((dead_lettered_at IS NOT NULL) AND (dlq_resolved_at IS NULL))%'", e.Schema).Scan(&dlqIdx); err != nil {
 		t.Fatal(err)
 	}
 	files, _ := filepath.Glob("../../migrations/*.sql")
@@ -764,8 +763,8 @@ func TestMigrateChecksum(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, "migsum") // ran migrate once
-			tbl, _ := outboxschema.ParseTable(e.table)
-			ms, err := migrations.Load(migrations.Names{Schema: tbl.Schema, Table: tbl.Name, Publication: e.pub})
+			tbl, _ := outboxschema.ParseTable(e.Table)
+			ms, err := migrations.Load(migrations.Names{Schema: tbl.Schema, Table: tbl.Name, Publication: e.Pub})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -775,9 +774,9 @@ func TestMigrateChecksum(t *testing.T) {
 					break
 				}
 			}
-			history := e.schema + "." + outboxschema.MigrationHistory
+			history := e.Schema + "." + outboxschema.MigrationHistory
 			set := "UPDATE " + history + " SET checksum = $3 WHERE target = $1 AND version = $2"
-			mustExec(t, e, set, e.table, tt.version, tt.recorded(m))
+			mustExec(t, e, set, e.Table, tt.version, tt.recorded(m))
 			out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput()
 			if (err == nil) != tt.ok {
 				t.Fatalf("migrate: err = %v, want ok=%v\n%s", err, tt.ok, out)
@@ -788,15 +787,15 @@ func TestMigrateChecksum(t *testing.T) {
 				}
 			}
 			var got string
-			if err := e.db.QueryRow(context.Background(), "SELECT checksum FROM "+history+" WHERE target = $1 AND version = $2",
-				e.table, tt.version).Scan(&got); err != nil {
+			if err := e.DB.QueryRow(context.Background(), "SELECT checksum FROM "+history+" WHERE target = $1 AND version = $2",
+				e.Table, tt.version).Scan(&got); err != nil {
 				t.Fatal(err)
 			}
 			if want := map[bool]string{true: m.Checksum, false: tt.recorded(m)}[tt.ok]; got != want {
 				t.Errorf("recorded checksum after migrate = %s, want %s", got, want)
 			}
 			if !tt.ok { // the fix it suggests works
-				mustExec(t, e, set, e.table, tt.version, m.Checksum)
+				mustExec(t, e, set, e.Table, tt.version, m.Checksum)
 				if out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput(); err != nil {
 					t.Fatalf("migrate after restoring the checksum: %v\n%s", err, out)
 				}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // echoServer echoes every connection until the test ends; it reports each
@@ -365,12 +367,13 @@ func TestRefuseThenResetLeavesNothing(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	testkit.WaitFor(t, 5*time.Second, "clients to connect", func() bool { return p.Stats().Accepted > 0 })
 	if err := p.Refuse(); err != nil {
 		t.Fatal(err)
 	}
 	p.Reset()
-	time.Sleep(100 * time.Millisecond)
+	// A connection accepted while Refuse ran is dropped asynchronously.
+	testkit.WaitFor(t, 5*time.Second, "no connection left", func() bool { return p.Stats().Active == 0 })
 	st := p.Stats()
 	close(stop)
 	wg.Wait()

@@ -1,0 +1,318 @@
+package testkit
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// Record is one Kafka record as the checks need it.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       string
+	Value     []byte
+	Headers   map[string]string
+	Timestamp time.Time
+}
+
+func toRecord(m *sarama.ConsumerMessage) Record {
+	h := make(map[string]string, len(m.Headers))
+	for _, rh := range m.Headers {
+		h[string(rh.Key)] = string(rh.Value)
+	}
+	return Record{m.Topic, m.Partition, m.Offset, string(m.Key), m.Value, h, m.Timestamp}
+}
+
+// SaramaConfig is the clients' configuration (the relay's protocol version).
+func SaramaConfig() *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V3_6_0_0
+	cfg.ClientID = "outbox-testkit"
+	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
+	return cfg
+}
+
+// CreateTopics creates topics with n partitions (an existing one is fine)
+// and waits until every partition has a leader.
+func CreateTopics(brokers []string, n int32, configs map[string]*string, topics ...string) error {
+	client, err := sarama.NewClient(brokers, SaramaConfig())
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	for _, tp := range topics {
+		err := admin.CreateTopic(tp, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1, ConfigEntries: configs}, false)
+		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", tp, err)
+		}
+		err = Poll(30*time.Second, 100*time.Millisecond, func() (bool, error) {
+			_ = client.RefreshMetadata(tp)
+			parts, err := client.Partitions(tp)
+			if err != nil || len(parts) != int(n) {
+				return false, nil
+			}
+			for _, p := range parts {
+				if _, err := client.Leader(tp, p); err != nil {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			return fmt.Errorf("topic %s has no leaders: %w", tp, err)
+		}
+	}
+	return nil
+}
+
+// DeleteTopics deletes every topic whose name starts with prefix.
+func DeleteTopics(brokers []string, prefix string) error {
+	admin, err := sarama.NewClusterAdmin(brokers, SaramaConfig())
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close()
+	topics, err := admin.ListTopics()
+	if err != nil {
+		return fmt.Errorf("list topics: %w", err)
+	}
+	var errs []error
+	for tp := range topics {
+		if strings.HasPrefix(tp, prefix) {
+			if err := admin.DeleteTopic(tp); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+				errs = append(errs, fmt.Errorf("delete topic %s: %w", tp, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Partitions returns the partition count of each topic.
+func Partitions(brokers []string, topics ...string) (map[string]int, error) {
+	client, err := sarama.NewClient(brokers, SaramaConfig())
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	defer client.Close()
+	out := map[string]int{}
+	for _, tp := range topics {
+		parts, err := client.Partitions(tp)
+		if err != nil {
+			return nil, fmt.Errorf("partitions of %s: %w", tp, err)
+		}
+		out[tp] = len(parts)
+	}
+	return out, nil
+}
+
+// Consumer reads every partition of some topics from the oldest offset in
+// the background, handing each message to a callback.
+type Consumer struct {
+	client   sarama.Client
+	consumer sarama.Consumer
+	pcs      []sarama.PartitionConsumer
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	errs     []error
+}
+
+// Consume starts reading topics; a topic that does not exist yet, or a
+// partition without a leader yet, is waited for until d passes. handle is
+// called from one goroutine per partition, in offset order per partition.
+func Consume(brokers []string, topics []string, d time.Duration, handle func(*sarama.ConsumerMessage)) (*Consumer, error) {
+	client, err := sarama.NewClient(brokers, SaramaConfig())
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("kafka consumer: %w", err)
+	}
+	c := &Consumer{client: client, consumer: consumer}
+	for _, tp := range topics {
+		if err := c.add(tp, d, handle); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *Consumer) add(tp string, d time.Duration, handle func(*sarama.ConsumerMessage)) error {
+	var parts []int32
+	err := Poll(d, 200*time.Millisecond, func() (bool, error) {
+		var err error
+		_ = c.client.RefreshMetadata(tp)
+		parts, err = c.client.Partitions(tp)
+		return err == nil && len(parts) > 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("topic %s never appeared: %w", tp, err)
+	}
+	for _, p := range parts {
+		var pc sarama.PartitionConsumer
+		// A just-created partition may not have a leader yet: retry.
+		err := Poll(d, 200*time.Millisecond, func() (bool, error) {
+			var err error
+			if pc, err = c.consumer.ConsumePartition(tp, p, sarama.OffsetOldest); err != nil {
+				_ = c.client.RefreshMetadata(tp)
+			}
+			return err == nil, nil
+		})
+		if err != nil {
+			return fmt.Errorf("consume %s/%d: %w", tp, p, err)
+		}
+		c.pcs = append(c.pcs, pc)
+		c.wg.Add(2)
+		go func() {
+			defer c.wg.Done()
+			for m := range pc.Messages() {
+				handle(m)
+			}
+		}()
+		go func() {
+			defer c.wg.Done()
+			for err := range pc.Errors() {
+				c.mu.Lock()
+				c.errs = append(c.errs, err)
+				c.mu.Unlock()
+			}
+		}()
+	}
+	return nil
+}
+
+// Errors are the consume errors so far.
+func (c *Consumer) Errors() []error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]error(nil), c.errs...)
+}
+
+// Close stops consuming and waits until no handler runs any more.
+func (c *Consumer) Close() {
+	for _, pc := range c.pcs {
+		pc.AsyncClose()
+	}
+	c.wg.Wait()
+	c.consumer.Close()
+	c.client.Close()
+}
+
+// ReadUntil reads every partition of topics from the start until it has at
+// least want records and no new one came for quiet, or d passes.
+func ReadUntil(brokers []string, topics []string, want int, d, quiet time.Duration) ([]Record, error) {
+	deadline := time.Now().Add(d)
+	ch := make(chan Record, 1024)
+	c, err := Consume(brokers, topics, d, func(m *sarama.ConsumerMessage) { ch <- toRecord(m) })
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		go func() { // unblock handlers while Close waits for them
+			for range ch {
+			}
+		}()
+		c.Close()
+		close(ch)
+	}()
+	var out []Record
+	last := time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-ch:
+			out = append(out, r)
+			last = time.Now()
+		case <-tick.C:
+		}
+		if (len(out) >= want && time.Since(last) >= quiet) || time.Now().After(deadline) {
+			return out, nil
+		}
+	}
+}
+
+// ReadToEnd reads every partition of every topic whose name starts with
+// prefix from the oldest offset to the high-water mark it has now; it also
+// returns each topic's partition count. Any consume error is an error.
+func ReadToEnd(brokers []string, prefix string, stuck time.Duration) ([]Record, map[string]int, error) {
+	client, err := sarama.NewClient(brokers, SaramaConfig())
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka client: %w", err)
+	}
+	defer client.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka consumer: %w", err)
+	}
+	defer consumer.Close()
+	if err := client.RefreshMetadata(); err != nil {
+		return nil, nil, fmt.Errorf("kafka metadata: %w", err)
+	}
+	all, err := client.Topics()
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka topics: %w", err)
+	}
+	partitions := map[string]int{}
+	var out []Record
+	for _, tp := range all {
+		if !strings.HasPrefix(tp, prefix) {
+			continue
+		}
+		parts, err := client.Partitions(tp)
+		if err != nil {
+			return nil, nil, fmt.Errorf("partitions of %s: %w", tp, err)
+		}
+		partitions[tp] = len(parts)
+		for _, p := range parts {
+			recs, err := readPartition(client, consumer, tp, p, stuck)
+			if err != nil {
+				return nil, nil, err
+			}
+			out = append(out, recs...)
+		}
+	}
+	return out, partitions, nil
+}
+
+func readPartition(client sarama.Client, consumer sarama.Consumer, tp string, p int32, stuck time.Duration) ([]Record, error) {
+	hwm, err := client.GetOffset(tp, p, sarama.OffsetNewest)
+	if err != nil {
+		return nil, fmt.Errorf("high-water mark of %s/%d: %w", tp, p, err)
+	}
+	if hwm == 0 {
+		return nil, nil
+	}
+	pc, err := consumer.ConsumePartition(tp, p, sarama.OffsetOldest)
+	if err != nil {
+		return nil, fmt.Errorf("consume %s/%d: %w", tp, p, err)
+	}
+	defer pc.Close()
+	var out []Record
+	for {
+		select {
+		case m := <-pc.Messages():
+			out = append(out, toRecord(m))
+			if m.Offset >= hwm-1 {
+				return out, nil
+			}
+		case err := <-pc.Errors():
+			return nil, fmt.Errorf("consume %s/%d: %w", tp, p, err)
+		case <-time.After(stuck):
+			return nil, fmt.Errorf("consume %s/%d: stuck before offset %d", tp, p, hwm-1)
+		}
+	}
+}
