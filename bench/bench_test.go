@@ -67,7 +67,7 @@ outbox_relay_acked_lsn 2.3456789e+07
 }
 
 func TestSummarize(t *testing.T) {
-	if m := summarize([]float64{3, 1, 2}); m != (mmm{1, 2, 3}) {
+	if m := summarize([]float64{3, 1, 2}); m != (spread{1, 2, 3}) {
 		t.Errorf("%+v", m)
 	}
 	if m := summarize([]float64{4, 1, 2, 3}); m.Med != 2.5 {

@@ -95,7 +95,7 @@ func plotDrain(r *results, path string) error {
 			}
 			s := summarize(xs)
 			if math.IsNaN(s.Med) {
-				s = mmm{0, 0, 0}
+				s = spread{0, 0, 0}
 			}
 			*side.med = append(*side.med, s.Med)
 			side.rb.lo = append(side.rb.lo, s.Min)

@@ -9,10 +9,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
-// mmm is min / median / max of repeated measurements.
-type mmm struct{ Min, Med, Max float64 }
+// spread is min / median / max of repeated measurements.
+type spread struct{ Min, Med, Max float64 }
 
-func summarize(xs []float64) mmm {
+func summarize(xs []float64) spread {
 	var v []float64
 	for _, x := range xs {
 		if !math.IsNaN(x) {
@@ -20,14 +20,14 @@ func summarize(xs []float64) mmm {
 		}
 	}
 	if len(v) == 0 {
-		return mmm{math.NaN(), math.NaN(), math.NaN()}
+		return spread{math.NaN(), math.NaN(), math.NaN()}
 	}
 	sort.Float64s(v)
 	med := v[len(v)/2]
 	if len(v)%2 == 0 {
 		med = (v[len(v)/2-1] + v[len(v)/2]) / 2
 	}
-	return mmm{v[0], med, v[len(v)-1]}
+	return spread{v[0], med, v[len(v)-1]}
 }
 
 // exactQuantile is the nearest-rank quantile of sorted samples.
