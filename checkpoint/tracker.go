@@ -57,6 +57,7 @@ type Pending struct {
 	end       pglogrepl.LSN
 	remaining int
 	bytes     int64
+	abandoned bool // dropped by Abandon: its acks are ignored
 }
 
 // New returns a tracker whose watermark starts at start (the slot's
@@ -135,6 +136,9 @@ func (p *Pending) Ack(bytes int64) {
 	t := p.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if p.abandoned {
+		return
+	}
 	if p.remaining <= 0 {
 		panic(fmt.Sprintf("checkpoint: extra ack for transaction ending at %s", p.end))
 	}
@@ -214,6 +218,27 @@ func (t *Tracker) AdvanceIdle(walEnd pglogrepl.LSN) {
 	select {
 	case t.advanced <- struct{}{}:
 	default:
+	}
+}
+
+// Abandon drops every transaction in flight: the caller delivers their
+// events again from the watermark (a rewind after a publish error). The
+// watermark stays; acks of a dropped transaction are ignored; transactions
+// after the watermark may be added again. Any goroutine.
+func (t *Tracker) Abandon() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range t.pending[t.head:] {
+		p.abandoned = true
+	}
+	clear(t.pending)
+	t.pending, t.head = t.pending[:0], 0
+	t.events, t.bytes = 0, 0
+	t.lastAdded = t.watermark
+	if t.waiting {
+		close(t.space)
+		t.space = make(chan struct{})
+		t.waiting = false
 	}
 }
 

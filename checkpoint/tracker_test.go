@@ -214,3 +214,34 @@ func TestWaitDrained(t *testing.T) {
 		t.Fatal("drained but watermark not at the last transaction")
 	}
 }
+
+// Abandon drops what is in flight and keeps the watermark: the dropped
+// transactions can be added again, and late acks of them change nothing.
+func TestAbandon(t *testing.T) {
+	tr := New(10, Limits{MaxEvents: 3, MaxBytes: 1 << 20})
+	ctx := context.Background()
+	a, _ := tr.Add(ctx, 20, 1, 5)
+	b, _ := tr.Add(ctx, 30, 2, 5)
+	a.Ack(5)
+	b.Ack(1)
+	if tr.Flushed() != 20 {
+		t.Fatalf("watermark %s, want 0/14", tr.Flushed())
+	}
+	tr.Abandon()
+	if e, by := tr.InFlight(); e != 0 || by != 0 || tr.Flushed() != 20 {
+		t.Fatalf("after Abandon: %d events, %d bytes, watermark %s; want 0, 0, 0/14", e, by, tr.Flushed())
+	}
+	b.Ack(1) // late: ignored, no panic, no move
+	again, err := tr.Add(ctx, 30, 2, 5)
+	if err != nil {
+		t.Fatalf("re-adding the dropped transaction: %v", err)
+	}
+	if tr.Flushed() != 20 {
+		t.Fatalf("a late ack of a dropped transaction moved the watermark to %s", tr.Flushed())
+	}
+	again.Ack(1)
+	again.Ack(1)
+	if tr.Flushed() != 30 {
+		t.Errorf("watermark %s after the resent transaction was acked, want 0/1E", tr.Flushed())
+	}
+}

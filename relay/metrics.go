@@ -10,6 +10,7 @@ type pipelineMetrics struct {
 	commitToAck  prometheus.Histogram
 	deadLettered *prometheus.CounterVec
 	halted       prometheus.Gauge
+	rewinds      prometheus.Counter
 }
 
 // newPipelineMetrics builds p's metrics and registers them with reg (nil
@@ -26,6 +27,8 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 		halted: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_halted",
 			Help: "1 when publishing stopped on a poison event (on_poison: halt, or the dead-letter write failed)."}),
 	}
+	m.rewinds = prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_rewinds_total",
+		Help: "Times a publish error made the relay republish from the ack watermark to keep per-aggregate order."})
 	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonInvalidTopic, "message_too_large", "broker_rejected"} {
 		m.deadLettered.WithLabelValues(r)
 	}
@@ -33,7 +36,10 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 		return m
 	}
 	t := p.tracker
-	reg.MustRegister(m.commitToAck, m.deadLettered, m.halted,
+	reg.MustRegister(m.commitToAck, m.deadLettered, m.halted, m.rewinds,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "outbox_relay_reordered_events_total",
+			Help: "Events written to Kafka after a later event of their partition (an error came back while later events were inside the producer)."},
+			func() float64 { return float64(p.order.reorders.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_inflight_events",
 			Help: "Events published and not yet acked by Kafka."},
 			func() float64 { e, _ := t.InFlight(); return float64(e) }),

@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -67,8 +68,10 @@ type Pipeline struct {
 	dec     *decoder.Decoder // owned by the replication loop goroutine
 	prevDec decoder.Counts
 
-	retries *queue[*delivery] // failed events, republished in the order they failed
+	retries *queue[*delivery] // failed dead letters, republished in the order they failed
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
+	rewind  rewind            // failed events: the stream restarts from the watermark
+	order   orderWatch
 
 	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
 	otherRows atomic.Uint64
@@ -114,6 +117,9 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	if err := p.waitIfHalted(ctx); err != nil {
 		return err
 	}
+	if p.rewind.active.Load() {
+		return replication.ErrRestart
+	}
 	txn, err := p.dec.Decode(walStart, walData)
 	if err != nil {
 		return fmt.Errorf("decode: %w", err)
@@ -137,7 +143,8 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload))}
+		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload)),
+			attempts: p.rewind.attemptsOf(ev.LSN)}
 		hdrs, key := headers(ev, commitLSN)
 		d.msg = sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: txn.CommitTime, Done: d.done}
 		bytes += d.size
@@ -168,6 +175,11 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	// does not interrupt this loop (the publisher returns once stopped).
 	pubCtx := context.WithoutCancel(ctx)
 	for i := range ds {
+		if p.rewind.active.Load() {
+			// Nothing more goes out before the failed event is resent.
+			p.rewind.parkUnsent(len(ds) - i)
+			return replication.ErrRestart
+		}
 		d := &ds[i]
 		d.pend = pend
 		if p.log.Debug().Enabled() {
@@ -215,6 +227,8 @@ func (d *delivery) done(err error) {
 	if err == nil {
 		if d.letter == nil {
 			p.m.commitToAck.Observe(time.Since(d.commit).Seconds())
+			p.order.ack(d.msg.Topic, d.msg.Partition, d.lsn)
+			p.rewind.settled(d.lsn)
 			d.pend.Ack(d.size)
 			return
 		}
@@ -228,16 +242,23 @@ func (d *delivery) done(err error) {
 	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	switch action {
-	case RetryTransient:
-		// The tracker holds the slot before this event meanwhile, whatever
-		// is acked after it.
-		if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
+	case RetryTransient, RetryPoison:
+		if action == RetryPoison {
+			ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
+		} else if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
 			ev.Warn().Err(err).Msg("transient publish error; retrying until the broker takes it")
 		}
-		p.retries.push(d, p.policy.delay(action, d.attempts))
-	case RetryPoison:
-		ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
-		p.retries.push(d, p.policy.delay(action, d.attempts))
+		if d.letter != nil {
+			// A dead letter has no order to keep: resend just it. The
+			// tracker holds the slot before the event meanwhile.
+			p.retries.push(d, p.policy.delay(action, d.attempts))
+			return
+		}
+		p.order.fail(d.msg.Topic, d.msg.Partition, d.lsn)
+		if p.rewind.park(d.lsn, d.attempts, p.policy.delay(action, d.attempts)) {
+			p.m.rewinds.Inc()
+			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")
+		}
 	case DeadLetter:
 		p.toDeadLetter(d, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
 		p.retries.push(d, 0) // never publish from the producer's goroutine: its input may be full
@@ -316,6 +337,7 @@ func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 		}
 	}
 	if m.dead {
+		p.rewind.settled(d.lsn)
 		d.pend.Ack(d.size)
 	}
 	return nil
@@ -379,6 +401,10 @@ func (p *Pipeline) Flushed() pglogrepl.LSN { return p.tracker.Flushed() }
 // acked. Any goroutine.
 func (p *Pipeline) InFlight() (events int, bytes int64) { return p.tracker.InFlight() }
 
+// Restarting implements replication.Progress: a rewind has begun. Any
+// goroutine.
+func (p *Pipeline) Restarting() bool { return p.rewind.active.Load() }
+
 // AdvanceIdle implements replication.Progress; called on the loop goroutine,
 // so the decoder's state is consistent with everything handled so far.
 func (p *Pipeline) AdvanceIdle(walEnd pglogrepl.LSN) {
@@ -389,7 +415,10 @@ func (p *Pipeline) AdvanceIdle(walEnd pglogrepl.LSN) {
 
 // Drain implements replication.Progress: wait for acks (until ctx ends),
 // then start a fresh decoder for the next session (relations are resent by
-// the server). Called on the loop goroutine.
+// the server). During a rewind, or when one begins while it waits, it waits
+// for every event to settle instead and drops the failed ones from the
+// tracker: the next session publishes them again. Called on the loop
+// goroutine.
 func (p *Pipeline) Drain(ctx context.Context) error {
 	if p.halted.Load() != nil {
 		// The halted event never acks; wait briefly for the others only.
@@ -397,11 +426,18 @@ func (p *Pipeline) Drain(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 	}
-	tick := time.NewTicker(10 * time.Second)
-	defer tick.Stop()
+	warn := time.NewTicker(10 * time.Second)
+	defer warn.Stop()
+	poll := time.NewTicker(50 * time.Millisecond) // a failure during the wait turns it into a rewind
+	defer poll.Stop()
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
 	done := make(chan error, 1)
-	go func() { done <- p.tracker.WaitDrained(ctx) }()
+	go func() { done <- p.tracker.WaitDrained(wctx) }()
 	for {
+		if p.rewind.active.Load() && p.halted.Load() == nil {
+			return p.finishRewind(ctx)
+		}
 		select {
 		case err := <-done:
 			if err != nil {
@@ -409,11 +445,27 @@ func (p *Pipeline) Drain(ctx context.Context) error {
 			}
 			p.countDecoder()
 			return p.resetDecoder()
-		case <-tick.C:
+		case <-poll.C:
+		case <-warn.C:
 			e, b := p.tracker.InFlight()
 			p.log.Warn().Int("events", e).Int64("bytes", b).Msg("waiting for kafka to ack in-flight events")
 		}
 	}
+}
+
+// finishRewind waits for every event in flight to settle and the failed
+// events' backoff, then drops what is in flight: the next session starts
+// from the watermark.
+func (p *Pipeline) finishRewind(ctx context.Context) error {
+	inFlight := func() int { e, _ := p.tracker.InFlight(); return e }
+	if err := p.rewind.wait(ctx, inFlight); err != nil {
+		return err
+	}
+	p.tracker.Abandon()
+	p.order.reset()
+	p.rewind.reset()
+	p.countDecoder()
+	return p.resetDecoder()
 }
 
 // Advanced receives (without blocking the sender) after the watermark

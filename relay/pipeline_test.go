@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -34,6 +36,7 @@ type scriptedPublisher struct {
 }
 
 func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
+	m.Partition = 0 // one partition: every test event shares it
 	s.mu.Lock()
 	s.tries[m.Topic]++
 	n := s.tries[m.Topic]
@@ -75,12 +78,13 @@ func (f *fakeMarker) MarkFailed(_ context.Context, id int64, attempts int, _ str
 func itoa(n int64) string { return string(pglogrepl.LSN(n).String()[2:]) } // short, unique enough for ids < 2^32
 
 type harness struct {
-	t      *testing.T
-	p      *Pipeline
-	pub    *scriptedPublisher
-	marker *fakeMarker
-	ctx    context.Context
-	sawRel bool
+	t        *testing.T
+	p        *Pipeline
+	pub      *scriptedPublisher
+	marker   *fakeMarker
+	ctx      context.Context
+	in       chan walReq
+	restarts atomic.Int32
 }
 
 func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *harness {
@@ -97,35 +101,102 @@ func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *ha
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
+	h := &harness{t: t, p: p, pub: pub, marker: marker, ctx: ctx, in: make(chan walReq)}
+	ran, streamed := make(chan error, 1), make(chan struct{})
 	go func() { ran <- p.Run(ctx) }()
+	go func() {
+		defer close(streamed)
+		h.stream(ctx)
+	}()
 	t.Cleanup(func() {
 		cancel()
+		<-streamed
 		if err := <-ran; err != nil {
 			t.Errorf("Run = %v", err)
 		}
 	})
-	return &harness{t: t, p: p, pub: pub, marker: marker, ctx: ctx}
+	return h
 }
 
-// txn hands one transaction of outbox rows to Handle: committed at commit,
-// ending at end, each insert at commit-10+i.
+// txn hands one transaction of outbox rows to Handle through the stream
+// emulator: committed at commit, ending at end, each insert at commit-10+i.
+// It returns what Handle returned.
 func (h *harness) txn(commit, end pglogrepl.LSN, rows ...[]pg.Col) error {
-	msgs := [][]byte{pg.Begin(commit, 7)}
-	if !h.sawRel {
-		msgs = append([][]byte{pg.OutboxRelation()}, msgs...)
-		h.sawRel = true
-	}
+	return h.txnCtx(h.ctx, commit, end, rows...)
+}
+
+func (h *harness) txnCtx(ctx context.Context, commit, end pglogrepl.LSN, rows ...[]pg.Col) error {
+	t := walTxn{commit: commit, end: end, msgs: [][]byte{pg.Begin(commit, 7)}}
 	for _, r := range rows {
-		msgs = append(msgs, pg.Insert(pg.OutboxID, r...))
+		t.msgs = append(t.msgs, pg.Insert(pg.OutboxID, r...))
 	}
-	msgs = append(msgs, pg.Commit(commit, end))
-	for i, m := range msgs {
-		if err := h.p.Handle(h.ctx, commit-pglogrepl.LSN(len(msgs))+pglogrepl.LSN(i), m); err != nil {
-			return err
+	t.msgs = append(t.msgs, pg.Commit(commit, end))
+	done := make(chan error, 1)
+	h.in <- walReq{ctx, t, done}
+	return <-done
+}
+
+type walTxn struct {
+	commit, end pglogrepl.LSN
+	msgs        [][]byte
+}
+
+type walReq struct {
+	ctx  context.Context
+	txn  walTxn
+	done chan error
+}
+
+// stream emulates replication.Stream for the pipeline: the one goroutine
+// that calls Handle, and, when the pipeline asks for a restart, Drain and a
+// resend of every transaction after the watermark, as the server does.
+func (h *harness) stream(ctx context.Context) {
+	var log []walTxn
+	sawRel := false
+	feed := func(ctx context.Context, t walTxn) error {
+		for i, m := range t.msgs {
+			if !sawRel {
+				if err := h.p.Handle(ctx, t.commit-100, pg.OutboxRelation()); err != nil {
+					return err
+				}
+				sawRel = true
+			}
+			if err := h.p.Handle(ctx, t.commit-pglogrepl.LSN(len(t.msgs))+pglogrepl.LSN(i), m); err != nil {
+				if errors.Is(err, replication.ErrRestart) {
+					return nil // the rest comes again after the restart
+				}
+				return err
+			}
+		}
+		return nil
+	}
+	tick := time.NewTicker(time.Millisecond) // the real loop checks once per message or status interval
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-h.in:
+			log = append(log, r.txn)
+			r.done <- feed(r.ctx, r.txn)
+		case <-tick.C:
+			if !h.p.Restarting() {
+				continue
+			}
+			if err := h.p.Drain(ctx); err != nil {
+				return
+			}
+			h.restarts.Add(1)
+			sawRel = false
+			for _, t := range log {
+				if t.end > h.p.Flushed() {
+					if err := feed(ctx, t); err != nil {
+						return
+					}
+				}
+			}
 		}
 	}
-	return nil
 }
 
 func order(id, aggID string) []pg.Col {
@@ -301,9 +372,8 @@ func TestBadRow(t *testing.T) {
 			policy.Halt = halt
 			h := newHarness(t, policy, func(string, int) error { return nil })
 			ctx, cancel := context.WithCancel(h.ctx)
-			h.ctx = ctx
 			errc := make(chan error, 1)
-			go func() { errc <- h.txn(100, 110, bad, order("44", "o-3")) }()
+			go func() { errc <- h.txnCtx(ctx, 100, 110, bad, order("44", "o-3")) }()
 			if halt {
 				if got := h.waitMark(); got != "failed 2B attempts=1" {
 					t.Fatalf("row mark %q", got)
@@ -347,9 +417,13 @@ func TestBadRow(t *testing.T) {
 }
 
 // The watermark passes a transaction only once each of its events and every
-// earlier transaction's are acked, whatever order the acks come in; failed
-// events are resent in the order they failed.
-func TestAckOrderAndResendOrder(t *testing.T) {
+// earlier transaction's are acked, whatever order the acks come in. An
+// error the producer returns never lets a later event of the partition go
+// out before the failed one: nothing more is handed over, and once every
+// event in flight has settled the pipeline restarts from the watermark and
+// publishes the failed event and everything after it again, in order. A
+// later event the producer had already written counts as a reorder.
+func TestReturnedErrorRewindsInOrder(t *testing.T) {
 	h := newHarness(t, fastPolicy, nil)
 	if err := h.txn(100, 110, order("1", "a"), order("2", "a")); err != nil {
 		t.Fatal(err)
@@ -357,23 +431,42 @@ func TestAckOrderAndResendOrder(t *testing.T) {
 	if err := h.txn(200, 210, order("3", "a")); err != nil {
 		t.Fatal(err)
 	}
+	id := func(m *sink.Message) string { return string(m.Headers[0].Value) }
 	m1, m2, m3 := h.held(), h.held(), h.held()
-	m3.Done(nil)
-	m2.Done(sarama.ErrNotEnoughReplicas)
-	m1.Done(sarama.ErrNotEnoughReplicas)
+	m3.Done(nil) // event 3 is written before event 1 fails: a reorder
+	m1.Done(sarama.ErrOutOfOrderSequenceNumber)
 	if h.p.Flushed() != 0 {
 		t.Fatalf("watermark %s moved past unacked events", h.p.Flushed())
 	}
-	r2, r1 := h.held(), h.held() // resent in the order they failed
-	if id := func(m *sink.Message) string { return string(m.Headers[0].Value) }; id(r2) != "2" || id(r1) != "1" {
-		t.Fatalf("resent %s then %s, want 2 then 1", id(r2), id(r1))
+	if got := h.p.order.reorders.Load(); got != 1 {
+		t.Errorf("reorders = %d, want 1 (event 3 written before failed event 1)", got)
 	}
-	r2.Done(nil)
-	if h.p.Flushed() != 0 {
-		t.Fatalf("watermark %s passed event 1", h.p.Flushed())
+	// A transaction that arrives now is not published before event 1.
+	if err := h.txn(300, 310, order("4", "a")); err != nil {
+		t.Fatal(err)
 	}
-	r1.Done(nil)
-	h.waitFlushed(210)
+	select {
+	case m := <-h.pub.held:
+		t.Fatalf("event %s published while event 1 waits to be resent", id(m))
+	default:
+	}
+	m2.Done(nil) // the last event in flight settles: the rewind can go
+	var resent []string
+	for range 4 {
+		m := h.held()
+		resent = append(resent, id(m))
+		m.Done(nil)
+	}
+	if strings.Join(resent, ",") != "1,2,3,4" {
+		t.Fatalf("after the error published %v, want 1,2,3,4: the failed event first, then the rest in commit order", resent)
+	}
+	h.waitFlushed(310)
+	if h.restarts.Load() != 1 {
+		t.Errorf("%d restarts, want 1", h.restarts.Load())
+	}
+	if got := h.p.order.reorders.Load(); got != 1 {
+		t.Errorf("reorders = %d after the resend, want still 1", got)
+	}
 	if e, _ := h.p.InFlight(); e != 0 {
 		t.Errorf("%d events in flight after every ack", e)
 	}
@@ -407,7 +500,6 @@ func TestDrainAndIdle(t *testing.T) {
 		t.Fatalf("watermark %s after drain", h.p.Flushed())
 	}
 	// A new session resends the relation; a begun transaction blocks idle advance.
-	h.sawRel = false
 	if err := h.p.Handle(h.ctx, 190, pg.OutboxRelation()); err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,15 @@ type Progress interface {
 	// ends) and forgets any partially received transaction. The stream calls
 	// it before reconnecting and at shutdown.
 	Drain(ctx context.Context) error
+	// Restarting reports that the progress wants the session restarted
+	// from Flushed (a rewind after a publish error): the loop ends the
+	// session and the next one starts after Drain. Any goroutine; cheap.
+	Restarting() bool
 }
+
+// ErrRestart ends a session so that the next starts from the progress's
+// Flushed position; a handler returns it (wrapped or not) to ask for that.
+var ErrRestart = errors.New("replication restarts from the ack watermark")
 
 // Stream runs the replication session. Create with NewStream, then Run once.
 type Stream struct {
@@ -120,12 +128,16 @@ func (s *Stream) Run(ctx context.Context, h Handler) error {
 		if fault.KindOf(err) == fault.Fatal {
 			return err
 		}
-		s.metrics.reconnects.Inc()
 		if time.Since(started) > time.Minute {
 			b.Reset() // the session was healthy for a while
 		}
 		sleep := b.Next()
-		s.log.Warn().Err(err).Dur("retry_in", sleep).Msg("replication session ended; reconnecting")
+		if errors.Is(err, ErrRestart) {
+			s.log.Info().Dur("retry_in", sleep).Msg("restarting replication from the ack watermark")
+		} else {
+			s.metrics.reconnects.Inc()
+			s.log.Warn().Err(err).Dur("retry_in", sleep).Msg("replication session ended; reconnecting")
+		}
 		if backoff.Sleep(ctx, sleep) != nil {
 			return nil
 		}
@@ -260,6 +272,9 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if s.progress.Restarting() {
+			return ErrRestart
+		}
 		if silent := time.Since(heard); silent > timeout {
 			return fmt.Errorf("slot %q: no message from the server for %s (postgres.receive_timeout): connection presumed dead", s.cfg.Slot, silent.Round(time.Millisecond))
 		}
@@ -334,6 +349,9 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 		if err := h(ctx, xld.WALStart, xld.WALData); err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if errors.Is(err, ErrRestart) {
+				return err
 			}
 			return fault.Fatal.Wrap(fmt.Errorf("handle WAL at %s: %w", xld.WALStart, err))
 		}

@@ -24,6 +24,9 @@ type Message struct {
 	Value     []byte
 	Headers   []sarama.RecordHeader
 	Timestamp time.Time
+	// Partition is set by the producer before Done: where the record went
+	// (or was meant to go), -1 if it failed before a partition was chosen.
+	Partition int32
 	Done      func(err error)
 }
 
@@ -261,6 +264,7 @@ func (p *Producer) Run(ctx context.Context) error {
 			p.setConnected(true)
 			p.metrics.published.WithLabelValues(msg.Topic).Inc()
 			if m, ok := msg.Metadata.(*Message); ok {
+				m.Partition = msg.Partition
 				m.Done(nil)
 			}
 		}
@@ -274,6 +278,7 @@ func (p *Producer) Run(ctx context.Context) error {
 				p.setConnected(false)
 			}
 			if m, ok := perr.Msg.Metadata.(*Message); ok {
+				m.Partition = perr.Msg.Partition
 				m.Done(fmt.Errorf("publish to topic %s partition %d: %w", perr.Msg.Topic, perr.Msg.Partition, perr.Err))
 			}
 		}
@@ -346,6 +351,7 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 		Value:     sarama.ByteEncoder(m.Value),
 		Headers:   m.Headers,
 		Timestamp: m.Timestamp,
+		Partition: -1, // the partitioner sets it; a record refused before that keeps -1
 		Metadata:  m,
 	}
 	select {

@@ -1,0 +1,194 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// A rewind keeps per-aggregate order after an error the producer returns
+// instead of retrying (an idempotence error, a rejection that heals, any
+// error with kafka.retry_max exhausted). Resending just the failed event
+// would put it after later events of its partition. Instead the pipeline
+// stops handing events over, waits until every event in flight has either
+// been acked or has failed, drops what is in flight from the tracker and
+// has the stream restart from the ack watermark: the failed event and
+// everything after it are published again, in commit order. Events that
+// were already inside the producer when the error came back may have been
+// written before the failed one; orderWatch counts each such reorder.
+type rewind struct {
+	active atomic.Bool // the session is ending for a rewind; Handle publishes nothing more
+
+	mu        sync.Mutex
+	parked    int                   // events in the tracker that will not be acked this session
+	notBefore time.Time             // the failed events' backoff: the restart waits for it
+	attempts  map[pglogrepl.LSN]int // failed attempts by event position, kept across rewinds
+	failing   atomic.Int32          // len(attempts), read without the lock on every ack
+}
+
+// park records a failed event that the next session publishes again after
+// delay. It reports whether this starts the rewind.
+func (r *rewind) park(lsn pglogrepl.LSN, attempts int, delay time.Duration) (first bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.attempts == nil {
+		r.attempts = map[pglogrepl.LSN]int{}
+	}
+	r.attempts[lsn] = attempts
+	r.failing.Store(int32(len(r.attempts)))
+	r.parked++
+	if due := time.Now().Add(delay); due.After(r.notBefore) {
+		r.notBefore = due
+	}
+	return !r.active.Swap(true)
+}
+
+// parkUnsent records events of a registered transaction that Handle did
+// not hand over because a rewind began.
+func (r *rewind) parkUnsent(n int) {
+	r.mu.Lock()
+	r.parked += n
+	r.mu.Unlock()
+}
+
+// attemptsOf returns the failed attempts of the event at lsn in earlier
+// sessions (0 for an event that never failed).
+func (r *rewind) attemptsOf(lsn pglogrepl.LSN) int {
+	if r.failing.Load() == 0 {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.attempts[lsn]
+}
+
+// settled forgets the event at lsn: it was acked or dead-lettered.
+func (r *rewind) settled(lsn pglogrepl.LSN) {
+	if r.failing.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	delete(r.attempts, lsn)
+	r.failing.Store(int32(len(r.attempts)))
+	r.mu.Unlock()
+}
+
+// wait blocks until every event in flight except the parked ones has
+// settled (inFlight reports the tracker's count) and the backoff passed,
+// or ctx ends. The caller then drops what is in flight and restarts.
+func (r *rewind) wait(ctx context.Context, inFlight func() int) error {
+	tick := time.NewTicker(10 * time.Millisecond) // a rare path: polling is simpler than a signal per ack
+	defer tick.Stop()
+	for {
+		r.mu.Lock()
+		ready := inFlight() <= r.parked && !time.Now().Before(r.notBefore)
+		r.mu.Unlock()
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// reset ends the rewind once the tracker dropped what was in flight.
+func (r *rewind) reset() {
+	r.mu.Lock()
+	r.parked, r.notBefore = 0, time.Time{}
+	r.mu.Unlock()
+	r.active.Store(false)
+}
+
+// orderWatch detects reorders: an event of a partition written after a
+// later event of the same partition. Per partition it keeps the highest
+// event position acked this session and the positions of events that
+// failed; a failure below an ack, or an ack above a failure, is a reorder,
+// counted once per failed event.
+type orderWatch struct {
+	mu       sync.RWMutex
+	acked    map[partitionKey]*atomic.Uint64
+	failed   map[partitionKey][]failedAt
+	anyFail  atomic.Bool
+	reorders atomic.Uint64
+}
+
+type partitionKey struct {
+	topic     string
+	partition int32
+}
+
+type failedAt struct {
+	lsn     pglogrepl.LSN
+	counted bool
+}
+
+// ack records an acked event. It runs on the producer's ack goroutine for
+// every event: one read-locked map lookup and an atomic max.
+func (o *orderWatch) ack(topic string, partition int32, lsn pglogrepl.LSN) {
+	if partition < 0 {
+		return
+	}
+	k := partitionKey{topic, partition}
+	o.mu.RLock()
+	a := o.acked[k]
+	o.mu.RUnlock()
+	if a == nil {
+		o.mu.Lock()
+		if o.acked == nil {
+			o.acked = map[partitionKey]*atomic.Uint64{}
+		}
+		if a = o.acked[k]; a == nil {
+			a = new(atomic.Uint64)
+			o.acked[k] = a
+		}
+		o.mu.Unlock()
+	}
+	for cur := a.Load(); uint64(lsn) > cur && !a.CompareAndSwap(cur, uint64(lsn)); cur = a.Load() {
+	}
+	if !o.anyFail.Load() {
+		return
+	}
+	o.mu.Lock()
+	for i := range o.failed[k] {
+		if f := &o.failed[k][i]; !f.counted && f.lsn < lsn {
+			f.counted = true
+			o.reorders.Add(1)
+		}
+	}
+	o.mu.Unlock()
+}
+
+// fail records a failed event of a known partition.
+func (o *orderWatch) fail(topic string, partition int32, lsn pglogrepl.LSN) {
+	if partition < 0 {
+		return
+	}
+	k := partitionKey{topic, partition}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	f := failedAt{lsn: lsn}
+	if a := o.acked[k]; a != nil && a.Load() > uint64(lsn) {
+		f.counted = true
+		o.reorders.Add(1)
+	}
+	if o.failed == nil {
+		o.failed = map[partitionKey][]failedAt{}
+	}
+	o.failed[k] = append(o.failed[k], f)
+	o.anyFail.Store(true)
+}
+
+// reset starts a new session: what was acked or failed is resent anyway.
+func (o *orderWatch) reset() {
+	o.mu.Lock()
+	clear(o.acked)
+	clear(o.failed)
+	o.anyFail.Store(false)
+	o.mu.Unlock()
+}
