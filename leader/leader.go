@@ -11,9 +11,15 @@
 //     renew interval. A leader that stalls with its sockets open (SIGSTOP,
 //     GC pause, frozen VM, blackholed network) keeps the lock but stops
 //     renewing; a standby that sees renewed_at older than the TTL, by the
-//     database's own clock, terminates the holder's lease backend and the
-//     slot's walsender (pg_terminate_backend), takes the lock and the row
-//     with epoch+1.
+//     database's own clock, terminates the backend that holds the
+//     advisory lock (found in pg_locks, never by pid or application name
+//     alone) and the slot's walsender (pg_terminate_backend), takes the
+//     lock and the row with epoch+1.
+//
+// Fencing needs the right to terminate the other instances' backends. Each
+// new lease connection checks it against the current lock holder and says
+// so at once when it is missing (log, /role's can_fence,
+// outbox_relay_leader_can_fence), not at takeover.
 //
 // The leader fences itself too: it stops when a renewal fails, when the row
 // shows another holder or epoch, or when its last successful renewal is
@@ -27,6 +33,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,9 +59,22 @@ type Config struct {
 	TTL, Renew, Poll time.Duration
 }
 
-// AppName marks lease connections in pg_stat_activity, so a standby only
-// ever terminates a lease backend, never an unrelated one that reused a pid.
+// AppName marks lease connections in pg_stat_activity, for operators. Every
+// instance's lease connection says it, so fencing never relies on it: a
+// standby terminates the backend pg_locks shows holding the lease's
+// advisory lock.
 const AppName = "outbox-relay lease"
+
+// lockHolderSQL selects the pid of the backend, other than this one, that
+// holds the session advisory lock pg_try_advisory_lock(hashtextextended(key,
+// 0)) took; %s is the key's parameter. For a bigint key PostgreSQL's lock
+// tag is (database, classid = high 32 bits, objid = low 32 bits, objsubid =
+// 1), shown as such in pg_locks.
+const lockHolderSQL = `SELECT l.pid FROM pg_locks l, (SELECT hashtextextended(%s, 0) AS k) lk
+	WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND l.classid = ((lk.k >> 32) & 4294967295)::oid AND l.objid = (lk.k & 4294967295)::oid
+	  AND l.pid <> pg_backend_pid()`
 
 // Role is what an instance currently is.
 type Role string
@@ -73,6 +93,12 @@ type Status struct {
 	Since     time.Time `json:"since"`            // of the current role
 	Connected bool      `json:"connected"`        // the lease connection works
 	LastError string    `json:"last_error,omitempty"`
+	// CanFence says whether this instance's role may terminate the lease
+	// holder's backends, as checked when the lease connection was made
+	// (and set false when a fence failed for lack of privilege); nil
+	// before the first check. FenceProblem says why not and what to GRANT.
+	CanFence     *bool  `json:"can_fence,omitempty"`
+	FenceProblem string `json:"fence_problem,omitempty"`
 }
 
 // Elector runs the election. New, then Run once.
@@ -83,8 +109,10 @@ type Elector struct {
 	table   string // quoted schema.table
 	lockKey string // text hashed into the advisory lock key
 
-	mu     sync.Mutex
-	status Status
+	mu             sync.Mutex
+	status         Status
+	lastFenceError string // the last refused fence, logged once
+	roleSQL        string // quote_ident(current_user) of the lease connection
 
 	// validUntil is the monotonic deadline of the current term, as
 	// nanoseconds since start; 0 when not leader.
@@ -204,7 +232,7 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 		reconnect.Reset()
 		epoch, err := e.campaign(ctx)
 		if fault.IsPrivilege(err) {
-			return fmt.Errorf("%w; the relay's role needs SELECT, INSERT, UPDATE on %s (GRANT SELECT, INSERT, UPDATE ON %s TO <role>) and, to fence a stalled leader, the same role as the other instances or pg_signal_backend",
+			return fmt.Errorf("%w; the relay's role needs SELECT, INSERT, UPDATE on %s (GRANT SELECT, INSERT, UPDATE ON %s TO <role>)",
 				err, e.table, e.table)
 		}
 		if fault.KindOf(err) == fault.Fatal {
@@ -275,8 +303,99 @@ func (e *Elector) ensureConn(ctx context.Context) error {
 		conn.Close(context.Background())
 		return fault.Fatal.Wrap(fmt.Errorf("lease table %s does not exist: run `outbox-relay migrate` (migration 0004 adds it)", e.table))
 	}
+	p, err := readPrivileges(cctx, conn, e.lockKey)
+	if err != nil {
+		conn.Close(context.Background())
+		return fmt.Errorf("check the right to fence: %w", err)
+	}
+	ok, problem := p.canFence()
+	e.mu.Lock()
+	e.roleSQL = p.RoleSQL
+	e.mu.Unlock()
+	e.setCanFence(ok, problem)
+	if !ok {
+		e.log.Warn().Str("db_role", p.Role).Int32("holder_pid", p.HolderPID).Str("holder_role", p.HolderRole).
+			Msg(problem)
+	}
 	e.conn = conn
 	return nil
+}
+
+// privileges is what decides whether this session may terminate the lease
+// holder's backends: PostgreSQL's pg_terminate_backend lets a superuser end
+// any backend, anyone else only non-superuser backends of a role whose
+// privileges it has (same role, or an inherited membership) or, with
+// pg_signal_backend, any non-superuser backend.
+type privileges struct {
+	Role          string // current_user
+	RoleSQL       string // quote_ident(current_user), for the GRANT to suggest
+	Super         bool
+	SignalBackend bool   // has the privileges of pg_signal_backend
+	HolderPID     int32  // the lock holder's backend; 0 when the lock is free
+	HolderRole    string // its role
+	HolderSuper   bool   // its role is a superuser
+	HolderPrivs   bool   // this role has the privileges of the holder's role
+}
+
+// readPrivileges reads privileges in one round trip.
+func readPrivileges(ctx context.Context, c *pgx.Conn, lockKey string) (privileges, error) {
+	var p privileges
+	var hpid *int32
+	var hrole *string
+	var hsuper, hprivs *bool
+	err := c.QueryRow(ctx, `WITH holder AS (`+fmt.Sprintf(lockHolderSQL, "$1")+`)
+		SELECT me.rolname, quote_ident(me.rolname), me.rolsuper, pg_has_role(me.oid, 'pg_signal_backend', 'USAGE'),
+			h.pid, hr.rolname, hr.rolsuper, pg_has_role(me.oid, hr.oid, 'USAGE')
+		FROM pg_roles me
+		LEFT JOIN holder h ON true
+		LEFT JOIN pg_stat_activity a ON a.pid = h.pid
+		LEFT JOIN pg_roles hr ON hr.oid = a.usesysid
+		WHERE me.rolname = current_user
+		LIMIT 1`, lockKey).Scan(&p.Role, &p.RoleSQL, &p.Super, &p.SignalBackend, &hpid, &hrole, &hsuper, &hprivs)
+	if err != nil {
+		return p, err
+	}
+	if hpid != nil && hrole != nil { // no role: the holder just ended
+		p.HolderPID, p.HolderRole, p.HolderSuper, p.HolderPrivs = *hpid, *hrole, *hsuper, *hprivs
+	}
+	return p, nil
+}
+
+// canFence says whether p allows terminating the lease holder's backends
+// (its lease connection and walsender connect as the same role), and if not
+// why and what to do. With the lock free there is no holder to check
+// against: the session can fence instances of its own role, and of any
+// non-superuser role with pg_signal_backend; the check runs again at every
+// new lease connection, which includes every return to standby.
+func (p privileges) canFence() (bool, string) {
+	const cannot = "this standby cannot fence a stalled leader (it can still replace a dead one): "
+	switch {
+	case p.Super:
+		return true, ""
+	case p.HolderPID != 0 && p.HolderSuper:
+		return false, fmt.Sprintf(cannot+"role %s cannot terminate the lease holder's backends (pid %d): they belong to superuser %s, "+
+			"which only a superuser may terminate; run every instance as the same non-superuser role "+
+			"(and GRANT pg_signal_backend TO %s for instances of other roles)", p.Role, p.HolderPID, p.HolderRole, p.RoleSQL)
+	case p.SignalBackend, p.HolderPID == 0, p.HolderPrivs:
+		return true, ""
+	default:
+		return false, fmt.Sprintf(cannot+"role %s cannot terminate the lease holder's backends (pid %d, role %s); "+
+			"GRANT pg_signal_backend TO %s, or run every instance as the same role", p.Role, p.HolderPID, p.HolderRole, p.RoleSQL)
+	}
+}
+
+func (e *Elector) setCanFence(ok bool, problem string) {
+	e.mu.Lock()
+	e.status.CanFence, e.status.FenceProblem = &ok, problem
+	if ok {
+		e.lastFenceError = ""
+	}
+	e.mu.Unlock()
+	if ok {
+		e.metrics.canFence.Set(1)
+	} else {
+		e.metrics.canFence.Set(0)
+	}
 }
 
 func (e *Elector) closeConn() {
@@ -341,9 +460,12 @@ func (e *Elector) campaign(ctx context.Context) (int64, error) {
 		}
 		// Any walsender still on the slot belongs to a fenced leader: end it
 		// rather than wait for it to notice.
+		// The walsender's pid is selected first (a materialized CTE), so
+		// pg_terminate_backend never sees another slot's: the planner may
+		// evaluate it before any other condition in a WHERE clause.
 		var ended int
-		if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots
-			WHERE slot_name = $1 AND active_pid IS NOT NULL AND pg_terminate_backend(active_pid)`, e.cfg.Slot).Scan(&ended); err != nil {
+		if err := c.QueryRow(ctx, `WITH ws AS MATERIALIZED (`+walsenderSQL+`)
+			SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM ws`, e.cfg.Slot).Scan(&ended); err != nil {
 			e.log.Warn().Err(err).Msg("could not end the previous leader's walsender; replication waits for the slot")
 		} else if ended > 0 {
 			e.log.Warn().Int64("epoch", epoch).Msg("terminated the previous leader's walsender")
@@ -359,21 +481,55 @@ func (e *Elector) campaign(ctx context.Context) (int64, error) {
 	return epoch, nil
 }
 
+// walsenderSQL selects the pid of the slot's walsender; $1 is the slot.
+const walsenderSQL = `SELECT active_pid AS pid FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`
+
 // fenceStale reads the lease; when its renewal is older than the TTL, the
-// holder is stalled or cut off: terminate its lease backend (freeing the
-// lock) and the slot's walsender, so it can neither renew nor confirm.
+// holder is stalled or cut off: terminate the backend that holds the
+// advisory lock (its lease session, found in pg_locks) and the slot's
+// walsender, so it can neither renew nor confirm. One statement: the pids
+// are selected in materialized CTEs, and only then terminated, so
+// pg_terminate_backend never runs on a row the conditions did not select
+// (in a plain WHERE clause the planner may call it first, on every
+// backend). The row's holder_pid is only reported: a pid can be reused, and
+// every lease connection has the same application_name.
+//
+// The lock may change hands between the row's renewal and this statement:
+// a standby that has just taken the lock and not yet written the row would
+// be terminated. That costs it the term it was starting, never safety: it
+// had confirmed nothing.
 func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 	var holder string
 	var epoch int64
-	var pid *int32
+	var rowPID *int32
 	var stale bool
-	err := c.QueryRow(ctx, `SELECT holder, epoch, holder_pid, renewed_at < now() - make_interval(secs => $2)
-		FROM `+e.table+` WHERE slot_name = $1`, e.cfg.Slot, e.cfg.TTL.Seconds()).Scan(&holder, &epoch, &pid, &stale)
+	var lease, sender []int32
+	err := c.QueryRow(ctx, `WITH lease AS MATERIALIZED (
+			SELECT holder, epoch, holder_pid, renewed_at < now() - make_interval(secs => $2) AS stale
+			FROM `+e.table+` WHERE slot_name = $1),
+		lock_holder AS MATERIALIZED (`+fmt.Sprintf(lockHolderSQL, "$3")+` AND (SELECT stale FROM lease)),
+		ws AS MATERIALIZED (`+walsenderSQL+` AND (SELECT stale FROM lease))
+		SELECT holder, epoch, holder_pid, stale,
+			(SELECT array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)) FROM lock_holder),
+			(SELECT array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)) FROM ws)
+		FROM lease`, e.cfg.Slot, e.cfg.TTL.Seconds(), e.lockKey).Scan(&holder, &epoch, &rowPID, &stale, &lease, &sender)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // the lock holder has not written its row yet
 	}
+	if fault.IsPrivilege(err) && strings.Contains(err.Error(), "terminat") {
+		// pg_terminate_backend refused: stay standby (a dead leader frees
+		// the lock, and this instance takes over then), and say why.
+		e.mu.Lock()
+		role, holder := e.roleSQL, e.status.Holder
+		e.mu.Unlock()
+		problem := fmt.Sprintf("this standby cannot fence the stalled leader %s (it can still replace a dead one): %v; "+
+			"GRANT pg_signal_backend TO %s, or run every instance as the same non-superuser role", holder, err, role)
+		e.setCanFence(false, problem)
+		e.fenceFailed(problem)
+		return nil
+	}
 	if err != nil {
-		return fmt.Errorf("read lease: %w", err)
+		return fmt.Errorf("fence stale leader: %w", err)
 	}
 	e.mu.Lock()
 	e.status.Holder, e.status.Epoch = holder, epoch
@@ -382,17 +538,24 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 	if !stale {
 		return nil
 	}
-	var lease, sender int
-	err = c.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND application_name = $2 AND pg_terminate_backend(pid)),
-		(SELECT count(*) FROM pg_replication_slots WHERE slot_name = $3 AND active_pid IS NOT NULL AND pg_terminate_backend(active_pid))`,
-		pid, AppName, e.cfg.Slot).Scan(&lease, &sender)
-	if err != nil {
-		return fmt.Errorf("fence stale leader %s (epoch %d): %w", holder, epoch, err)
+	ev := e.log.Warn().Str("holder", holder).Int64("epoch", epoch).Ints32("lease_backends", lease).Ints32("walsenders", sender)
+	if rowPID != nil {
+		ev = ev.Int32("holder_pid", *rowPID)
 	}
-	e.log.Warn().Str("holder", holder).Int64("epoch", epoch).Int("lease_backends", lease).Int("walsenders", sender).
-		Msg("leader's lease expired (stalled or cut off): terminated its lease connection and walsender")
+	ev.Msg("leader's lease expired (stalled or cut off): terminated its lease connection and walsender")
 	return nil
+}
+
+// fenceFailed logs a refused fence at error level, once per distinct
+// problem: a standby polls every poll_interval.
+func (e *Elector) fenceFailed(problem string) {
+	e.mu.Lock()
+	repeat := problem == e.lastFenceError
+	e.lastFenceError = problem
+	e.mu.Unlock()
+	if !repeat {
+		e.log.Error().Msg(problem)
+	}
 }
 
 // serve is one term: run lead while renewing. The term ends when a

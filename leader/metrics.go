@@ -1,12 +1,17 @@
 package leader
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics of the election.
 type Metrics struct {
 	leader      prometheus.Gauge
 	epoch       prometheus.Gauge
 	transitions prometheus.Counter
+	canFence    prometheus.Gauge
 }
 
 // NewMetrics registers the election metrics with reg (nil: unregistered).
@@ -18,9 +23,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Epoch of the lease: this instance's term when leader, the last one seen when standby."}),
 		transitions: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_leader_transitions_total",
 			Help: "Times this instance became leader or standby."}),
+		canFence: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_leader_can_fence",
+			Help: "1 when this instance's role may terminate the lease holder's backends (checked at each lease connection), 0 when it cannot fence a stalled leader: see /role's fence_problem."}),
 	}
+	m.canFence.Set(math.NaN()) // unknown until the first lease connection
 	if reg != nil {
-		reg.MustRegister(m.leader, m.epoch, m.transitions)
+		reg.MustRegister(m.leader, m.epoch, m.transitions, m.canFence)
 	}
 	return m
 }
