@@ -60,11 +60,6 @@ func DefaultConfig() Config {
 	}
 }
 
-var (
-	slotRe  = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
-	identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
-)
-
 // Validate reports every invalid field, each named by its config key under
 // prefix (e.g. "postgres.").
 func (c Config) Validate(prefix string) error {
@@ -78,11 +73,14 @@ func (c Config) Validate(prefix string) error {
 		// pgconn's parse errors can quote the string; never echo it.
 		bad("url", "cannot be parsed as a PostgreSQL connection string or URL")
 	}
-	if !slotRe.MatchString(c.Slot) {
-		bad("slot", "%q is not a valid slot name: use 1-63 lower-case letters, digits or underscores", c.Slot)
+	if reason := outboxschema.CheckSlotName(c.Slot); reason != "" {
+		bad("slot", "%q %s: use 1-63 lower-case letters, digits or underscores, e.g. outbox_relay", c.Slot, reason)
 	}
-	if !identRe.MatchString(c.Publication) {
-		bad("publication", "%q is not a plain identifier: use letters, digits and underscores", c.Publication)
+	// Any name PostgreSQL can hold: it is quoted everywhere it is used
+	// (outboxschema.QuoteIdent, PublicationNamesOption), so case, spaces
+	// and quotes are kept.
+	if reason := outboxschema.CheckName(c.Publication); reason != "" {
+		bad("publication", "%q %s: use at most 63 bytes of UTF-8 text without NUL, e.g. outbox_pub", c.Publication, reason)
 	}
 	if _, err := outboxschema.ParseTable(c.Table); err != nil {
 		var te *outboxschema.TableError
