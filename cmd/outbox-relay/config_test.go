@@ -532,6 +532,10 @@ func TestConfigRedacted(t *testing.T) {
 		{"query password", "postgres://relay@h/db?password=s3cret&sslmode=disable", []string{"relay@h", "sslmode=disable"}},
 		{"keyword form", "host=h user=relay password=s3cret dbname=db", []string{"host=h", "dbname=db"}},
 		{"keyword form quoted", "host=h password='s 3cret' dbname=db", []string{"host=h", "dbname=db"}},
+		{"keyword form escaped space", `host=h password=abc\ s3cret dbname=db`, []string{"host=h", "password=xxxxx dbname=db"}},
+		{"keyword form sslpassword", `host=h sslmode=require sslpassword='it\'s s3cret' dbname=db`, []string{"host=h", "sslpassword=xxxxx dbname=db"}},
+		{"url sslpassword", "postgres://relay@h/db?sslmode=require&sslpassword=s3cret", []string{"relay@h/db?sslmode=require&sslpassword=xxxxx"}},
+		{"url both", "postgres://relay:s3cret@h/db?sslpassword=s3cret&password=s3cret", []string{"relay:xxxxx@h/db?sslpassword=xxxxx&password=xxxxx"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
