@@ -27,7 +27,9 @@ type Store struct {
 func Open(ctx context.Context, url, schema, table string) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("postgres.url: %w", err) // pgx redacts the password in this error
+		// Never wrap pgx's error: it quotes the string, and its redaction
+		// is best effort (it keeps what follows an escaped space).
+		return nil, errors.New("postgres.url: cannot be parsed as a PostgreSQL connection string or URL")
 	}
 	cfg.MaxConns = 2
 	cfg.ConnConfig.ConnectTimeout = 10 * time.Second

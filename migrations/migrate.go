@@ -47,15 +47,21 @@ func Load(n Names) ([]Migration, error) {
 		return nil, err
 	}
 	t := n.table()
-	repl := strings.NewReplacer(
+	subst := []string{
 		"{{table}}", t.Quoted(),
-		"{{index}}", outboxschema.QuoteIdent(n.Table+"_unpublished_idx"),
-		"{{dlq_index}}", outboxschema.QuoteIdent(n.Table+"_dead_lettered_idx"),
+		"{{index}}", outboxschema.QuoteIdent(n.Table + "_unpublished_idx"),
+		"{{dlq_index}}", outboxschema.QuoteIdent(n.Table + "_dead_lettered_idx"),
 		"{{slot_registry}}", t.Sibling(outboxschema.SlotRegistry).Quoted(),
 		"{{leader_table}}", t.Sibling(outboxschema.LeaseTable).Quoted(),
 		"{{publication}}", outboxschema.QuoteIdent(n.Publication),
-		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",
-	)
+		"{{publication_literal}}", outboxschema.QuoteLiteral(n.Publication),
+	}
+	repl := strings.NewReplacer(subst...)
+	// The files' DO blocks are dollar-quoted with $$, which a quoted name
+	// may contain (a publication "a$$b" would end the block early): then
+	// use a tag that no substituted name contains. Other names keep $$, so
+	// the SQL, and an older relay's checksum of it, stays the same.
+	dollar := dollarTag(subst)
 	var out []Migration
 	for _, name := range entries {
 		prefix, _, ok := strings.Cut(name, "_")
@@ -67,7 +73,7 @@ func Load(n Names) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Migration{Version: v, Name: name, SQL: repl.Replace(string(b)), Checksum: sha256Hex(string(b))})
+		out = append(out, Migration{Version: v, Name: name, SQL: repl.Replace(strings.ReplaceAll(string(b), "$$", dollar)), Checksum: sha256Hex(string(b))})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil
@@ -106,6 +112,22 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 		}
 	}
 	return applied, nil
+}
+
+// dollarTag is "$$" unless a substituted value contains it, else a
+// $outbox_relay_N$ tag that none contains.
+func dollarTag(subst []string) string {
+	tag := "$$"
+	for i := 0; ; i++ {
+		clash := false
+		for j := 1; j < len(subst); j += 2 {
+			clash = clash || strings.Contains(subst[j], tag)
+		}
+		if !clash {
+			return tag
+		}
+		tag = "$outbox_relay_" + strconv.Itoa(i) + "$"
+	}
 }
 
 func (n Names) table() outboxschema.Table { return outboxschema.Table{Schema: n.Schema, Name: n.Table} }

@@ -73,3 +73,34 @@ func TestChecksumIgnoresNames(t *testing.T) {
 		seen[a[i].Checksum] = a[i].Name
 	}
 }
+
+// A publication name holding $$ must not end migration 0001's DO block: the
+// block is then quoted with a tag no name contains. Plain names keep $$, so
+// SQL an older relay checksummed is unchanged.
+func TestDollarQuotingSurvivesNames(t *testing.T) {
+	for _, tt := range []struct {
+		pub, tag string
+	}{
+		{"outbox_pub", "$$"},
+		{`Out"box 'Pub, x $$`, "$outbox_relay_0$"},
+		{"a$$b$outbox_relay_0$", "$outbox_relay_1$"},
+	} {
+		ms, err := Load(Names{"public", "outbox", tt.pub})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sql := ms[0].SQL
+		if !strings.Contains(sql, "DO "+tt.tag+"\n") || !strings.Contains(sql, "\n"+tt.tag+";") {
+			t.Errorf("publication %q: DO block not quoted with %s:\n%s", tt.pub, tt.tag, sql)
+		}
+		body := sql[strings.Index(sql, "DO "+tt.tag)+len("DO "+tt.tag) : strings.LastIndex(sql, tt.tag+";")]
+		if strings.Contains(body, tt.tag) {
+			t.Errorf("publication %q: the tag %s occurs inside the block", tt.pub, tt.tag)
+		}
+		for _, w := range []string{q(tt.pub), outboxschema.QuoteLiteral(tt.pub)} {
+			if !strings.Contains(body, w) {
+				t.Errorf("publication %q: %s not in the block", tt.pub, w)
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ package outboxschema
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // ConfigKey is the configuration key that names the outbox table; parse
@@ -148,4 +149,63 @@ func QuoteIdent(parts ...string) string {
 		q[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
 	}
 	return strings.Join(q, ".")
+}
+
+// QuoteLiteral quotes s as a standard SQL string literal: single quotes,
+// each ' doubled, NUL bytes dropped. Backslashes are plain characters in it
+// (standard_conforming_strings, on by default since PostgreSQL 9.1, and the
+// replication command grammar).
+func QuoteLiteral(s string) string {
+	s = strings.ReplaceAll(s, "\x00", "")
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// PublicationNamesOption is pgoutput's publication_names option as
+// START_REPLICATION takes it: publication_names '"a","b"'. pgoutput splits
+// the value with SplitIdentifierString, which lower-cases unquoted names and
+// splits at commas, so each name is written as a quoted identifier (the
+// catalog's exact name, as CREATE PUBLICATION got it from QuoteIdent), and
+// the list is then a string literal (QuoteLiteral).
+func PublicationNamesOption(names ...string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = QuoteIdent(n)
+	}
+	return "publication_names " + QuoteLiteral(strings.Join(q, ","))
+}
+
+// CheckName returns why s cannot be the name of a database object that the
+// relay quotes with QuoteIdent (a publication), or "": any non-empty UTF-8
+// text without NUL bytes of at most MaxIdentifierLen bytes. Case, spaces and
+// quotes are kept exactly (the name is always quoted).
+func CheckName(s string) string {
+	switch {
+	case s == "":
+		return "is empty"
+	case len(s) > MaxIdentifierLen:
+		return fmt.Sprintf("is %d bytes, over PostgreSQL's limit of %d (NAMEDATALEN); PostgreSQL would truncate it", len(s), MaxIdentifierLen)
+	case strings.ContainsRune(s, 0):
+		return "contains a NUL byte, which PostgreSQL names cannot hold"
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	}
+	return ""
+}
+
+// CheckSlotName returns why s is not a valid replication slot name, or "".
+// PostgreSQL itself (ReplicationSlotValidateName) allows only lower-case
+// letters, digits and underscores, 1 to 63 bytes.
+func CheckSlotName(s string) string {
+	if s == "" {
+		return "is empty"
+	}
+	if len(s) > MaxIdentifierLen {
+		return fmt.Sprintf("is %d bytes, over PostgreSQL's limit of %d for slot names", len(s), MaxIdentifierLen)
+	}
+	for _, c := range s {
+		if !(c == '_' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9') {
+			return fmt.Sprintf("has %q: PostgreSQL allows only lower-case letters, digits and underscores in slot names", c)
+		}
+	}
+	return ""
 }

@@ -3,6 +3,7 @@ package outboxschema
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,6 +118,170 @@ func TestNamesAreStable(t *testing.T) {
 	for _, tt := range tests {
 		if tt.got != tt.want {
 			t.Errorf("name %q changed, was %q", tt.got, tt.want)
+		}
+	}
+}
+
+func TestPublicationNamesOption(t *testing.T) {
+	tests := []struct {
+		names []string
+		want  string
+	}{
+		{[]string{"outbox_pub"}, `publication_names '"outbox_pub"'`},
+		{[]string{"OutboxPub"}, `publication_names '"OutboxPub"'`},
+		{[]string{"out box"}, `publication_names '"out box"'`},
+		{[]string{`out"box`}, `publication_names '"out""box"'`},
+		{[]string{`it's`}, `publication_names '"it''s"'`},
+		{[]string{"a,b"}, `publication_names '"a,b"'`},
+		{[]string{`back\slash`}, `publication_names '"back\slash"'`},
+		{[]string{`'"; DROP TABLE x; --`}, `publication_names '"''""; DROP TABLE x; --"'`},
+		{[]string{"a$$b"}, `publication_names '"a$$b"'`},
+		{[]string{"Über Pub"}, `publication_names '"Über Pub"'`},
+		{[]string{"A", `b"'c, d`}, `publication_names '"A","b""''c, d"'`},
+	}
+	for _, tt := range tests {
+		got := PublicationNamesOption(tt.names...)
+		if got != tt.want {
+			t.Errorf("PublicationNamesOption(%q) = %s, want %s", tt.names, got, tt.want)
+		}
+		// What the walsender and pgoutput make of it must be the names.
+		back, err := parsePublicationNames(got)
+		if err != nil || !slices.Equal(back, tt.names) {
+			t.Errorf("%s parses back as %q (%v), want %q", got, back, err, tt.names)
+		}
+	}
+}
+
+// parsePublicationNames does what PostgreSQL does with the option: the
+// replication command scanner reads the string literal (a doubled single quote is one, no
+// backslash escapes), then pgoutput splits it with SplitIdentifierString
+// (varlena.c): comma-separated, whitespace around names skipped, "quoted"
+// names kept with "" collapsed, unquoted names lower-cased.
+func parsePublicationNames(opt string) ([]string, error) {
+	lit, ok := strings.CutPrefix(opt, "publication_names ")
+	if !ok || len(lit) < 2 || lit[0] != '\'' || lit[len(lit)-1] != '\'' {
+		return nil, fmt.Errorf("not publication_names '...'")
+	}
+	body := lit[1 : len(lit)-1]
+	if strings.Contains(strings.ReplaceAll(body, "''", ""), "'") {
+		return nil, fmt.Errorf("lone quote ends the literal early")
+	}
+	s := strings.ReplaceAll(body, "''", "'")
+	var names []string
+	for {
+		s = strings.TrimLeft(s, " \t\n\r\f\v")
+		var name string
+		if strings.HasPrefix(s, `"`) {
+			var b strings.Builder
+			i := 1
+			for {
+				j := strings.IndexByte(s[i:], '"')
+				if j < 0 {
+					return nil, fmt.Errorf("mismatched quotes")
+				}
+				b.WriteString(s[i : i+j])
+				i += j + 1
+				if i < len(s) && s[i] == '"' {
+					b.WriteByte('"')
+					i++
+					continue
+				}
+				break
+			}
+			name, s = b.String(), s[i:]
+		} else {
+			end := strings.IndexAny(s, ", \t\n\r\f\v")
+			if end < 0 {
+				end = len(s)
+			}
+			name, s = strings.ToLower(s[:end]), s[end:]
+		}
+		if name == "" {
+			return nil, fmt.Errorf("empty name")
+		}
+		names = append(names, name)
+		s = strings.TrimLeft(s, " \t\n\r\f\v")
+		if s == "" {
+			return names, nil
+		}
+		if s[0] != ',' {
+			return nil, fmt.Errorf("junk after name %q: %q", name, s)
+		}
+		s = s[1:]
+	}
+}
+
+func TestParsePublicationNamesOracle(t *testing.T) {
+	// The oracle itself, on what the old code sent: unquoted names are
+	// lower-cased and split at commas.
+	for in, want := range map[string][]string{
+		`publication_names 'OutboxPub'`: {"outboxpub"},
+		`publication_names 'a,b'`:       {"a", "b"},
+		`publication_names ' a , "B" '`: {"a", "B"},
+	} {
+		if got, err := parsePublicationNames(in); err != nil || !slices.Equal(got, want) {
+			t.Errorf("parsePublicationNames(%s) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, tt := range []struct {
+		in     string
+		reason string
+	}{
+		{"outbox_pub", ""},
+		{"OutboxPub", ""},
+		{`Out"box 'Pub, $$`, ""},
+		{"1pub", ""},
+		{strings.Repeat("p", 63), ""},
+		{strings.Repeat("é", 31), ""}, // 62 bytes
+		{"", "is empty"},
+		{strings.Repeat("p", 64), "over PostgreSQL's limit of 63"},
+		{strings.Repeat("é", 32), "over PostgreSQL's limit of 63"},
+		{"a\x00b", "NUL"},
+		{"a\xffb", "UTF-8"},
+	} {
+		got := CheckName(tt.in)
+		if (tt.reason == "") != (got == "") || !strings.Contains(got, tt.reason) {
+			t.Errorf("CheckName(%q) = %q, want %q", tt.in, got, tt.reason)
+		}
+	}
+}
+
+func TestCheckSlotName(t *testing.T) {
+	for _, tt := range []struct {
+		in     string
+		reason string
+	}{
+		{"outbox_relay", ""},
+		{"0slot_9", ""},
+		{strings.Repeat("s", 63), ""},
+		{"", "is empty"},
+		{strings.Repeat("s", 64), "limit of 63"},
+		{"Outbox", `has 'O'`},
+		{"outbox-relay", `has '-'`},
+		{"out box", `has ' '`},
+		{"outbox$", `has '$'`},
+		{"slöt", `has 'ö'`},
+	} {
+		got := CheckSlotName(tt.in)
+		if (tt.reason == "") != (got == "") || !strings.Contains(got, tt.reason) {
+			t.Errorf("CheckSlotName(%q) = %q, want %q", tt.in, got, tt.reason)
+		}
+	}
+}
+
+func TestQuoteLiteral(t *testing.T) {
+	for in, want := range map[string]string{
+		"a":      "'a'",
+		"it's":   "'it''s'",
+		`a\'b`:   `'a\''b'`,
+		"a\x00b": "'ab'",
+		"":       "''",
+	} {
+		if got := QuoteLiteral(in); got != want {
+			t.Errorf("QuoteLiteral(%q) = %s, want %s", in, got, want)
 		}
 	}
 }

@@ -28,11 +28,27 @@ type Server struct {
 	log  zerolog.Logger
 }
 
+// Limits of the HTTP server: what one client may hold. Scrapes and probes
+// are small, fast requests; a client that sends its request or reads the
+// answer more slowly than this, or idles between requests longer, is cut.
+const (
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second // the whole request, body included
+	httpWriteTimeout      = 10 * time.Second // Prometheus' default scrape_timeout
+	httpIdleTimeout       = 60 * time.Second // keep-alive between scrapes
+	httpMaxHeaderBytes    = 16 << 10         // net/http adds 4 KiB; its default is 1 MiB
+)
+
 // NewServer allocates; it does not listen.
 func NewServer(addr string, profiling bool, o Observed, log zerolog.Logger) *Server {
 	mux := http.NewServeMux()
 	if profiling {
-		mux.HandleFunc("/debug/pprof/", pprof.Index) // Index also serves allocs, heap, goroutine...
+		// Index also serves allocs, heap, goroutine... These routes stream
+		// for their ?seconds= (profile: 30 by default), longer than
+		// WriteTimeout: net/http/pprof moves the connection's write deadline
+		// to WriteTimeout + seconds itself (Go 1.23+), and the read timeout
+		// ends with the request.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	}
 	mux.Handle("/metrics", promhttp.HandlerFor(o, promhttp.HandlerOpts{}))
@@ -50,7 +66,14 @@ func NewServer(addr string, profiling bool, o Observed, log zerolog.Logger) *Ser
 		}
 		fmt.Fprintln(w, h.Reason)
 	})
-	return &Server{addr: addr, log: log, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
+	return &Server{addr: addr, log: log, srv: &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       httpIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+	}}
 }
 
 // Run listens on the address and serves until ctx ends; then it stops

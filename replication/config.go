@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -60,11 +61,6 @@ func DefaultConfig() Config {
 	}
 }
 
-var (
-	slotRe  = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
-	identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
-)
-
 // Validate reports every invalid field, each named by its config key under
 // prefix (e.g. "postgres.").
 func (c Config) Validate(prefix string) error {
@@ -78,11 +74,14 @@ func (c Config) Validate(prefix string) error {
 		// pgconn's parse errors can quote the string; never echo it.
 		bad("url", "cannot be parsed as a PostgreSQL connection string or URL")
 	}
-	if !slotRe.MatchString(c.Slot) {
-		bad("slot", "%q is not a valid slot name: use 1-63 lower-case letters, digits or underscores", c.Slot)
+	if reason := outboxschema.CheckSlotName(c.Slot); reason != "" {
+		bad("slot", "%q %s: use 1-63 lower-case letters, digits or underscores, e.g. outbox_relay", c.Slot, reason)
 	}
-	if !identRe.MatchString(c.Publication) {
-		bad("publication", "%q is not a plain identifier: use letters, digits and underscores", c.Publication)
+	// Any name PostgreSQL can hold: it is quoted everywhere it is used
+	// (outboxschema.QuoteIdent, PublicationNamesOption), so case, spaces
+	// and quotes are kept.
+	if reason := outboxschema.CheckName(c.Publication); reason != "" {
+		bad("publication", "%q %s: use at most 63 bytes of UTF-8 text without NUL, e.g. outbox_pub", c.Publication, reason)
 	}
 	if _, err := outboxschema.ParseTable(c.Table); err != nil {
 		var te *outboxschema.TableError
@@ -109,26 +108,139 @@ func (c Config) Validate(prefix string) error {
 	return errors.Join(errs...)
 }
 
-// RedactURL returns the connection string with any password replaced, for
-// logs and errors.
+// RedactURL returns the connection string with every secret replaced by
+// xxxxx, for logs and errors: the password in a URL's userinfo and the
+// values of password and sslpassword (keywords matched in any case), in
+// both forms libpq and pgx read. A URL (scheme://...) has its query
+// parameters masked and its fragment dropped (libpq would read it as part
+// of the value). Keyword/value strings are tokenized as libpq's
+// conninfo_parse does: whitespace around '=', 'quoted values' with
+// backslash escapes, and backslash-escaped spaces in unquoted values.
+// Malformed input is masked at least as far as libpq would read it: an
+// unterminated quoted value to the end, a URL's userinfo to its last '@'.
 func RedactURL(s string) string {
-	if u, err := url.Parse(s); err == nil && u.Scheme != "" {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
+	if uriPrefixRe.MatchString(s) {
+		return redactURI(s)
 	}
-	// A URL that does not parse, or the keyword=value form: mask by pattern.
-	s = urlUserinfoRe.ReplaceAllString(s, "${1}xxxxx@")
-	return passwordKVRe.ReplaceAllString(s, "${1}xxxxx")
+	return redactKeywordValue(s)
 }
 
-var (
-	urlUserinfoRe = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
-	passwordKVRe  = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)`)
-)
+const redacted = "xxxxx"
+
+var uriPrefixRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
+// secretKey reports whether a connection parameter holds a secret.
+func secretKey(k string) bool {
+	return strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword")
+}
+
+func redactURI(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), redacted)
+		}
+		u.RawQuery = redactQuery(u.RawQuery)
+		u.Fragment, u.RawFragment = "", ""
+		return u.String()
+	}
+	// Not a URL Go parses: keep the structure libpq reads. The userinfo
+	// password runs from the first ':' to the last '@' (a password may
+	// hold '@', '/', '?' or spaces unencoded), the query from the first
+	// '?' after that, each value up to the next '&'.
+	scheme, rest, _ := strings.Cut(s, "://")
+	host := rest
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		user := rest[:at]
+		if c := strings.IndexByte(user, ':'); c >= 0 {
+			user = user[:c+1] + redacted
+		}
+		host = rest[at+1:]
+		rest = user + "@"
+	} else {
+		rest = ""
+	}
+	if base, query, ok := strings.Cut(host, "?"); ok {
+		host = base + "?" + redactQuery(query)
+	}
+	return scheme + "://" + rest + host
+}
+
+// redactQuery masks the secret parameters of a raw URL query, keeping the
+// others and their order as written.
+func redactQuery(raw string) string {
+	if raw == "" {
+		return raw
+	}
+	parts := strings.Split(raw, "&")
+	for i, p := range parts {
+		k, _, _ := strings.Cut(p, "=")
+		dk, err := url.QueryUnescape(k)
+		if secretKey(k) || err == nil && secretKey(dk) {
+			parts[i] = k + "=" + redacted
+		}
+	}
+	return strings.Join(parts, "&")
+}
+
+// isSpace is C's isspace, which libpq's conninfo_parse uses.
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
+}
+
+// redactKeywordValue copies a keyword/value connection string, replacing the
+// values of secret keywords.
+func redactKeywordValue(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		if isSpace(s[i]) {
+			b.WriteByte(s[i])
+			i++
+			continue
+		}
+		// The keyword runs to '=' or whitespace; then optional whitespace
+		// and '='. Without '=', libpq stops with an error: go on with the
+		// next word, so a later password is still found.
+		k := i
+		for i < len(s) && s[i] != '=' && !isSpace(s[i]) {
+			i++
+		}
+		key := s[k:i]
+		b.WriteString(key)
+		j := i
+		for j < len(s) && isSpace(s[j]) {
+			j++
+		}
+		if j == len(s) || s[j] != '=' {
+			continue
+		}
+		j++
+		for j < len(s) && isSpace(s[j]) {
+			j++
+		}
+		b.WriteString(s[i:j])
+		i = j
+		v := i
+		if i < len(s) && s[i] == '\'' {
+			// Quoted: to the next unescaped quote; unterminated, to the end.
+			for i++; i < len(s) && s[i] != '\''; i++ {
+				if s[i] == '\\' {
+					i++
+				}
+			}
+			i++
+		} else {
+			for ; i < len(s) && !isSpace(s[i]); i++ {
+				if s[i] == '\\' {
+					i++ // the escaped character, a space too, belongs to the value
+				}
+			}
+		}
+		i = min(i, len(s))
+		if secretKey(key) {
+			b.WriteString(redacted)
+		} else {
+			b.WriteString(s[v:i])
+		}
+	}
+	return b.String()
+}

@@ -25,6 +25,11 @@ func TestValidate(t *testing.T) {
 		{"longest status interval", func(c *Config) { c.StatusInterval = time.Minute }, nil},
 		{"equal reconnect bounds", func(c *Config) { c.ReconnectMin, c.ReconnectMax = time.Second, time.Second }, nil},
 		{"63-char slot", func(c *Config) { c.Slot = strings.Repeat("a", 63) }, nil},
+		// Publications are quoted everywhere, so any name PostgreSQL can hold works.
+		{"upper-case publication", func(c *Config) { c.Publication = "OutboxPub" }, nil},
+		{"publication starts with digit", func(c *Config) { c.Publication = "1pub" }, nil},
+		{"hostile publication", func(c *Config) { c.Publication = `Out"box 'Pub, $$ x` }, nil},
+		{"63-byte publication", func(c *Config) { c.Publication = strings.Repeat("p", 63) }, nil},
 		{"shortest lag poll", func(c *Config) { c.LagPollInterval = 100 * time.Millisecond }, nil},
 
 		{"empty URL", func(c *Config) { c.URL = "" }, []string{"postgres.url"}},
@@ -35,8 +40,10 @@ func TestValidate(t *testing.T) {
 		{"dashed slot", func(c *Config) { c.Slot = "outbox-relay" }, []string{"postgres.slot"}},
 		{"64-char slot", func(c *Config) { c.Slot = strings.Repeat("a", 64) }, []string{"postgres.slot"}},
 		{"empty publication", func(c *Config) { c.Publication = "" }, []string{"postgres.publication"}},
-		{"publication starts with digit", func(c *Config) { c.Publication = "1pub" }, []string{"postgres.publication"}},
-		{"quoted publication", func(c *Config) { c.Publication = `"pub"` }, []string{"postgres.publication"}},
+		{"64-byte publication", func(c *Config) { c.Publication = strings.Repeat("p", 64) }, []string{"postgres.publication"}},
+		{"publication with NUL", func(c *Config) { c.Publication = "pub\x00" }, []string{"postgres.publication"}},
+		{"publication not UTF-8", func(c *Config) { c.Publication = "pub\xff" }, []string{"postgres.publication"}},
+		{"slot with space", func(c *Config) { c.Slot = "outbox relay" }, []string{"postgres.slot"}},
 		{"empty table", func(c *Config) { c.Table = "" }, []string{"postgres.table"}},
 		{"three-part table", func(c *Config) { c.Table = "db.public.outbox" }, []string{"postgres.table"}},
 		{"status interval zero", func(c *Config) { c.StatusInterval = 0 }, []string{"postgres.status_interval"}},
@@ -122,5 +129,17 @@ func TestParsePGDuration(t *testing.T) {
 				t.Errorf("parsePGDuration(%q) = %s, want %s", tt.in, got, tt.want)
 			}
 		})
+	}
+}
+
+func TestCreatePublicationSQLQuotesTheName(t *testing.T) {
+	for pub, want := range map[string]string{
+		"outbox_pub": `CREATE PUBLICATION "outbox_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert')`,
+		"OutboxPub":  `CREATE PUBLICATION "OutboxPub" FOR TABLE "public"."outbox" WITH (publish = 'insert')`,
+		`Out"box 'P`: `CREATE PUBLICATION "Out""box 'P" FOR TABLE "public"."outbox" WITH (publish = 'insert')`,
+	} {
+		if got := CreatePublicationSQL(pub, "public.outbox"); got != want {
+			t.Errorf("CreatePublicationSQL(%q) = %s, want %s", pub, got, want)
+		}
 	}
 }

@@ -173,12 +173,12 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
 	if errors.Is(err, pgx.ErrNoRows) && slotExists {
 		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not exist, but slot %q does (confirmed up to %s): PostgreSQL decodes each change with the publications that existed when it was written, so a publication created now cannot cover the changes already in the slot and streaming would fail on the first of them. Recreate the publication (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')), skip the gap with SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn()), then republish the outbox rows created since the publication was dropped (consumers deduplicate on event_id); or drop the slot and run outbox-relay migrate",
-			cfg.Publication, cfg.Slot, confirmed, pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted(), cfg.Slot))
+			cfg.Publication, cfg.Slot, confirmed, outboxschema.QuoteIdent(cfg.Publication), t.Quoted(), cfg.Slot))
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !cfg.CreatePublication {
 			return fault.Fatal.Wrap(fmt.Errorf("publication %q does not exist and postgres.create_publication is false: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-				cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted()))
+				cfg.Publication, outboxschema.QuoteIdent(cfg.Publication), t.Quoted()))
 		}
 		_, err = conn.Exec(ctx, CreatePublicationSQL(cfg.Publication, cfg.Table))
 		var pgErr *pgconn.PgError
@@ -193,7 +193,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 		return fmt.Errorf("read publication %q: %w", cfg.Publication, err)
 	}
 	if !pubInsert {
-		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize()))
+		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, outboxschema.QuoteIdent(cfg.Publication)))
 	}
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
@@ -202,7 +202,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 	}
 	if n == 0 {
 		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, cfg.Table,
-			pgx.Identifier{cfg.Publication}.Sanitize(), t.Quoted()))
+			outboxschema.QuoteIdent(cfg.Publication), t.Quoted()))
 	}
 	return nil
 }
@@ -212,7 +212,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 func CreatePublicationSQL(publication, table string) string {
 	t, _ := outboxschema.ParseTable(table) // validated with the config
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-		pgx.Identifier{publication}.Sanitize(), t.Quoted())
+		outboxschema.QuoteIdent(publication), t.Quoted())
 }
 
 func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool, error) {

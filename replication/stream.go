@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/rs/zerolog"
 )
 
@@ -199,7 +200,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
 			"proto_version '1'",
-			fmt.Sprintf("publication_names '%s'", s.cfg.Publication),
+			outboxschema.PublicationNamesOption(s.cfg.Publication),
 		},
 	})
 	if err != nil {

@@ -257,8 +257,9 @@ var invalidCases = []struct {
 }{
 	{key: "postgres.url", env: []string{"postgres://u:s3cret@db:notaport/app"}, flag: []string{"", "host=db port=nope password=s3cret"},
 		file: []any{"postgres://u:s3cret@db:notaport/app", ""}, never: "s3cret"},
-	{key: "postgres.slot", env: []string{"Bad-Slot"}, flag: []string{"", strings.Repeat("s", 64)}, file: []any{"has space"}},
-	{key: "postgres.publication", env: []string{"1pub"}, flag: []string{"", "pub-lication"}, file: []any{"a.b"}},
+	{key: "postgres.slot", env: []string{"Bad-Slot", "OutboxRelay", "outbox-relay"}, flag: []string{"", strings.Repeat("s", 64), "Outbox"},
+		file: []any{"has space", "outbox-relay"}},
+	{key: "postgres.publication", env: []string{strings.Repeat("p", 64)}, flag: []string{"", "pub\xff"}, file: []any{strings.Repeat("é", 32)}},
 	{key: "postgres.table", env: []string{"a.b.c"}, flag: []string{"", "public."}, file: []any{"public.out box"}},
 	{key: "postgres.create_publication", env: []string{"maybe"}, flag: []string{"2"}, file: []any{"maybe", []string{"x"}}},
 	{key: "postgres.status_interval", env: []string{"abc", "5ms"}, flag: []string{"2m", "1"}, file: []any{"0s", 5, "soon"}},
@@ -394,7 +395,7 @@ func TestLoadConfigReportsEveryProblem(t *testing.T) {
 				"kafka:\n  brokers: [k1:9092]\n  flush_bytes: lots\n  version: banana\n" +
 				"log:\n  level: loud\nshutdown_timeout: forever\n",
 			args:   []string{"--kafka-retry-max=0"},
-			getenv: envOf(map[string]string{"OUTBOX_RELAY_PUBLICATION": "1pub"}),
+			getenv: envOf(map[string]string{"OUTBOX_RELAY_PUBLICATION": strings.Repeat("p", 64)}),
 			want: []string{"postgres.status_interval", "postgres.table", "kafka.flush_bytes", "kafka.version",
 				"log.level", "shutdown_timeout", "kafka.retry_max", "postgres.publication"},
 		},
@@ -481,6 +482,10 @@ func TestRealMainExitCodes(t *testing.T) {
 		{"run with invalid config", []string{"run", "--slot=Bad-Slot", "--status-interval=abc"},
 			requiredEnv(map[string]string{"OUTBOX_RELAY_KAFKA_COMPRESSION": "brotli"}), exitConfig,
 			[]string{"invalid configuration", "postgres.slot", "postgres.status_interval", "kafka.compression"}},
+		{"upper-case slot", []string{"run", "--slot=OutboxRelay"}, requiredEnv(nil), exitConfig,
+			[]string{"invalid configuration", `postgres.slot: "OutboxRelay" has 'O'`, "lower-case letters, digits or underscores"}},
+		{"dashed slot", []string{"migrate"}, requiredEnv(map[string]string{"OUTBOX_RELAY_SLOT": "outbox-relay"}), exitConfig,
+			[]string{"invalid configuration", `postgres.slot: "outbox-relay" has '-'`}},
 		{"run with nothing set", []string{"run"}, envOf(nil), exitConfig,
 			[]string{"postgres.url", "kafka.brokers"}},
 		{"migrate with invalid config", []string{"migrate", "--table=a.b.c"}, requiredEnv(nil), exitConfig,
@@ -527,6 +532,10 @@ func TestConfigRedacted(t *testing.T) {
 		{"query password", "postgres://relay@h/db?password=s3cret&sslmode=disable", []string{"relay@h", "sslmode=disable"}},
 		{"keyword form", "host=h user=relay password=s3cret dbname=db", []string{"host=h", "dbname=db"}},
 		{"keyword form quoted", "host=h password='s 3cret' dbname=db", []string{"host=h", "dbname=db"}},
+		{"keyword form escaped space", `host=h password=abc\ s3cret dbname=db`, []string{"host=h", "password=xxxxx dbname=db"}},
+		{"keyword form sslpassword", `host=h sslmode=require sslpassword='it\'s s3cret' dbname=db`, []string{"host=h", "sslpassword=xxxxx dbname=db"}},
+		{"url sslpassword", "postgres://relay@h/db?sslmode=require&sslpassword=s3cret", []string{"relay@h/db?sslmode=require&sslpassword=xxxxx"}},
+		{"url both", "postgres://relay:s3cret@h/db?sslpassword=s3cret&password=s3cret", []string{"relay:xxxxx@h/db?sslpassword=xxxxx&password=xxxxx"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

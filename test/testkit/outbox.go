@@ -38,7 +38,7 @@ func NewOutbox(ctx context.Context, s *Services, kind, name string) (*Outbox, er
 // schema and every topic under the prefix, and closes the pool.
 func (o *Outbox) Close(ctx context.Context) error {
 	errs := []error{DropSlot(ctx, o.DB, o.Slot)}
-	for _, q := range []string{"DROP PUBLICATION IF EXISTS " + o.Pub, "DROP SCHEMA IF EXISTS " + o.Schema + " CASCADE"} {
+	for _, q := range []string{"DROP PUBLICATION IF EXISTS " + pgx.Identifier{o.Pub}.Sanitize(), "DROP SCHEMA IF EXISTS " + o.Schema + " CASCADE"} {
 		if _, err := o.DB.Exec(ctx, q); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", q, err))
 		}
