@@ -7,7 +7,9 @@
 // confirmed_flush_lsn, fed from this watermark, is the only durable checkpoint.
 //
 // The shape follows hashicorp/raft's commitment: a mutex, an ordered pending
-// list, a monotonic watermark and a non-blocking notify.
+// list, a monotonic watermark and a non-blocking notify. The one exception to
+// monotonic is Reset, between replication sessions, when the server's
+// history may not hold what the watermark covers.
 package checkpoint
 
 import (
@@ -33,6 +35,9 @@ type Limits struct {
 // ErrOutOfOrder is returned by Add when a transaction ends at or before one
 // already added: the caller broke the log-order contract.
 var ErrOutOfOrder = errors.New("transaction added out of log order")
+
+// ErrInFlight is returned by Reset while transactions are in flight.
+var ErrInFlight = errors.New("transactions still in flight")
 
 // Tracker computes the confirmable watermark. All methods are safe for
 // concurrent use.
@@ -240,6 +245,30 @@ func (t *Tracker) Abandon() {
 		t.space = make(chan struct{})
 		t.waiting = false
 	}
+}
+
+// Reset moves the watermark to lsn, down as well as up, and forgets where
+// the last transaction added ended, so the transactions after lsn can be
+// added again. It is for a replication session that starts at the server's
+// confirmed position when the watermark may not be on the server's WAL
+// history (a failover, a slot put back by an operator): the watermark must
+// then not hide anything the server will send. It refuses with ErrInFlight
+// while anything is in flight (call it after WaitDrained), because acks for
+// those transactions would move the watermark on the old history. Any
+// goroutine.
+func (t *Tracker) Reset(lsn pglogrepl.LSN) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head < len(t.pending) {
+		return fmt.Errorf("reset the watermark from %s to %s: %d events: %w", t.watermark, lsn, t.events, ErrInFlight)
+	}
+	t.watermark = lsn
+	t.lastAdded = 0
+	select {
+	case t.advanced <- struct{}{}:
+	default:
+	}
+	return nil
 }
 
 // Flushed returns the watermark: every transaction ending at or before it is

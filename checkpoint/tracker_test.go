@@ -245,3 +245,66 @@ func TestAbandon(t *testing.T) {
 		t.Errorf("watermark %s after the resent transaction was acked, want 0/1E", tr.Flushed())
 	}
 }
+
+// TestReset moves the watermark to a session's start on a changed server
+// history: down as well as up, only when nothing is in flight, and the
+// transactions the server then resends (ending below what was added
+// before) are accepted.
+func TestReset(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		start     pglogrepl.LSN
+		added     []pglogrepl.LSN // transactions of one event each, acked before the reset
+		inflight  bool            // one more transaction, not acked, at the reset
+		reset     pglogrepl.LSN
+		wantErr   error
+		wantAfter pglogrepl.LSN // watermark after the reset
+		resend    pglogrepl.LSN // a transaction added and acked after the reset
+	}{
+		{name: "down, below transactions added before", start: 100, added: []pglogrepl.LSN{200, 300}, reset: 150, wantAfter: 150, resend: 200},
+		{name: "up", start: 100, added: []pglogrepl.LSN{200}, reset: 500, wantAfter: 500, resend: 600},
+		{name: "same", start: 100, reset: 100, wantAfter: 100, resend: 101},
+		{name: "in flight refused", start: 100, added: []pglogrepl.LSN{200}, inflight: true, reset: 50, wantErr: ErrInFlight, wantAfter: 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := New(tc.start, Limits{})
+			ctx := context.Background()
+			last := tc.start
+			for _, end := range tc.added {
+				p, err := tr.Add(ctx, end, 1, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Ack(1)
+				last = end
+			}
+			if tc.inflight {
+				if _, err := tr.Add(ctx, last+10, 1, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := tr.Reset(tc.reset)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("reset to %s: err %v, want %v", tc.reset, err, tc.wantErr)
+			}
+			if got := tr.Flushed(); got != tc.wantAfter {
+				t.Fatalf("after reset to %s: watermark %s, want %s", tc.reset, got, tc.wantAfter)
+			}
+			if tc.wantErr != nil {
+				return
+			}
+			p, err := tr.Add(ctx, tc.resend, 1, 1)
+			if err != nil {
+				t.Fatalf("add %s after the reset: %v", tc.resend, err)
+			}
+			if got := tr.Flushed(); got != tc.wantAfter {
+				t.Fatalf("unacked %s moved the watermark to %s", tc.resend, got)
+			}
+			p.Ack(1)
+			if got := tr.Flushed(); got != tc.resend {
+				t.Fatalf("after acking %s: watermark %s", tc.resend, got)
+			}
+		})
+	}
+}

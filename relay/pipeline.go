@@ -43,8 +43,9 @@ type PipelineConfig struct {
 	Limits   checkpoint.Limits
 	Policy   Policy
 	// Start is the watermark earlier terms of this process got acked (0
-	// at first); each replication session raises it to the slot's
-	// confirmed position before streaming.
+	// at first); each replication session sets it to the slot's confirmed
+	// position before streaming (raised, or reset when the slot is behind
+	// it or the server's history changed: replication.startFrom).
 	Start pglogrepl.LSN
 }
 
@@ -412,6 +413,11 @@ func (p *Pipeline) AdvanceIdle(walEnd pglogrepl.LSN) {
 		p.tracker.AdvanceIdle(walEnd)
 	}
 }
+
+// Reset implements replication.Progress: the watermark goes to lsn, down as
+// well as up, when nothing is in flight (checkpoint.Tracker.Reset). Called
+// on the loop goroutine after Drain, so the decoder is fresh.
+func (p *Pipeline) Reset(lsn pglogrepl.LSN) error { return p.tracker.Reset(lsn) }
 
 // Drain implements replication.Progress: wait for acks (until ctx ends),
 // then start a fresh decoder for the next session (relations are resent by

@@ -22,6 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -54,6 +55,7 @@ type Relay struct {
 
 	current atomic.Pointer[term] // the running leadership term, for Health
 	acked   pglogrepl.LSN        // carried from term to term; the leadership goroutine's
+	history replication.Identity // the server history acked is on; carried like acked
 
 	closing   chan struct{}
 	closeOnce sync.Once

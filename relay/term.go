@@ -71,6 +71,9 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.stream.Fence = t.fence
+	// The stream compares the server it streams from with this history and
+	// discards the carried watermark if they differ (failover between terms).
+	t.stream.SetIdentity(r.history)
 	t.lag = replication.NewLagPoller(cfg.Postgres, repMetrics, t.log)
 
 	r.termReg.Store(reg)
@@ -78,7 +81,9 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	defer func() {
 		r.current.Store(nil)
 		r.termReg.Store(nil)
-		r.acked = max(r.acked, t.pipe.Flushed())
+		// Not max(): the pipeline started at r.acked and only a reset (a
+		// changed history, a slot behind the watermark) took it lower.
+		r.acked, r.history = t.pipe.Flushed(), t.stream.Identity()
 		t.log.Info().Str("lsn", t.pipe.Flushed().String()).Bool("fenced", t.fenced()).Err(err).Msg("leader term ended")
 	}()
 

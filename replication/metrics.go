@@ -14,6 +14,7 @@ type Metrics struct {
 	received       prometheus.Gauge
 	confirmed      prometheus.Gauge
 	reconnects     prometheus.Counter
+	historyChanges prometheus.Counter
 	slotLag        prometheus.Gauge
 	slotRetained   prometheus.Gauge
 	slotActive     prometheus.Gauge
@@ -32,6 +33,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "WAL position last confirmed to PostgreSQL (flush/apply): every event before it is acked by Kafka."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_replication_reconnects_total",
 			Help: "Replication sessions that ended with an error and were retried."}),
+		historyChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_server_history_changes_total",
+			Help: "Replication sessions that found the server on another history (IDENTIFY_SYSTEM system id or timeline changed) and resumed from the slot, discarding the in-memory ack watermark."}),
 		slotLag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_slot_lag_bytes",
 			Help: "pg_current_wal_lsn() - confirmed_flush_lsn of the slot."}),
 		slotRetained: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_slot_retained_wal_bytes",
@@ -46,7 +49,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time of the last successful slot lag read."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.received, m.confirmed, m.reconnects, m.slotLag, m.slotRetained, m.slotActive,
+		reg.MustRegister(m.received, m.confirmed, m.reconnects, m.historyChanges, m.slotLag, m.slotRetained, m.slotActive,
 			m.slotWALStatus, m.lagPollErrors, m.lastLagSuccess)
 	}
 	return m

@@ -33,6 +33,11 @@ type Progress interface {
 	// implementation does so only when nothing is in flight and no
 	// transaction is open.
 	AdvanceIdle(walEnd pglogrepl.LSN)
+	// Reset moves Flushed to lsn, down as well as up, for a session that
+	// starts at lsn on a server whose history the watermark may not be on.
+	// The stream calls it only after Drain, when nothing is in flight; the
+	// implementation refuses otherwise.
+	Reset(lsn pglogrepl.LSN) error
 	// Drain blocks until every event handed over so far is acked (or ctx
 	// ends) and forgets any partially received transaction. The stream calls
 	// it before reconnecting and at shutdown.
@@ -58,6 +63,7 @@ type Stream struct {
 	conn *pgconn.PgConn
 
 	slotSeen     bool          // the slot existed or was created in this process
+	identity     Identity      // the server history the progress's watermark is on; the loop goroutine's
 	received     atomic.Uint64 // highest WAL position seen
 	streaming    atomic.Bool
 	lastSentTime time.Time // guarded by mu, like every status update
@@ -95,6 +101,15 @@ func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*
 		log: log.With().Str("component", "replication").Logger(), // the caller's logger carries slot
 	}, nil
 }
+
+// SetIdentity tells the stream which server history the progress's starting
+// watermark was acked on: an earlier stream's Identity (an earlier
+// leadership term of this process), or zero if none. Call before Run.
+func (s *Stream) SetIdentity(id Identity) { s.identity = id }
+
+// Identity returns the server history of the last session that started
+// (what SetIdentity set if none did). Call after Run returned.
+func (s *Stream) Identity() Identity { return s.identity }
 
 // Streaming reports whether a replication session is currently streaming.
 // Any goroutine; used by /readyz.
@@ -191,11 +206,11 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 			return err
 		}
 	}
-	// Everything before the slot's confirmed position is durable downstream
-	// and nothing is in flight (drained above): seed the watermark with it,
-	// so status updates never carry less than the server already has.
-	s.progress.AdvanceIdle(info.ConfirmedFlush)
-	start := s.progress.Flushed()
+	start, err := s.resume(ctx, conn)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
@@ -211,7 +226,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		}
 		return fmt.Errorf("start replication on slot %q at %s: %w", s.cfg.Slot, start, err)
 	}
-	s.log.Info().Str("lsn", start.String()).Str("confirmed_flush_lsn", info.ConfirmedFlush.String()).Msg("replication started")
+	s.log.Info().Str("lsn", start.String()).Str("system_id", s.identity.SystemID).Int32("timeline", s.identity.Timeline).Msg("replication started")
 	if uint64(start) > s.received.Load() {
 		s.received.Store(uint64(start))
 	}
@@ -233,6 +248,43 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	}()
 
 	return s.loop(ctx, h)
+}
+
+// resume picks the session's start on conn (startFrom) and sets the
+// progress to it. Nothing is in flight (the session drained first).
+// Everything before the slot's confirmed position is durable downstream, so
+// the watermark is at least that, and status updates never carry less than
+// the server already has.
+func (s *Stream) resume(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
+	cur, confirmed, err := identify(ctx, conn, s.cfg.Slot)
+	if err != nil {
+		return 0, err
+	}
+	prev, watermark := s.identity, s.progress.Flushed()
+	start, why := startFrom(prev, cur, watermark, confirmed)
+	switch why {
+	case keepWatermark:
+		s.progress.AdvanceIdle(confirmed)
+	default:
+		if err := s.progress.Reset(confirmed); err != nil {
+			return 0, fmt.Errorf("resume slot %q from %s (%s): %w", s.cfg.Slot, confirmed, why, err)
+		}
+	}
+	switch why {
+	case historyChanged:
+		s.metrics.historyChanges.Inc()
+		s.log.Warn().Str("previous_system_id", prev.SystemID).Int32("previous_timeline", prev.Timeline).
+			Str("system_id", cur.SystemID).Int32("timeline", cur.Timeline).
+			Str("watermark", watermark.String()).Str("confirmed_flush_lsn", confirmed.String()).
+			Msg("server history changed (failover, promoted replica or another cluster): discarding the in-memory ack watermark and resuming from the slot's confirmed position; events after it are published again")
+	case slotBehind:
+		// Usual after a lost connection (the last status updates never
+		// arrived) or a PostgreSQL crash; also a slot put back by an operator.
+		s.log.Info().Str("watermark", watermark.String()).Str("confirmed_flush_lsn", confirmed.String()).
+			Msg("slot's confirmed position is behind the acked watermark: resuming from the slot, events acked after it are published again")
+	}
+	s.identity = cur
+	return start, nil
 }
 
 // checkSenderTimeout refuses a status interval that lets the walsender time
