@@ -375,6 +375,17 @@ func (p *Pipeline) countDecoder() {
 // or dead-lettered. Any goroutine.
 func (p *Pipeline) Flushed() pglogrepl.LSN { return p.tracker.Flushed() }
 
+// OldestUnacked returns how long the oldest transaction with an event not
+// yet acked (nor dead-lettered and marked) has been in flight; 0 when
+// nothing is. Any goroutine.
+func (p *Pipeline) OldestUnacked() time.Duration {
+	at, ok := p.tracker.Oldest()
+	if !ok {
+		return 0
+	}
+	return time.Since(at)
+}
+
 // InFlight returns the events and payload bytes published and not yet
 // acked. Any goroutine.
 func (p *Pipeline) InFlight() (events int, bytes int64) { return p.tracker.InFlight() }
