@@ -3,13 +3,16 @@ package relay
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -442,4 +445,106 @@ func TestHeaders(t *testing.T) {
 		t.Errorf("aggregate_type overwritten: %q", m.Headers[2].Value)
 	}
 	m.Done(nil)
+}
+
+// rejectingMarker fails every MarkDead with deadErr (nil after fails
+// failures) and records MarkFailed on failed.
+type rejectingMarker struct {
+	deadErr error
+	fails   int
+	mu      sync.Mutex
+	tries   int
+	failed  chan string
+}
+
+func (r *rejectingMarker) MarkDead(_ context.Context, id int64, _ int, _ string) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tries++
+	if r.fails < 0 || r.tries <= r.fails {
+		return false, r.deadErr
+	}
+	return true, nil
+}
+
+func (r *rejectingMarker) MarkFailed(_ context.Context, id int64, _ int, lastErr string) error {
+	r.failed <- lastErr
+	return nil
+}
+
+// A dead-letter row mark that the database rejects for good (no UPDATE
+// privilege, a trigger, a check) halts the pipeline with the reason instead
+// of being retried silently for ever; a connection error is waited out.
+func TestMarkFailureHalts(t *testing.T) {
+	bad := pg.Row("43", "order", "o-2", "order.paid", `{}`, pg.Null)
+	bad[2] = pg.Null // aggregate_id IS NULL: dead-lettered as a bad row
+	tests := []struct {
+		name     string
+		err      error
+		fails    int // -1: for ever
+		wantHalt []string
+	}{
+		{"insufficient privilege", &pgconn.PgError{Code: "42501", Message: "permission denied for table outbox"}, -1,
+			[]string{"public.outbox", "id=43", "permission denied", "outbox.dlq"}},
+		{"trigger raises", &pgconn.PgError{Code: "P0001", Message: "dead letters are not allowed here"}, -1,
+			[]string{"public.outbox", "id=43", "dead letters are not allowed here"}},
+		{"check violation", &pgconn.PgError{Code: "23514", Message: "violates check constraint"}, -1,
+			[]string{"id=43", "check constraint"}},
+		{"connection refused, then fine", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, 1, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pub := &scriptedPublisher{answer: func(string, int) error { return nil }, held: make(chan *sink.Message, 10), tries: map[string]int{}}
+			marker := &rejectingMarker{deadErr: tt.err, fails: tt.fails, failed: make(chan string, 10)}
+			tmpl, _ := sink.ParseTemplate("outbox.event.{aggregate_type}")
+			p, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, Policy: fastPolicy,
+				Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, pub, marker, zerolog.Nop(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			ran := make(chan error, 1)
+			go func() { ran <- p.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-ran; err != nil {
+					t.Errorf("Run = %v", err)
+				}
+			}()
+			h := &harness{t: t, p: p, pub: pub, ctx: ctx}
+			if err := h.txn(100, 110, bad); err != nil {
+				t.Fatal(err)
+			}
+			if tt.wantHalt == nil {
+				h.waitFlushed(110) // acked once the retried mark went through
+				if err := p.Halted(); err != nil {
+					t.Fatalf("halted on a transient mark error: %v", err)
+				}
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for p.Halted() == nil {
+				if time.Now().After(deadline) {
+					t.Fatal("the pipeline never halted: the mark is retried silently")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			for _, w := range tt.wantHalt {
+				if !strings.Contains(p.Halted().Error(), w) {
+					t.Errorf("halt reason %q lacks %q", p.Halted(), w)
+				}
+			}
+			select {
+			case got := <-marker.failed:
+				if !strings.Contains(got, "id=43") {
+					t.Errorf("the halt recorded on the row is %q", got)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the halt was not recorded on the row (MarkFailed)")
+			}
+			if p.Flushed() >= 110 {
+				t.Errorf("watermark %s passed an event whose row mark failed", p.Flushed())
+			}
+		})
+	}
 }
