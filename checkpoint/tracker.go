@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -43,6 +44,7 @@ var ErrInFlight = errors.New("transactions still in flight")
 // concurrent use.
 type Tracker struct {
 	limits Limits
+	now    func() time.Time // time.Now; tests swap it
 
 	mu        sync.Mutex
 	pending   []*Pending // log order; pending[head:] are live
@@ -62,7 +64,8 @@ type Pending struct {
 	end       pglogrepl.LSN
 	remaining int
 	bytes     int64
-	abandoned bool // dropped by Abandon: its acks are ignored
+	abandoned bool      // dropped by Abandon: its acks are ignored
+	added     time.Time // when Add registered it: the age of its unacked events
 }
 
 // New returns a tracker whose watermark starts at start (the slot's
@@ -70,6 +73,7 @@ type Pending struct {
 func New(start pglogrepl.LSN, limits Limits) *Tracker {
 	return &Tracker{
 		limits:    limits,
+		now:       time.Now,
 		watermark: start,
 		space:     make(chan struct{}),
 		advanced:  make(chan struct{}, 1),
@@ -106,7 +110,7 @@ func (t *Tracker) Add(ctx context.Context, end pglogrepl.LSN, n int, bytes int64
 		}
 		t.mu.Lock()
 	}
-	p := &Pending{t: t, end: end, remaining: n, bytes: bytes}
+	p := &Pending{t: t, end: end, remaining: n, bytes: bytes, added: t.now()}
 	if end != 0 {
 		t.lastAdded = end
 	}
@@ -277,6 +281,19 @@ func (t *Tracker) Flushed() pglogrepl.LSN {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.watermark
+}
+
+// Oldest returns when the oldest transaction with an unacked event was
+// added, and false when nothing is in flight. Fully acked transactions leave
+// the front of the list at once, so this is the front's Add time. Safe from
+// any goroutine; O(1).
+func (t *Tracker) Oldest() (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.head == len(t.pending) {
+		return time.Time{}, false
+	}
+	return t.pending[t.head].added, true
 }
 
 // Limits returns the configured in-flight limits.

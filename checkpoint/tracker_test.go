@@ -20,12 +20,15 @@ func TestWatermarkNeverPassesUnacked(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, seed*7+1))
 		const start = pglogrepl.LSN(1000)
 		tr := New(start, Limits{})
+		clock := time.Unix(0, 0)
+		tr.now = func() time.Time { clock = clock.Add(time.Second); return clock }
 		ntx := 1 + rng.IntN(40)
 		type ev struct{ tx int }
 		var (
 			pend   []*Pending
 			ends   []pglogrepl.LSN // 0 for a chunk of a larger transaction
 			counts []int
+			added  []time.Time
 			evs    []ev
 		)
 		lsn := start
@@ -40,7 +43,7 @@ func TestWatermarkNeverPassesUnacked(t *testing.T) {
 			if err != nil {
 				t.Fatalf("seed %d: add: %v", seed, err)
 			}
-			pend, ends, counts = append(pend, p), append(ends, end), append(counts, n)
+			pend, ends, counts, added = append(pend, p), append(ends, end), append(counts, n), append(added, clock)
 			for j := 0; j < n; j++ {
 				evs = append(evs, ev{i})
 			}
@@ -58,6 +61,17 @@ func TestWatermarkNeverPassesUnacked(t *testing.T) {
 			}
 			if got := tr.Flushed(); got != want {
 				t.Fatalf("seed %d after ack %d: watermark %s, want %s", seed, k, got, want)
+			}
+			// The oldest in flight is the first transaction not fully acked.
+			wantOldest, wantOK := time.Time{}, false
+			for i := 0; i < ntx; i++ {
+				if acked[i] < counts[i] {
+					wantOldest, wantOK = added[i], true
+					break
+				}
+			}
+			if got, ok := tr.Oldest(); ok != wantOK || !got.Equal(wantOldest) {
+				t.Fatalf("seed %d after ack %d: oldest in flight %v (%v), want %v (%v)", seed, k, got, ok, wantOldest, wantOK)
 			}
 		}
 		if got := tr.Flushed(); got != lsn {
@@ -304,6 +318,56 @@ func TestReset(t *testing.T) {
 			p.Ack(1)
 			if got := tr.Flushed(); got != tc.resend {
 				t.Fatalf("after acking %s: watermark %s", tc.resend, got)
+			}
+		})
+	}
+}
+
+// TestOldest: the age readiness compares with max_unacked_age is the Add
+// time of the oldest transaction with an unacked event.
+func TestOldest(t *testing.T) {
+	t.Parallel()
+	base := time.Unix(1000, 0)
+	type step struct {
+		add  int // events of a transaction to add (-1: none)
+		ack  int // index of a transaction to ack one event of (-1: none)
+		want int // index of the transaction whose Add time Oldest returns (-1: nothing in flight)
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"empty", []step{{-1, -1, -1}}},
+		{"one in flight", []step{{1, -1, 0}, {-1, 0, -1}}},
+		{"zero-event transaction is never in flight", []step{{0, -1, -1}}},
+		{"later ack leaves the oldest", []step{{1, -1, 0}, {1, -1, 0}, {-1, 1, 0}, {-1, 0, -1}}},
+		{"oldest acked: the next is the oldest", []step{{1, -1, 0}, {2, -1, 0}, {-1, 0, 1}, {-1, 1, 1}, {-1, 1, -1}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tr := New(0, Limits{})
+			var pend []*Pending
+			for i, s := range tt.steps {
+				if s.add >= 0 {
+					at := base.Add(time.Duration(len(pend)) * time.Second)
+					tr.now = func() time.Time { return at }
+					p, err := tr.Add(context.Background(), pglogrepl.LSN(10*(len(pend)+1)), s.add, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					pend = append(pend, p)
+				}
+				if s.ack >= 0 {
+					pend[s.ack].Ack(0)
+				}
+				got, ok := tr.Oldest()
+				switch {
+				case s.want < 0 && ok:
+					t.Fatalf("step %d: oldest %v, want nothing in flight", i, got)
+				case s.want >= 0 && (!ok || !got.Equal(base.Add(time.Duration(s.want)*time.Second))):
+					t.Fatalf("step %d: oldest %v (%v), want the Add time of transaction %d", i, got, ok, s.want)
+				}
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -19,6 +20,7 @@ type Store struct {
 	db    *pgxpool.Pool
 	table string // schema.name, for messages
 	ident string // quoted, for SQL
+	grant string // the GRANT a privilege error of a row mark needs
 }
 
 // Open connects lazily: a PostgreSQL that is down at start delays the first
@@ -38,7 +40,7 @@ func Open(ctx context.Context, url, schema, table string) (*Store, error) {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
 	}
 	t := outboxschema.Table{Schema: schema, Name: table}
-	return &Store{db: db, table: t.String(), ident: t.Quoted()}, nil
+	return &Store{db: db, table: t.String(), ident: t.Quoted(), grant: t.MarkGrant(cfg.ConnConfig.User)}, nil
 }
 
 // Close closes the connections.
@@ -51,7 +53,7 @@ func (s *Store) MarkDead(ctx context.Context, id int64, attempts int, lastErr st
 	tag, err := s.db.Exec(ctx, `UPDATE `+s.ident+` SET attempt_count = $2, last_error = $3,
 		dead_lettered_at = COALESCE(dead_lettered_at, now()) WHERE id = $1`, id, attempts, Truncate(lastErr))
 	if err != nil {
-		return false, fmt.Errorf("mark outbox row %s id=%d dead-lettered: %w", s.table, id, err)
+		return false, fmt.Errorf("mark outbox row %s id=%d dead-lettered: %w%s", s.table, id, err, s.grantHint(err))
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -62,9 +64,18 @@ func (s *Store) MarkFailed(ctx context.Context, id int64, attempts int, lastErr 
 	_, err := s.db.Exec(ctx, `UPDATE `+s.ident+` SET attempt_count = $2, last_error = $3 WHERE id = $1`,
 		id, attempts, Truncate(lastErr))
 	if err != nil {
-		return fmt.Errorf("record error on outbox row %s id=%d: %w", s.table, id, err)
+		return fmt.Errorf("record error on outbox row %s id=%d: %w%s", s.table, id, err, s.grantHint(err))
 	}
 	return nil
+}
+
+// grantHint names the GRANT that fixes a privilege error of the row marks,
+// or is empty.
+func (s *Store) grantHint(err error) string {
+	if !fault.IsPrivilege(err) {
+		return ""
+	}
+	return "; run " + s.grant + ", or change the row-level security policy that forbids it"
 }
 
 // Unresolved counts dead-lettered rows nobody has replayed or resolved yet:

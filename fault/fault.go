@@ -69,6 +69,12 @@ const (
 	codeInvalidAuthorization  = "28000"
 	codeInsufficientPrivilege = "42501" // e.g. no REPLICATION attribute, no GRANT on a table
 	codeInvalidCatalogName    = "3D000" // database does not exist
+	// A row update the database rejects the same way on every try: a
+	// trigger's RAISE EXCEPTION, a CHECK or NOT NULL constraint (a trigger
+	// may set NEW's columns).
+	codeRaiseException   = "P0001"
+	codeCheckViolation   = "23514"
+	codeNotNullViolation = "23502"
 )
 
 // KindOf says what to do about err: the outermost mark in its chain, else
@@ -81,7 +87,8 @@ func KindOf(err error) Kind {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case codeInvalidPassword, codeInvalidAuthorization, codeInsufficientPrivilege, codeInvalidCatalogName:
+		case codeInvalidPassword, codeInvalidAuthorization, codeInsufficientPrivilege, codeInvalidCatalogName,
+			codeRaiseException, codeCheckViolation, codeNotNullViolation:
 			return Fatal
 		}
 	}

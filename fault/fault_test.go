@@ -48,6 +48,11 @@ func TestKindOf(t *testing.T) {
 		{"wrapped 28P01", fmt.Errorf("connect: %w", pgErr("28P01")), Fatal},
 		{"wrapped 42501", fmt.Errorf("create slot: %w", pgErr("42501")), Fatal},
 		{"twice wrapped 3D000", fmt.Errorf("a: %w", fmt.Errorf("connect to %s: %w", "db", pgErr("3D000"))), Fatal},
+		// A row update rejected by the database itself comes back on every try.
+		{"P0001 raise_exception (a trigger)", pgErr("P0001"), Fatal},
+		{"23514 check violation", pgErr("23514"), Fatal},
+		{"23502 not-null violation (a trigger's NEW)", pgErr("23502"), Fatal},
+		{"wrapped P0001", fmt.Errorf("mark outbox row: %w", pgErr("P0001")), Fatal},
 		{"57P01 admin shutdown", pgErr("57P01"), Transient},
 		{"57P03 starting up", pgErr("57P03"), Transient},
 		{"53300 too many connections", pgErr("53300"), Transient},

@@ -140,6 +140,16 @@ func (t Table) Quoted() string { return QuoteIdent(t.Schema, t.Name) }
 // live.
 func (t Table) Sibling(name string) Table { return Table{Schema: t.Schema, Name: name} }
 
+// MarkGrant is the GRANT that lets role write the dead-letter and halt
+// marks (an UPDATE ... WHERE id = $1 of the bookkeeping columns) on t, with
+// the column-level minimum as the alternative.
+func (t Table) MarkGrant(role string) string {
+	q := t.Quoted()
+	r := QuoteIdent(role)
+	return fmt.Sprintf("GRANT SELECT, UPDATE ON %s TO %s (or at least GRANT SELECT (%s, %s), UPDATE (%s, %s, %s) ON %s TO %s)",
+		q, r, ColID, ColDeadLetteredAt, ColAttemptCount, ColLastError, ColDeadLetteredAt, q, r)
+}
+
 // QuoteIdent quotes each part as a PostgreSQL identifier and joins them with
 // dots, like pgx.Identifier.Sanitize: doubled quotes, NUL bytes dropped.
 func QuoteIdent(parts ...string) string {

@@ -25,6 +25,9 @@ type Config struct {
 	// ShutdownTimeout is the one shutdown deadline: from SIGTERM (or
 	// Close) to the end of Run, drain included; see Relay.Run.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// MaxUnackedAge makes the leader not ready (/readyz 503) while its
+	// oldest event published and not yet acked by Kafka is older than this.
+	MaxUnackedAge time.Duration `yaml:"max_unacked_age"`
 }
 
 // InFlightConfig bounds events published but not yet acked by Kafka.
@@ -62,6 +65,7 @@ func DefaultConfig() Config {
 		Leader:          LeaderConfig{Enabled: true, LeaseTTL: 10 * time.Second, RenewInterval: time.Second, PollInterval: time.Second},
 		MetricsAddr:     ":9187",
 		ShutdownTimeout: 30 * time.Second,
+		MaxUnackedAge:   30 * time.Second,
 	}
 }
 
@@ -103,6 +107,9 @@ func (c Config) Validate() error {
 	}
 	if c.ShutdownTimeout < time.Second || c.ShutdownTimeout > time.Hour {
 		errs = append(errs, fmt.Errorf("shutdown_timeout: %s is out of range: use 1s..1h (default 30s; keep it %s below the orchestrator's grace period)", c.ShutdownTimeout, ExitMargin))
+	}
+	if c.MaxUnackedAge < time.Second || c.MaxUnackedAge > time.Hour {
+		errs = append(errs, fmt.Errorf("max_unacked_age: %s is out of range: use 1s..1h (default 30s)", c.MaxUnackedAge))
 	}
 	return errors.Join(errs...)
 }

@@ -332,6 +332,25 @@ func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 		if ctx.Err() != nil {
 			return nil // shutting down: unacked, so the event comes back after restart
 		}
+		if fault.KindOf(err) != fault.Transient {
+			// A missing privilege, a row-level security policy, a trigger
+			// or a constraint rejects the update the same way every time:
+			// retrying would hold the slot before the event for ever,
+			// silently. Halt instead, with the reason; the event stays
+			// unacked and comes back (to the dead-letter topic) after the
+			// fix and a restart.
+			if !m.dead {
+				p.log.Error().Err(err).Str("table", p.table).Int64("id", d.id).Msg("cannot record the halt on the outbox row")
+				return nil
+			}
+			herr := fmt.Errorf("the dead letter of outbox row %s id=%d at LSN %s is in topic %s, but the row cannot be marked: %w; fix that (grant, policy or trigger), then restart the relay",
+				p.table, d.id, d.lsn, p.policy.Topic, err)
+			if p.Halted() != nil {
+				p.log.Error().Err(herr).Str("table", p.table).Int64("id", d.id).Msg("cannot mark the dead-lettered outbox row")
+			}
+			p.halt(d, herr)
+			return nil
+		}
 		p.log.Warn().Err(err).Int64("id", d.id).Bool("dead_letter", m.dead).Msg("cannot mark the outbox row yet; retrying")
 		if backoff.Sleep(ctx, markBackoff.Delay(attempt)) != nil {
 			return nil
@@ -397,6 +416,17 @@ func (p *Pipeline) countDecoder() {
 // Flushed implements replication.Progress: every event before it is acked
 // or dead-lettered. Any goroutine.
 func (p *Pipeline) Flushed() pglogrepl.LSN { return p.tracker.Flushed() }
+
+// OldestUnacked returns how long the oldest transaction with an event not
+// yet acked (nor dead-lettered and marked) has been in flight; 0 when
+// nothing is. Any goroutine.
+func (p *Pipeline) OldestUnacked() time.Duration {
+	at, ok := p.tracker.Oldest()
+	if !ok {
+		return 0
+	}
+	return time.Since(at)
+}
 
 // InFlight returns the events and payload bytes published and not yet
 // acked. Any goroutine.

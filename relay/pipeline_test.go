@@ -3,14 +3,17 @@ package relay
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
@@ -89,8 +92,16 @@ type harness struct {
 
 func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *harness {
 	t.Helper()
-	pub := &scriptedPublisher{answer: answer, held: make(chan *sink.Message, 100), tries: map[string]int{}}
 	marker := &fakeMarker{marked: make(chan string, 10)}
+	h := newHarnessWith(t, policy, answer, marker)
+	h.marker = marker
+	return h
+}
+
+// newHarnessWith is newHarness with the row marker given.
+func newHarnessWith(t *testing.T, policy Policy, answer func(string, int) error, marker RowMarker) *harness {
+	t.Helper()
+	pub := &scriptedPublisher{answer: answer, held: make(chan *sink.Message, 100), tries: map[string]int{}}
 	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +112,7 @@ func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *ha
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, p: p, pub: pub, marker: marker, ctx: ctx, in: make(chan walReq)}
+	h := &harness{t: t, p: p, pub: pub, ctx: ctx, in: make(chan walReq)}
 	ran, streamed := make(chan error, 1), make(chan struct{})
 	go func() { ran <- p.Run(ctx) }()
 	go func() {
@@ -213,6 +224,22 @@ func (h *harness) waitFlushed(lsn pglogrepl.LSN) {
 		case <-h.p.Advanced():
 		case <-deadline:
 			h.t.Fatalf("watermark %s never reached %s", h.p.Flushed(), lsn)
+		}
+	}
+}
+
+// waitHalted waits for the pipeline to halt; Halted has no signal, so it
+// is checked on a ticker.
+func (h *harness) waitHalted(why string) {
+	h.t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for h.p.Halted() == nil {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			h.t.Fatal(why)
 		}
 	}
 }
@@ -534,4 +561,85 @@ func TestHeaders(t *testing.T) {
 		t.Errorf("aggregate_type overwritten: %q", m.Headers[2].Value)
 	}
 	m.Done(nil)
+}
+
+// rejectingMarker fails every MarkDead with deadErr (nil after fails
+// failures) and records MarkFailed on failed.
+type rejectingMarker struct {
+	deadErr error
+	fails   int
+	mu      sync.Mutex
+	tries   int
+	failed  chan string
+}
+
+func (r *rejectingMarker) MarkDead(_ context.Context, id int64, _ int, _ string) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tries++
+	if r.fails < 0 || r.tries <= r.fails {
+		return false, r.deadErr
+	}
+	return true, nil
+}
+
+func (r *rejectingMarker) MarkFailed(_ context.Context, id int64, _ int, lastErr string) error {
+	r.failed <- lastErr
+	return nil
+}
+
+// A dead-letter row mark that the database rejects for good (no UPDATE
+// privilege, a trigger, a check) halts the pipeline with the reason instead
+// of being retried silently for ever; a connection error is waited out.
+func TestMarkFailureHalts(t *testing.T) {
+	bad := pg.Row("43", "order", "o-2", "order.paid", `{}`, pg.Null)
+	bad[2] = pg.Null // aggregate_id IS NULL: dead-lettered as a bad row
+	tests := []struct {
+		name     string
+		err      error
+		fails    int // -1: for ever
+		wantHalt []string
+	}{
+		{"insufficient privilege", &pgconn.PgError{Code: "42501", Message: "permission denied for table outbox"}, -1,
+			[]string{"public.outbox", "id=43", "permission denied", "outbox.dlq"}},
+		{"trigger raises", &pgconn.PgError{Code: "P0001", Message: "dead letters are not allowed here"}, -1,
+			[]string{"public.outbox", "id=43", "dead letters are not allowed here"}},
+		{"check violation", &pgconn.PgError{Code: "23514", Message: "violates check constraint"}, -1,
+			[]string{"id=43", "check constraint"}},
+		{"connection refused, then fine", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, 1, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			marker := &rejectingMarker{deadErr: tt.err, fails: tt.fails, failed: make(chan string, 10)}
+			h := newHarnessWith(t, fastPolicy, func(string, int) error { return nil }, marker)
+			p := h.p
+			if err := h.txn(100, 110, bad); err != nil {
+				t.Fatal(err)
+			}
+			if tt.wantHalt == nil {
+				h.waitFlushed(110) // acked once the retried mark went through
+				if err := p.Halted(); err != nil {
+					t.Fatalf("halted on a transient mark error: %v", err)
+				}
+				return
+			}
+			h.waitHalted("the pipeline never halted: the mark is retried silently")
+			for _, w := range tt.wantHalt {
+				if !strings.Contains(p.Halted().Error(), w) {
+					t.Errorf("halt reason %q lacks %q", p.Halted(), w)
+				}
+			}
+			select {
+			case got := <-marker.failed:
+				if !strings.Contains(got, "id=43") {
+					t.Errorf("the halt recorded on the row is %q", got)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the halt was not recorded on the row (MarkFailed)")
+			}
+			if p.Flushed() >= 110 {
+				t.Errorf("watermark %s passed an event whose row mark failed", p.Flushed())
+			}
+		})
+	}
 }

@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -26,11 +28,19 @@ type term struct {
 	pipe     *Pipeline
 	stream   *replication.Stream
 	lag      *replication.LagPoller
+	// maxUnackedAge: older unacked events make the term not ready.
+	maxUnackedAge time.Duration
 }
 
 func (t *term) ready() (bool, string) {
 	if err := t.pipe.Halted(); err != nil {
-		return false, "halted on a poison event: " + err.Error()
+		return false, "halted: " + err.Error()
+	}
+	// Before the connection checks: whatever holds the acks back (a silent
+	// broker, a topic sarama waits for, a row mark), the age says so.
+	if age := t.pipe.OldestUnacked(); age > t.maxUnackedAge {
+		return false, fmt.Sprintf("leader: the oldest unacked event has waited %s for Kafka's ack, over max_unacked_age %s",
+			age.Round(100*time.Millisecond), t.maxUnackedAge)
 	}
 	switch {
 	case !t.stream.Streaming():
@@ -49,7 +59,7 @@ func (t *term) fenced() bool { return t.fence != nil && !t.fence.Valid() }
 // was lost, since a fenced leader may confirm nothing.
 func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadletter.Store) error {
 	cfg := r.cfg
-	t := &term{log: r.log.With().Int64("epoch", epoch).Logger()}
+	t := &term{log: r.log.With().Int64("epoch", epoch).Logger(), maxUnackedAge: cfg.MaxUnackedAge}
 	if r.elector != nil {
 		t.fence = r.elector
 	}

@@ -159,6 +159,35 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 	if m := missing(outboxschema.BookkeepingColumns); m != "" {
 		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s lacks column(s) %s, where poison events are recorded: run `outbox-relay migrate` (migration 0003 adds them)", table, m))
 	}
+	return checkMarkPrivileges(ctx, conn, t)
+}
+
+// markPrivileges are what the dead-letter and halt marks (deadletter.Store:
+// UPDATE ... SET the bookkeeping columns WHERE id = $1) need on the outbox
+// table, table-wide or per column.
+var markPrivileges = [][2]string{
+	{"SELECT", outboxschema.ColID}, {"SELECT", outboxschema.ColDeadLetteredAt},
+	{"UPDATE", outboxschema.ColAttemptCount}, {"UPDATE", outboxschema.ColLastError}, {"UPDATE", outboxschema.ColDeadLetteredAt},
+}
+
+// checkMarkPrivileges fails when the role cannot write the row marks: found
+// only at the first poison event, that would hold the slot before it.
+func checkMarkPrivileges(ctx context.Context, conn *pgx.Conn, t outboxschema.Table) error {
+	var role string
+	var missing []string
+	for _, p := range markPrivileges {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT current_user::text, has_column_privilege($1::text::regclass, $2, $3)", t.Quoted(), p[1], p[0]).Scan(&role, &ok); err != nil {
+			return fmt.Errorf("read privileges on %s: %w", t, err)
+		}
+		if !ok {
+			missing = append(missing, p[0]+" ("+p[1]+")")
+		}
+	}
+	if len(missing) > 0 {
+		return fault.Fatal.Wrap(fmt.Errorf("role %q lacks %s on outbox table %s, which the relay needs to mark dead-lettered and halting rows: run %s",
+			role, strings.Join(missing, ", "), t, t.MarkGrant(role)))
+	}
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 type saramaLog struct {
 	l      zerolog.Logger
 	errors *prometheus.CounterVec
+	meta   *metadataWatch // nil in tests that route only the log
 }
 
 // retryFormats are the sarama log formats that report a failed produce
@@ -30,6 +31,11 @@ var retryFormats = map[string]bool{
 
 func (s saramaLog) Print(v ...any) { s.l.Debug().Msg(strings.TrimSpace(fmt.Sprint(v...))) }
 func (s saramaLog) Printf(format string, v ...any) {
+	if format == fetchMetadataFormat && s.meta != nil && len(v) > 0 {
+		if topics, ok := v[0].([]string); ok {
+			s.meta.requested(topics)
+		}
+	}
 	if retryFormats[format] && len(v) > 0 {
 		if err, ok := v[len(v)-1].(error); ok {
 			reason, _ := Classify(err)
@@ -70,9 +76,10 @@ func (saramaForwarder) Println(v ...any) {
 	}
 }
 
-// routeSaramaLog sends sarama's log to log and its retry reports to errors,
-// from now on (the last producer created wins; the relay has one at a time).
-func routeSaramaLog(log zerolog.Logger, errors *prometheus.CounterVec) {
-	saramaTarget.Store(&saramaLog{l: log.With().Str("component", "sarama").Logger(), errors: errors})
+// routeSaramaLog sends sarama's log to log, its retry reports to errors and
+// the topics of its metadata requests to meta, from now on (the last
+// producer created wins; the relay has one at a time).
+func routeSaramaLog(log zerolog.Logger, errors *prometheus.CounterVec, meta *metadataWatch) {
+	saramaTarget.Store(&saramaLog{l: log.With().Str("component", "sarama").Logger(), errors: errors, meta: meta})
 	saramaInstall.Do(func() { sarama.Logger = saramaForwarder{} })
 }

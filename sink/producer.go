@@ -65,6 +65,8 @@ type metrics struct {
 	published *prometheus.CounterVec
 	errors    *prometheus.CounterVec
 	connected prometheus.Gauge
+	// metadataRetries counts sarama's metadata retries (metadataWatch).
+	metadataRetries prometheus.Counter
 }
 
 // New validates cfg and builds the sarama configuration; it does not dial.
@@ -82,14 +84,22 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 			[]string{"reason"}),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_connected",
 			Help: "1 while the producer can reach the Kafka cluster."}),
+		metadataRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_metadata_retries_total",
+			Help: "Metadata requests sarama retried: a topic that does not exist, or a partition without a leader; publishing to it waits meanwhile."}),
 	}
 	for _, r := range Reasons {
 		m.errors.WithLabelValues(r) // export zeros, so rate() and alerts work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.errors, m.connected)
+		reg.MustRegister(m.published, m.errors, m.connected, m.metadataRetries)
 	}
-	routeSaramaLog(log, m.errors)
+	meta := &metadataWatch{retries: m.metadataRetries, log: log.With().Str("component", "sink").Logger()}
+	base := sc.Metadata.Retry.BackoffFunc
+	sc.Metadata.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
+		meta.retry()
+		return base(retries, maxRetries)
+	}
+	routeSaramaLog(log, m.errors, meta)
 	p := &Producer{cfg: cfg, sc: sc, metrics: m,
 		ready: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
 		log: log.With().Str("component", "sink").Logger()}

@@ -205,6 +205,8 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Log.Format })},
 	{"shutdown_timeout", "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", "shutdown-timeout", "bound on waiting for Kafka acks at shutdown",
 		dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
+	{"max_unacked_age", "OUTBOX_RELAY_MAX_UNACKED_AGE", "max-unacked-age", "not ready (/readyz 503) while the oldest event sent to Kafka waits longer than this for its ack",
+		dur(func(c *Config) *time.Duration { return &c.MaxUnackedAge })},
 }
 
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).

@@ -305,6 +305,7 @@ var invalidCases = []struct {
 	{key: "log.level", env: []string{"loud", "INFO"}, flag: []string{""}, file: []any{"verbose"}},
 	{key: "log.format", env: []string{"xml"}, flag: []string{"", "text"}, file: []any{"logfmt"}},
 	{key: "shutdown_timeout", env: []string{"100ms", "forever"}, flag: []string{"0s"}, file: []any{"999ms", 30}},
+	{key: "max_unacked_age", env: []string{"999ms", "soon"}, flag: []string{"2h"}, file: []any{"0s", 30}},
 }
 
 // onlyKey fails unless err exists and every line of it is about key.

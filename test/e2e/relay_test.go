@@ -521,10 +521,22 @@ func TestRefusesBadSetups(t *testing.T) {
 			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.Schema+" TO "+role)
 			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.Schema+"."+outboxschema.SlotRegistry+" TO "+role)
 			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.Schema+"."+outboxschema.LeaseTable+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, UPDATE ON "+e.Table+" TO "+role) // the row marks
 			t.Cleanup(func() { e.DB.Exec(ctx, "DROP OWNED BY "+role); e.DB.Exec(ctx, "DROP ROLE "+role) })
 			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
 			return []string{"--postgres-url", u}
 		}, []string{"ALTER ROLE", "REPLICATION"}},
+		{"role without UPDATE on the outbox table", func(t *testing.T, e *env) []string {
+			role := e.Slot + "_noupdate"
+			mustExec(t, e, "CREATE ROLE "+role+" LOGIN REPLICATION PASSWORD 'pw'")
+			mustExec(t, e, "GRANT USAGE ON SCHEMA "+e.Schema+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT ON "+e.Schema+"."+outboxschema.SlotRegistry+" TO "+role)
+			mustExec(t, e, "GRANT SELECT, INSERT, UPDATE ON "+e.Schema+"."+outboxschema.LeaseTable+" TO "+role)
+			mustExec(t, e, "GRANT SELECT ON "+e.Table+" TO "+role)
+			t.Cleanup(func() { e.DB.Exec(ctx, "DROP OWNED BY "+role); e.DB.Exec(ctx, "DROP ROLE "+role) })
+			u := strings.Replace(pgURL, "relay:"+passwordOf(pgURL)+"@", role+":pw@", 1)
+			return []string{"--postgres-url", u}
+		}, []string{"UPDATE (attempt_count)", "GRANT SELECT, UPDATE ON", "_noupdate"}},
 		{"role without rights on the lease table", func(t *testing.T, e *env) []string {
 			role := e.Slot + "_nolease"
 			mustExec(t, e, "CREATE ROLE "+role+" LOGIN REPLICATION PASSWORD 'pw'")
