@@ -29,8 +29,9 @@ const (
 
 // Reasons for dead-lettering besides sink's publish error reasons.
 const (
-	ReasonBadRow       = "bad_row"       // the row cannot become an event (decoder.RowError)
-	ReasonInvalidTopic = "invalid_topic" // the topic template makes an invalid name
+	ReasonBadRow         = "bad_row"         // the row cannot become an event (decoder.RowError)
+	ReasonReservedHeader = "reserved_header" // its headers column holds a key the relay sets itself (outboxschema.ReservedHeader)
+	ReasonInvalidTopic   = "invalid_topic"   // the topic template makes an invalid name
 )
 
 // maxErrorText bounds the error text kept in a header and in last_error.

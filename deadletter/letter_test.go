@@ -7,6 +7,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 func TestRecord(t *testing.T) {
@@ -68,5 +70,15 @@ func TestTruncate(t *testing.T) {
 	}
 	if Truncate("short") != "short" {
 		t.Error("short text changed")
+	}
+}
+
+// Every header a dead letter adds is reserved, so no row can forge one.
+func TestHeadersAreReserved(t *testing.T) {
+	for _, k := range []string{HeaderOriginalTopic, HeaderReason, HeaderError, HeaderAttempts, HeaderSourceLSN,
+		HeaderTable, HeaderEventID, HeaderPayloadOmitted, HeaderFailedAt} {
+		if !outboxschema.ReservedHeader(k) {
+			t.Errorf("dead-letter header %s is not reserved (outboxschema.ReservedHeader)", k)
+		}
 	}
 }

@@ -142,7 +142,11 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		d.msg = sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: txn.CommitTime, Done: d.done}
 		bytes += d.size
 		if ev.Err != nil {
-			if err := p.poisonRow(ctx, d, deadletter.ReasonBadRow, ev.Err); err != nil {
+			reason := deadletter.ReasonBadRow
+			if ev.Err.ReservedHeader != "" {
+				reason = deadletter.ReasonReservedHeader
+			}
+			if err := p.poisonRow(ctx, d, reason, ev.Err); err != nil {
 				return err
 			}
 			continue

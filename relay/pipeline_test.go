@@ -443,3 +443,69 @@ func TestHeaders(t *testing.T) {
 	}
 	m.Done(nil)
 }
+
+// A row whose headers column holds a reserved key never reaches its topic:
+// it is a bad row with reason reserved_header (dead-lettered under dlq, a
+// halt under halt), and no record carries a second event_id.
+func TestReservedHeaderRow(t *testing.T) {
+	forged := pg.Row("42", "order", "o-1", "order.paid", `{}`, pg.Text(`{"event_id": "7", "aggregate_id": "victim"}`))
+	for _, halt := range []bool{false, true} {
+		t.Run(map[bool]string{false: "dlq", true: "halt"}[halt], func(t *testing.T) {
+			policy := fastPolicy
+			policy.Halt = halt
+			h := newHarness(t, policy, func(string, int) error { return nil })
+			ctx, cancel := context.WithCancel(h.ctx)
+			defer cancel()
+			h.ctx = ctx
+			errc := make(chan error, 1)
+			go func() { errc <- h.txn(100, 110, forged, order("44", "o-1")) }()
+			if halt {
+				if got := h.waitMark(); got != "failed 2A attempts=1" {
+					t.Fatalf("row mark %q, want failed 2A attempts=1", got)
+				}
+				cancel()
+				if err := <-errc; !errors.Is(err, context.Canceled) {
+					t.Fatalf("Handle = %v, want context.Canceled", err)
+				}
+				if sent, _ := h.pub.snapshot(); len(sent) != 0 {
+					t.Errorf("published %d records of a halted transaction", len(sent))
+				}
+				if err := h.p.Halted(); err == nil || !strings.Contains(err.Error(), `"event_id"`) {
+					t.Errorf("Halted() = %v, want the reserved key named", err)
+				}
+				return
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if got := h.waitMark(); got != "dead 2A attempts=1" {
+				t.Fatalf("row mark %q, want dead 2A attempts=1", got)
+			}
+			h.waitFlushed(110)
+			sent, tries := h.pub.snapshot()
+			if tries[testDLQ] != 1 || tries[testTopic] != 1 || len(sent) != 2 {
+				t.Fatalf("sent %v, want one dead letter and one event", tries)
+			}
+			for _, m := range sent {
+				count, hd := map[string]int{}, map[string]string{}
+				for _, x := range m.Headers {
+					count[string(x.Key)]++
+					hd[string(x.Key)] = string(x.Value)
+				}
+				if count["event_id"] != 1 || count["aggregate_id"] != 1 || hd["aggregate_id"] != "o-1" {
+					t.Errorf("record on %s: headers %v; want one event_id and one aggregate_id o-1", m.Topic, m.Headers)
+				}
+				switch m.Topic {
+				case testDLQ:
+					if hd["event_id"] != "42" || hd["dlq.reason"] != "reserved_header" || !strings.Contains(hd["dlq.error"], `"event_id"`) {
+						t.Errorf("dead letter headers %v, want event_id 42, dlq.reason reserved_header, the key in dlq.error", hd)
+					}
+				case testTopic:
+					if hd["event_id"] != "44" {
+						t.Errorf("event headers %v, want event_id 44", hd)
+					}
+				}
+			}
+		})
+	}
+}
