@@ -166,3 +166,88 @@ func headerValue(m *sarama.ConsumerMessage, key string) string {
 	}
 	return v
 }
+
+// Under on_poison: dlq, rows too large for Kafka because of their headers
+// (2 MB) or their aggregate_id (1.5 MB, the record key) are dead-lettered in
+// a form that fits: no payload, no row headers, a bounded key, each omission
+// said in a dlq.* header; an unroutable row keeps its payload in the dead
+// letter only while that fits. The relay never halts, the 100 rows after
+// them arrive, and the slot moves past all of them.
+func TestOversizedRowsNeverHalt(t *testing.T) {
+	e := newEnv(t, "oversize")
+	ctx := context.Background()
+	dlq := e.Prefix + ".dlq"
+	r := e.startRelay("--dlq-topic", dlq, "--dlq-max-attempts", "2", "--dlq-retry-backoff", "50ms")
+
+	bigKey := strings.Repeat("k", 1_500_000)
+	bigHeaders := e.insertRow(t, "order", "order-1", "order.updated", `{"n": 1}`, `{"blob": "`+strings.Repeat("h", 2<<20)+`", "trace": "t"}`)
+	bigAggID := e.insertRow(t, "order", bigKey, "order.updated", `{"n": 2}`, `{"trace": "t"}`)
+	// Unroutable rows with large payloads: one whose dead letter still fits
+	// with its payload, one where the payload must go (the real broker
+	// checks the sizing: its message.max.bytes is the default, 1048588).
+	fitPayload := `{"blob": "` + strings.Repeat("p", 990_000) + `"}`
+	fits := e.insertRow(t, "bad topic!", "order-2", "order.updated", fitPayload, `{"trace": "t"}`)
+	noFit := e.insertRow(t, "bad topic!", "order-3", "order.updated", `{"blob": "`+strings.Repeat("p", 999_950)+`"}`, `{"trace": "t"}`)
+	w := e.newWriter(51)
+	if err := w.run(ctx, 100, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	end := e.currentLSN(t)
+
+	ws := w.written()
+	rs := consume(t, e.topics(), len(ws), 90*time.Second, 3*time.Second)
+	requireClean(t, check(t, ws, rs, e.partitions(t)), false)
+
+	letters := readRaw(t, []string{dlq}, 4, 60*time.Second, 2*time.Second)
+	if len(letters) != 4 {
+		t.Fatalf("%d dead letters, want 4", len(letters))
+	}
+	for _, l := range letters {
+		id, _ := strconv.ParseInt(headerValue(l, "dlq.event_id"), 10, 64)
+		switch id {
+		case fits:
+			if headerValue(l, "dlq.reason") != "invalid_topic" || string(l.Value) != fitPayload || headerValue(l, "trace") != "t" ||
+				headerCount(l, "dlq.payload_omitted") != 0 || headerCount(l, "dlq.headers_omitted") != 0 {
+				t.Errorf("dead letter of id %d: reason %q, %d payload bytes, trace %q; want invalid_topic with the whole row (it fits)",
+					id, headerValue(l, "dlq.reason"), len(l.Value), headerValue(l, "trace"))
+			}
+			continue
+		case noFit:
+			if headerValue(l, "dlq.reason") != "invalid_topic" || len(l.Value) != 0 || headerValue(l, "dlq.payload_omitted") != "true" ||
+				headerValue(l, "dlq.headers_omitted") != "true" || headerCount(l, "trace") != 0 {
+				t.Errorf("dead letter of id %d: reason %q, %d payload bytes, headers %v; want invalid_topic without payload and row headers",
+					id, headerValue(l, "dlq.reason"), len(l.Value), l.Headers)
+			}
+			continue
+		}
+		if headerValue(l, "dlq.reason") != "message_too_large" || len(l.Value) != 0 || headerValue(l, "dlq.payload_omitted") != "true" {
+			t.Errorf("dead letter of id %d: reason %q, %d payload bytes, payload_omitted %q; want message_too_large without payload",
+				id, headerValue(l, "dlq.reason"), len(l.Value), headerValue(l, "dlq.payload_omitted"))
+		}
+		if headerCount(l, "blob") != 0 || headerCount(l, "trace") != 0 || headerValue(l, "dlq.headers_omitted") != "true" {
+			t.Errorf("dead letter of id %d: the row's headers must be dropped and dlq.headers_omitted true, got %d headers", id, len(l.Headers))
+		}
+		switch id {
+		case bigHeaders:
+			if string(l.Key) != "order-1" || headerCount(l, "dlq.key_truncated") != 0 {
+				t.Errorf("dead letter of id %d: key %q, dlq.key_truncated %q; a short key stays as it is", id, l.Key, headerValue(l, "dlq.key_truncated"))
+			}
+		case bigAggID:
+			if len(l.Key) > 128 || !strings.HasPrefix(string(l.Key), bigKey[:32]) ||
+				headerValue(l, "dlq.key_truncated") != strconv.Itoa(len(bigKey)) || headerValue(l, "aggregate_id") != string(l.Key) {
+				t.Errorf("dead letter of id %d: key of %d bytes %.40q, dlq.key_truncated %q, aggregate_id header of %d bytes; want a bounded key (<= 128 bytes) and the original length",
+					id, len(l.Key), l.Key, headerValue(l, "dlq.key_truncated"), len(headerValue(l, "aggregate_id")))
+			}
+		default:
+			t.Errorf("dead letter of id %d, which is not an oversized row", id)
+		}
+	}
+	waitFor(t, 30*time.Second, "slot past the oversized rows and the 100 after them", func() bool { return e.slotLSN(t) >= end })
+	waitFor(t, 15*time.Second, "dead-letter metric", func() bool { return r.metric("outbox_relay_dead_lettered_total") == 4 })
+	if h := r.metric("outbox_relay_halted"); h != 0 {
+		t.Errorf("outbox_relay_halted = %v, want 0", h)
+	}
+	if code, body := r.get("/readyz"); code != 200 {
+		t.Errorf("/readyz = %d %q, want 200", code, body)
+	}
+}
