@@ -6,12 +6,18 @@
 package deadletter
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // Header keys a dead-letter record carries besides the event's own headers.
@@ -24,13 +30,20 @@ const (
 	HeaderTable          = "dlq.table"           // schema.table of the outbox row
 	HeaderEventID        = "dlq.event_id"        // the outbox row id, also when the row could not be decoded
 	HeaderPayloadOmitted = "dlq.payload_omitted" // "true" when the payload stayed in the row
+	HeaderHeadersOmitted = "dlq.headers_omitted" // "true" when the row's own headers stayed in the row
+	HeaderKeyTruncated   = "dlq.key_truncated"   // the original key's length in bytes, when the key was cut (BoundField)
 	HeaderFailedAt       = "dlq.failed_at"       // RFC 3339, when the relay gave up
+	// A relay header whose value was cut (BoundField) is announced as
+	// dlq.<name>_truncated with the original length, e.g.
+	// dlq.aggregate_id_truncated.
+	headerTruncatedSuffix = "_truncated"
 )
 
 // Reasons for dead-lettering besides sink's publish error reasons.
 const (
-	ReasonBadRow       = "bad_row"       // the row cannot become an event (decoder.RowError)
-	ReasonInvalidTopic = "invalid_topic" // the topic template makes an invalid name
+	ReasonBadRow         = "bad_row"         // the row cannot become an event (decoder.RowError)
+	ReasonReservedHeader = "reserved_header" // its headers column holds a key the relay sets itself (outboxschema.ReservedHeader)
+	ReasonInvalidTopic   = "invalid_topic"   // the topic template makes an invalid name
 )
 
 // maxErrorText bounds the error text kept in a header and in last_error.
@@ -38,41 +51,154 @@ const maxErrorText = 2000
 
 // Letter is one poison event on its way to the dead-letter topic.
 type Letter struct {
-	Table    string
-	ID       int64 // 0 if the row's id could not be read
-	LSN      pglogrepl.LSN
-	Topic    string // the topic it was meant for; "" if it could not be routed
-	Key      []byte
-	Value    []byte
-	Headers  []sarama.RecordHeader // the event's own headers
-	Reason   string
-	Err      string
-	Attempts int
-	// OmitPayload sends the record without its value (the event was too
-	// large for the broker); the row keeps the payload.
-	OmitPayload bool
+	Table      string
+	ID         int64 // 0 if the row's id could not be read
+	LSN        pglogrepl.LSN
+	Topic      string // the topic it was meant for; "" if it could not be routed
+	Key        []byte
+	Value      []byte
+	Headers    []sarama.RecordHeader // the relay's own headers of the event (event_id, ...)
+	RowHeaders []sarama.RecordHeader // the headers the row's headers column gave the event
+	Reason     string
+	Err        string
+	Attempts   int
+	// TooLarge: the event itself was too large for Kafka. The record goes
+	// without payload and without the row's headers, whatever MaxBytes
+	// says (the broker's limit may be below kafka.max_message_bytes); the
+	// row keeps both.
+	TooLarge bool
+	// MaxBytes is kafka.max_message_bytes: the record is cut to fit it
+	// (Record). Zero means no limit.
+	MaxBytes int
 }
 
-// Record returns the value and headers of the dead-letter record: the
-// event's headers first, then the dlq.* ones.
-func (l *Letter) Record(now time.Time) (value []byte, headers []sarama.RecordHeader) {
-	h := make([]sarama.RecordHeader, 0, len(l.Headers)+9)
-	h = append(h, l.Headers...)
-	add := func(k, v string) { h = append(h, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)}) }
-	add(HeaderOriginalTopic, l.Topic)
-	add(HeaderReason, l.Reason)
-	add(HeaderError, Truncate(l.Err))
-	add(HeaderAttempts, strconv.Itoa(l.Attempts))
-	add(HeaderSourceLSN, l.LSN.String())
-	add(HeaderTable, l.Table)
-	add(HeaderEventID, strconv.FormatInt(l.ID, 10))
-	add(HeaderFailedAt, now.UTC().Format(time.RFC3339Nano))
-	value = l.Value
-	if l.OmitPayload {
-		add(HeaderPayloadOmitted, "true")
-		value = nil
+// MaxField bounds the key of a dead letter and the value of each of the
+// relay's headers: a longer one is cut (BoundField). Applied to every dead
+// letter, so the same aggregate always has the same dead-letter key.
+const MaxField = 128
+
+// boundPrefix is how much of a cut value BoundField keeps before the hash.
+const boundPrefix = MaxField - len(boundMark) - 2*sha256.Size
+
+const boundMark = "~sha256:"
+
+// BoundField returns b if it is at most MaxField bytes. A longer b becomes
+// its first 56 bytes (cut back to whole UTF-8 characters), "~sha256:" and
+// the hex SHA-256 of the whole of b: at most MaxField bytes, the same for
+// the same b (so a dead letter's key, and its partition, are stable per
+// aggregate), and findable in SQL:
+// encode(sha256(convert_to(aggregate_id, 'UTF8')), 'hex').
+func BoundField(b []byte) []byte {
+	if len(b) <= MaxField {
+		return b
 	}
-	return value, h
+	n := boundPrefix
+	for n > 0 && !utf8.RuneStart(b[n]) {
+		n--
+	}
+	sum := sha256.Sum256(b)
+	out := make([]byte, 0, MaxField)
+	out = append(out, b[:n]...)
+	out = append(out, boundMark...)
+	return hex.AppendEncode(out, sum[:])
+}
+
+// recordBatchOverhead is what a record batch adds around its records (v2:
+// base offset, length, epoch, magic, CRC, attributes, ...). The broker
+// checks message.max.bytes against the whole batch; sarama checks
+// kafka.max_message_bytes against the record alone.
+const recordBatchOverhead = 61
+
+// RecordSize is the size sarama's producer counts for a record against
+// kafka.max_message_bytes (ProducerMessage.ByteSize, record format v2): an
+// upper bound of the record's encoded size.
+func RecordSize(key, value []byte, headers []sarama.RecordHeader) int {
+	n := 5*binary.MaxVarintLen32 + binary.MaxVarintLen64 + 1 + len(key) + len(value)
+	for _, h := range headers {
+		n += len(h.Key) + len(h.Value) + 2*binary.MaxVarintLen32
+	}
+	return n
+}
+
+// Record returns the key, value and headers of the dead-letter record: the
+// relay's headers of the event, the row's headers, then the dlq.* ones.
+//
+// The record always fits MaxBytes less a record batch's overhead, so that
+// writing it cannot fail for its size (for any MaxBytes of 2048 or more):
+//   - the key and each relay header value longer than MaxField are cut
+//     (BoundField; dlq.key_truncated, dlq.<header>_truncated);
+//   - the row's headers are dropped (dlq.headers_omitted) when TooLarge, or
+//     when the record would not fit otherwise;
+//   - then the payload (dlq.payload_omitted), likewise;
+//   - then dlq.error is shortened to what room is left.
+//
+// Any goroutine; it does not block.
+func (l *Letter) Record(now time.Time) (key, value []byte, headers []sarama.RecordHeader) {
+	var notes []sarama.RecordHeader // dlq.*_truncated
+	note := func(k string, n int) {
+		notes = append(notes, sarama.RecordHeader{Key: []byte(k), Value: []byte(strconv.Itoa(n))})
+	}
+	key = BoundField(l.Key)
+	if len(key) != len(l.Key) {
+		note(HeaderKeyTruncated, len(l.Key))
+	}
+	own := make([]sarama.RecordHeader, len(l.Headers))
+	for i, h := range l.Headers {
+		own[i] = sarama.RecordHeader{Key: h.Key, Value: BoundField(h.Value)}
+		if len(own[i].Value) != len(h.Value) {
+			note(outboxschema.DeadLetterPrefix+string(h.Key)+headerTruncatedSuffix, len(h.Value))
+		}
+	}
+	value, row, errText := l.Value, l.RowHeaders, Truncate(l.Err)
+	omitValue, omitRow := l.TooLarge, l.TooLarge && len(row) > 0
+	build := func() []sarama.RecordHeader {
+		h := make([]sarama.RecordHeader, 0, len(own)+len(row)+len(notes)+11)
+		h = append(h, own...)
+		if !omitRow {
+			h = append(h, row...)
+		}
+		add := func(k, v string) { h = append(h, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)}) }
+		add(HeaderOriginalTopic, l.Topic)
+		add(HeaderReason, l.Reason)
+		add(HeaderError, errText)
+		add(HeaderAttempts, strconv.Itoa(l.Attempts))
+		add(HeaderSourceLSN, l.LSN.String())
+		add(HeaderTable, l.Table)
+		add(HeaderEventID, strconv.FormatInt(l.ID, 10))
+		add(HeaderFailedAt, now.UTC().Format(time.RFC3339Nano))
+		if omitValue {
+			add(HeaderPayloadOmitted, "true")
+		}
+		if omitRow {
+			add(HeaderHeadersOmitted, "true")
+		}
+		return append(h, notes...)
+	}
+	val := func() []byte {
+		if omitValue {
+			return nil
+		}
+		return value
+	}
+	headers = build()
+	if l.MaxBytes <= 0 {
+		return key, val(), headers
+	}
+	budget := l.MaxBytes - recordBatchOverhead
+	over := func() int { return RecordSize(key, val(), headers) - budget }
+	if over() > 0 && len(row) > 0 && !omitRow {
+		omitRow = true
+		headers = build()
+	}
+	if over() > 0 && !omitValue {
+		omitValue = true
+		headers = build()
+	}
+	if n := over(); n > 0 {
+		errText = strings.ToValidUTF8(errText[:max(0, len(errText)-n)], "")
+		headers = build()
+	}
+	return key, val(), headers
 }
 
 // Truncate bounds an error text for a header or the last_error column.

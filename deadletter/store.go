@@ -155,6 +155,18 @@ func (s *Store) Replay(ctx context.Context, id int64) (newID int64, err error) {
 		if err != nil {
 			return fmt.Errorf("check outbox row %s id=%d: %w", s.table, id, err)
 		}
+		if len(bad) == 0 && hasHeaders {
+			var keys []string
+			if err := tx.QueryRow(ctx, `SELECT COALESCE(array_agg(k), '{}') FROM `+s.ident+
+				`, jsonb_object_keys(headers::jsonb) k WHERE id = $1`, id).Scan(&keys); err != nil {
+				return fmt.Errorf("read the headers keys of outbox row %s id=%d: %w", s.table, id, err)
+			}
+			for _, k := range keys {
+				if outboxschema.ReservedHeader(k) {
+					bad = append(bad, fmt.Sprintf("headers has the key %q, which is reserved for the relay (rename it)", Truncate(k)))
+				}
+			}
+		}
 		if len(bad) > 0 {
 			return fmt.Errorf("%w: outbox row %s id=%d: %s; fix the row with UPDATE, then replay it",
 				ErrNotReplayable, s.table, id, strings.Join(bad, ", "))

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -47,7 +48,8 @@ type Event struct {
 	LSN pglogrepl.LSN
 	// Err is set when the row cannot become an event (a poison row): a
 	// required column NULL, empty, missing or not text, an id that is not
-	// an integer, headers that are not a JSON object. The other fields then
+	// an integer, headers that are not a JSON object or hold a reserved key
+	// (outboxschema.ReservedHeader). The other fields then
 	// hold what could be read (text columns as sent, Headers nil), so the
 	// caller can dead-letter the row or stop on it; the stream goes on.
 	Err *RowError
@@ -422,6 +424,11 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 		if r := d.parseHeaders(f.data); r != nil {
 			return ev, d.rowError(ev.ID, lsn, roleHeaders, r)
 		}
+		for _, h := range d.hdrs {
+			if outboxschema.ReservedHeader(h.key) {
+				return ev, d.reservedHeader(ev.ID, lsn, h.key)
+			}
+		}
 		hasHeaders = true
 	default:
 		_, why := d.text(roleHeaders)
@@ -489,6 +496,26 @@ func (d *Decoder) rowError(id int64, lsn pglogrepl.LSN, r role, why *reason) *Ro
 		Reason: why.text,
 		hint:   why.hint,
 	}
+}
+
+// reservedHeader is the RowError of a headers column with a reserved key:
+// the relay's own header would be followed by the row's forged one.
+func (d *Decoder) reservedHeader(id int64, lsn pglogrepl.LSN, key string) *RowError {
+	e := d.rowError(id, lsn, roleHeaders, &reason{
+		"has the reserved key " + quoteKey(key) + ": the relay sets " + strings.Join(outboxschema.RelayHeaders, ", ") +
+			" and every " + outboxschema.DeadLetterPrefix + "* header itself (keys compared ignoring case)",
+		hintReserved})
+	e.ReservedHeader = key
+	return e
+}
+
+// quoteKey quotes a header key for an error, cut to 64 bytes: a writer's
+// key can be as long as the column.
+func quoteKey(k string) string {
+	if len(k) <= 64 {
+		return strconv.Quote(k)
+	}
+	return strconv.Quote(strings.ToValidUTF8(k[:64], "")) + "..."
 }
 
 // reason is why a column cannot become part of an event, and what to do.

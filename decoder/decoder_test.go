@@ -460,6 +460,16 @@ func TestRowErrors(t *testing.T) {
 			row("42", "order", "o-1", "E", "{}", text(`{"a": 1`)), "headers", 42, "is not valid JSON"},
 		{"headers two documents", nil,
 			row("42", "order", "o-1", "E", "{}", text(`{} {}`)), "headers", 42, "data after the JSON object"},
+		{"reserved header key", nil,
+			row("42", "order", "o-1", "E", "{}", text(`{"event_id": "7", "aggregate_id": "victim"}`)), "headers", 42, `has the reserved key "event_id"`},
+		{"reserved header key, any case", nil,
+			row("42", "order", "o-1", "E", "{}", text(`{"trace": "t", "Aggregate_ID": "victim"}`)), "headers", 42, `has the reserved key "Aggregate_ID"`},
+		{"reserved dlq. prefix", nil,
+			row("42", "order", "o-1", "E", "{}", text(`{"trace": "t", "dlq.reason": "forged"}`)), "headers", 42, `has the reserved key "dlq.reason"`},
+		{"reserved key behind an escape", nil, // takes the encoding/json path
+			row("42", "order", "o-1", "E", "{}", text(`{"pg\u005flsn": "0/0"}`)), "headers", 42, `has the reserved key "pg_lsn"`},
+		{"reserved key beside a nested value", nil,
+			row("42", "order", "o-1", "E", "{}", text(`{"ctx": {"a": 1}, "event_type": "x"}`)), "headers", 42, `has the reserved key "event_type"`},
 		{"missing required column",
 			relation(outboxID, "public", "outbox", "id", "aggregate_type", "aggregate_id", "payload", "headers"),
 			[]tv{text("42"), text("order"), text("o-1"), text("{}"), null}, "event_type", 42, "missing from the table"},
@@ -654,4 +664,54 @@ func TestTruncatedMessages(t *testing.T) {
 		}
 	}
 	t.Logf("%d cut points", cuts)
+}
+
+// A reserved key makes the row a bad row whose error names the key as the
+// row spelled it and says what to do; other keys, however close, pass.
+func TestReservedHeaderKeys(t *testing.T) {
+	t.Parallel()
+	long := "dlq." + strings.Repeat("x", 5000)
+	tests := []struct {
+		headers string
+		key     string // the RowError's ReservedHeader; "" = no error
+	}{
+		{`{"event_id": "7", "aggregate_id": "victim"}`, "event_id"}, // jsonb order: the first one named
+		{`{"EVENT_TYPE": "x"}`, "EVENT_TYPE"},
+		{`{"trace": "t", "dlq.error": {"nested": true}}`, "dlq.error"},
+		{`{"` + long + `": 1}`, long},
+		{`{"dlq": "x", "dlqx": "x", "x-event_id": "7", "event_ids": "7", "trace_id": "t"}`, ""},
+		{`{}`, ""},
+	}
+	for _, tt := range tests {
+		d, _ := decoder.New("public.outbox")
+		txns, _, err := feed(t, d, [][]byte{begin(0x2000, 1), outboxRelation(),
+			insert(outboxID, row("42", "order", "o-1", "E", "{}", text(tt.headers))...), commit(0x2000, 0x2030)})
+		if err != nil || len(txns) != 1 || len(txns[0].Events) != 1 {
+			t.Fatalf("%.60s: %v", tt.headers, err)
+		}
+		ev := txns[0].Events[0]
+		if tt.key == "" {
+			if ev.Err != nil {
+				t.Errorf("%s: %v, want no error", tt.headers, ev.Err)
+			}
+			continue
+		}
+		if ev.Err == nil {
+			t.Errorf("%.60s: no error, want the reserved key %.60q", tt.headers, tt.key)
+			continue
+		}
+		if ev.Err.ReservedHeader != tt.key || ev.Headers != nil {
+			t.Errorf("%.60s: Err %v (ReservedHeader %.60q), Headers %v; want the reserved key %.60q and no headers", tt.headers, ev.Err, ev.Err.ReservedHeader, ev.Headers, tt.key)
+			continue
+		}
+		msg := ev.Err.Error()
+		for _, want := range []string{"id=42", `column "headers"`, "rename the key", "event_id, event_type, aggregate_type, aggregate_id, pg_lsn"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("Error() = %q, want it to contain %q", msg, want)
+			}
+		}
+		if len(msg) > 1000 {
+			t.Errorf("Error() is %d bytes: a long key must be cut", len(msg))
+		}
+	}
 }

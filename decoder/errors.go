@@ -22,7 +22,8 @@ func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 
 // RowError says why an outbox row cannot become an event (Event.Err): a
 // required column that is NULL, missing or not text, an empty aggregate_id,
-// an id that is not an integer, or headers that are not a JSON object. The
+// an id that is not an integer, headers that are not a JSON object, or
+// headers with a key reserved for the relay (ReservedHeader is set). The
 // bytes in the WAL never change, so retrying cannot help: the relay
 // dead-letters the row or halts publishing at it (on_poison). The text says
 // what to do.
@@ -32,7 +33,11 @@ type RowError struct {
 	LSN    pglogrepl.LSN // of the Insert
 	Column string
 	Reason string // what is wrong with the column, e.g. "is NULL"
-	hint   string // what to do about it
+	// ReservedHeader is the key of the headers column that is reserved for
+	// the relay (outboxschema.ReservedHeader), as the row spelled it; ""
+	// for every other bad row. The first such key in document order.
+	ReservedHeader string
+	hint           string // what to do about it
 }
 
 // Hints that end a RowError's text.
@@ -40,8 +45,10 @@ const (
 	hintProducer = "fix the producer that wrote it"
 	hintMissing  = "restore the column (ALTER TABLE ... ADD COLUMN); rows inserted while it was missing " +
 		"cannot be published as they are"
-	hintToast  = "check that the slot uses the pgoutput plugin"
-	hintBinary = "start replication without the binary option"
+	hintToast    = "check that the slot uses the pgoutput plugin"
+	hintBinary   = "start replication without the binary option"
+	hintReserved = "rename the key in the producer that writes the outbox rows (e.g. x-event_id); the relay " +
+		"sets these headers itself from the row's columns"
 )
 
 // Error describes the row, the column and the fix, for example:

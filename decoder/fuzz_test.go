@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // frame joins messages into one fuzz input: each is a big-endian uint16
@@ -58,6 +59,10 @@ func FuzzDecode(f *testing.F) {
 		relation(outboxID, "public", "outbox", "headers", "payload", "event_type", "aggregate_id", "aggregate_type", "id", "x"),
 		insert(outboxID, text(`{"q": "\"\u00e9"}`), text(`1`), text("E"), text("o-2"), text("order"), text("7"), toast),
 		commit(0x3000, 0x3030),
+		begin(0x4000, 3),
+		insert(outboxID, row("8", "order", "o-3", "E", `{}`, text(`{"Event_Id": "1", "dlq.reason": "x", "trace": "t"}`))...),
+		insert(outboxID, row("9", "order", "o-3", "E", `{}`, text(`{"dlq": "x", "pg\u005flsn": "0/0"}`))...),
+		commit(0x4000, 0x4030),
 	))
 	for _, m := range validStream() {
 		f.Add(frame(begin(0x2000, 1), outboxRelation(), m))
@@ -123,6 +128,11 @@ func FuzzDecode(f *testing.F) {
 					}
 					if ev.Err != nil && (ev.Err.LSN != ev.LSN || ev.Err.ID != ev.ID || ev.Headers != nil) {
 						t.Fatalf("message %d: poison event %d = %+v: Err must match its LSN and ID, no headers", i, j, ev)
+					}
+					for _, h := range ev.Headers {
+						if outboxschema.ReservedHeader(h.Key) {
+							t.Fatalf("message %d: event %d = %+v carries the reserved header %q", i, j, ev, h.Key)
+						}
 					}
 				}
 			case 'I':

@@ -1,7 +1,8 @@
 // Package outboxschema owns the names of the relay's database objects: the
 // outbox table named by postgres.table and its one parser, the outbox columns
-// the relay reads and writes, and the helper tables migrate creates beside
-// the outbox table. The SQL in migrations/*.sql refers to the same objects
+// the relay reads and writes, the helper tables migrate creates beside
+// the outbox table, and the record header keys reserved for the relay
+// (headers.go). The SQL in migrations/*.sql refers to the same objects
 // through placeholders filled from here.
 //
 // It does no I/O and imports only the standard library, so that the pure

@@ -285,3 +285,27 @@ func TestQuoteLiteral(t *testing.T) {
 		}
 	}
 }
+
+func TestReservedHeader(t *testing.T) {
+	tests := []struct {
+		key  string
+		want bool
+	}{
+		{"event_id", true}, {"event_type", true}, {"aggregate_type", true}, {"aggregate_id", true}, {"pg_lsn", true},
+		// Letter case does not matter: case-insensitive consumers exist.
+		{"EVENT_ID", true}, {"Aggregate_Id", true}, {"PG_LSN", true},
+		{"pg_l\u017fn", true}, // long s folds to s, as strings.EqualFold and Java's equalsIgnoreCase fold it
+		{"dlq.reason", true}, {"dlq.", true}, {"dlq.anything.at_all", true}, {"DLQ.Reason", true}, {"Dlq.x", true},
+		{"dlq", false}, {"dlq_reason", false}, {"dlqx", false}, {"x.dlq.reason", false},
+		{"event_id ", false}, {" event_id", false}, {"event_ids", false}, {"eventid", false}, {"event-id", false},
+		{"trace_id", false}, {"tenant_id", false}, {"schema_version", false}, {"traceparent", false}, {"", false},
+	}
+	for _, tt := range tests {
+		if got := ReservedHeader(tt.key); got != tt.want {
+			t.Errorf("ReservedHeader(%q) = %v, want %v", tt.key, got, tt.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { ReservedHeader("Trace_Id") }); n != 0 {
+		t.Errorf("ReservedHeader allocates %v times", n)
+	}
+}

@@ -6,20 +6,25 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // Header keys the relay sets on every record. sarama only reads them, so
 // one copy serves every event.
 var (
-	hdrEventID       = []byte("event_id")
-	hdrEventType     = []byte("event_type")
-	hdrAggregateType = []byte("aggregate_type")
-	hdrAggregateID   = []byte("aggregate_id")
-	hdrLSN           = []byte("pg_lsn")
+	hdrEventID       = []byte(outboxschema.HeaderEventID)
+	hdrEventType     = []byte(outboxschema.HeaderEventType)
+	hdrAggregateType = []byte(outboxschema.HeaderAggregateType)
+	hdrAggregateID   = []byte(outboxschema.HeaderAggregateID)
+	hdrLSN           = []byte(outboxschema.HeaderLSN)
 )
 
+// ownHeaders is how many headers the relay sets before the row's own.
+const ownHeaders = 5
+
 // headers builds the Kafka headers of one event: the relay's own, then each
-// top-level key of the row's headers column. The values of all of them
+// top-level key of the row's headers column (the decoder refuses a row
+// whose keys include one of the relay's, outboxschema.ReservedHeader). The values of all of them
 // share one allocation; the key of the record is the aggregate_id header's
 // value. commitLSN is the transaction's commit LSN, rendered once.
 func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
@@ -37,7 +42,7 @@ func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key 
 	buf = strconv.AppendInt(buf, ev.ID, 10)
 	id := buf[start:len(buf):len(buf)]
 	key = add(ev.AggregateID)
-	h = make([]sarama.RecordHeader, 5, 5+len(ev.Headers))
+	h = make([]sarama.RecordHeader, ownHeaders, ownHeaders+len(ev.Headers))
 	h[0] = sarama.RecordHeader{Key: hdrEventID, Value: id}
 	h[1] = sarama.RecordHeader{Key: hdrEventType, Value: add(ev.EventType)}
 	h[2] = sarama.RecordHeader{Key: hdrAggregateType, Value: add(ev.AggregateType)}

@@ -150,7 +150,11 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		d.msg = sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: txn.CommitTime, Done: d.done}
 		bytes += d.size
 		if ev.Err != nil {
-			if err := p.poisonRow(ctx, d, deadletter.ReasonBadRow, ev.Err); err != nil {
+			reason := deadletter.ReasonBadRow
+			if ev.Err.ReservedHeader != "" {
+				reason = deadletter.ReasonReservedHeader
+			}
+			if err := p.poisonRow(ctx, d, reason, ev.Err); err != nil {
 				return err
 			}
 			continue
@@ -286,14 +290,16 @@ func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 }
 
 // toDeadLetter turns d into its dead letter: the dead-letter topic, the same
-// key, the payload unless it is what the broker refused, and the dlq.*
-// headers. The caller publishes it.
+// key (bounded), the payload and the row's headers unless the event was too
+// large or they would not fit kafka.max_message_bytes, and the dlq.*
+// headers (deadletter.Letter.Record). The caller publishes it.
 func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
+	n := min(ownHeaders, len(d.msg.Headers))
 	d.letter = &deadletter.Letter{Table: p.table, ID: d.id, LSN: d.lsn, Topic: d.msg.Topic, Key: d.msg.Key,
-		Value: d.msg.Value, Headers: d.msg.Headers, Reason: reason, Err: cause.Error(), Attempts: d.attempts,
-		OmitPayload: reason == "message_too_large"}
-	value, headers := d.letter.Record(time.Now())
-	d.msg = sink.Message{Topic: p.policy.Topic, Key: d.msg.Key, Value: value, Headers: headers,
+		Value: d.msg.Value, Headers: d.msg.Headers[:n], RowHeaders: d.msg.Headers[n:], Reason: reason,
+		Err: cause.Error(), Attempts: d.attempts, TooLarge: reason == "message_too_large", MaxBytes: p.policy.MaxMessageBytes}
+	key, value, headers := d.letter.Record(time.Now())
+	d.msg = sink.Message{Topic: p.policy.Topic, Key: key, Value: value, Headers: headers,
 		Timestamp: d.msg.Timestamp, Done: d.done}
 	p.log.Error().Err(cause).Int64("id", d.id).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).

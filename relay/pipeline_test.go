@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/deadletter"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -36,10 +37,21 @@ type scriptedPublisher struct {
 	mu     sync.Mutex
 	sent   []sink.Message
 	tries  map[string]int
+	// maxBytes, when set, refuses larger records as sarama does
+	// (kafka.max_message_bytes), with no answer asked.
+	maxBytes int
 }
 
 func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
 	m.Partition = 0 // one partition: every test event shares it
+	if s.maxBytes > 0 && deadletter.RecordSize(m.Key, m.Value, m.Headers) > s.maxBytes {
+		// sarama's own check, before anything is sent
+		s.mu.Lock()
+		s.tries[m.Topic]++
+		s.mu.Unlock()
+		go m.Done(sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes"))
+		return nil
+	}
 	s.mu.Lock()
 	s.tries[m.Topic]++
 	n := s.tries[m.Topic]
@@ -369,6 +381,10 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 			}
 			want := map[string]string{"event_id": "42", "trace": "t-42", "dlq.original_topic": testTopic, "dlq.reason": tt.dlq,
 				"dlq.attempts": "3", "dlq.event_id": "42", "dlq.table": "public.outbox"}
+			if tt.noValue { // too large: the row's headers stay in the row too
+				delete(want, "trace")
+				want["dlq.headers_omitted"] = "true"
+			}
 			for k, v := range want {
 				if hd[k] != v {
 					t.Errorf("dead letter header %s = %q, want %q (all %v)", k, hd[k], v, hd)
@@ -641,5 +657,120 @@ func TestMarkFailureHalts(t *testing.T) {
 				t.Errorf("watermark %s passed an event whose row mark failed", p.Flushed())
 			}
 		})
+	}
+}
+
+// A row whose headers column holds a reserved key never reaches its topic:
+// it is a bad row with reason reserved_header (dead-lettered under dlq, a
+// halt under halt), and no record carries a second event_id.
+func TestReservedHeaderRow(t *testing.T) {
+	forged := pg.Row("42", "order", "o-1", "order.paid", `{}`, pg.Text(`{"event_id": "7", "aggregate_id": "victim"}`))
+	for _, halt := range []bool{false, true} {
+		t.Run(map[bool]string{false: "dlq", true: "halt"}[halt], func(t *testing.T) {
+			policy := fastPolicy
+			policy.Halt = halt
+			h := newHarness(t, policy, func(string, int) error { return nil })
+			ctx, cancel := context.WithCancel(h.ctx)
+			defer cancel()
+			h.ctx = ctx
+			errc := make(chan error, 1)
+			go func() { errc <- h.txn(100, 110, forged, order("44", "o-1")) }()
+			if halt {
+				if got := h.waitMark(); got != "failed 2A attempts=1" {
+					t.Fatalf("row mark %q, want failed 2A attempts=1", got)
+				}
+				cancel()
+				if err := <-errc; !errors.Is(err, context.Canceled) {
+					t.Fatalf("Handle = %v, want context.Canceled", err)
+				}
+				if sent, _ := h.pub.snapshot(); len(sent) != 0 {
+					t.Errorf("published %d records of a halted transaction", len(sent))
+				}
+				if err := h.p.Halted(); err == nil || !strings.Contains(err.Error(), `"event_id"`) {
+					t.Errorf("Halted() = %v, want the reserved key named", err)
+				}
+				return
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if got := h.waitMark(); got != "dead 2A attempts=1" {
+				t.Fatalf("row mark %q, want dead 2A attempts=1", got)
+			}
+			h.waitFlushed(110)
+			sent, tries := h.pub.snapshot()
+			if tries[testDLQ] != 1 || tries[testTopic] != 1 || len(sent) != 2 {
+				t.Fatalf("sent %v, want one dead letter and one event", tries)
+			}
+			for _, m := range sent {
+				count, hd := map[string]int{}, map[string]string{}
+				for _, x := range m.Headers {
+					count[string(x.Key)]++
+					hd[string(x.Key)] = string(x.Value)
+				}
+				if count["event_id"] != 1 || count["aggregate_id"] != 1 || hd["aggregate_id"] != "o-1" {
+					t.Errorf("record on %s: headers %v; want one event_id and one aggregate_id o-1", m.Topic, m.Headers)
+				}
+				switch m.Topic {
+				case testDLQ:
+					if hd["event_id"] != "42" || hd["dlq.reason"] != "reserved_header" || !strings.Contains(hd["dlq.error"], `"event_id"`) {
+						t.Errorf("dead letter headers %v, want event_id 42, dlq.reason reserved_header, the key in dlq.error", hd)
+					}
+				case testTopic:
+					if hd["event_id"] != "44" {
+						t.Errorf("event headers %v, want event_id 44", hd)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Under on_poison: dlq, an event too large for kafka.max_message_bytes
+// because of its headers (2 MB) or its key (1.5 MB) is dead-lettered in a
+// form that fits: the relay never halts, and the event after it is acked.
+func TestOversizedEventsDeadLetterFits(t *testing.T) {
+	const limit = 1_000_000
+	bigKey := strings.Repeat("k", 1_500_000)
+	policy := fastPolicy
+	policy.MaxMessageBytes = limit
+	h := newHarness(t, policy, func(string, int) error { return nil })
+	h.pub.maxBytes = limit
+	bigHeaders := pg.Row("1", "order", "o-1", "order.paid", `{}`, pg.Text(`{"blob": "`+strings.Repeat("h", 2<<20)+`"}`))
+	bigAggID := pg.Row("2", "order", bigKey, "order.paid", `{}`, pg.Text(`{"trace": "t"}`))
+	if err := h.txn(100, 110, bigHeaders, bigAggID, order("3", "o-1")); err != nil {
+		t.Fatal(err)
+	}
+	marks := map[string]bool{h.waitMark(): true, h.waitMark(): true}
+	if !marks["dead 1 attempts=3"] || !marks["dead 2 attempts=3"] {
+		t.Fatalf("row marks %v, want both rows dead-lettered after 3 attempts", marks)
+	}
+	h.waitFlushed(110)
+	if err := h.p.Halted(); err != nil {
+		t.Fatalf("halted: %v", err)
+	}
+	sent, _ := h.pub.snapshot()
+	letters := 0
+	for _, m := range sent {
+		if m.Topic != testDLQ {
+			continue
+		}
+		letters++
+		if n := deadletter.RecordSize(m.Key, m.Value, m.Headers); n > limit {
+			t.Errorf("dead letter of %d bytes over the limit %d", n, limit)
+		}
+		hd := map[string]string{}
+		for _, x := range m.Headers {
+			hd[string(x.Key)] = string(x.Value)
+		}
+		if hd["dlq.reason"] != "message_too_large" || hd["dlq.payload_omitted"] != "true" || hd["dlq.headers_omitted"] != "true" {
+			t.Errorf("dead letter of %s: %v", hd["dlq.event_id"], hd)
+		}
+		if hd["dlq.event_id"] == "2" && (hd["dlq.key_truncated"] != "1500000" || len(m.Key) > deadletter.MaxField) {
+			t.Errorf("dead letter of the 1.5 MB key: key of %d bytes, dlq.key_truncated %q", len(m.Key), hd["dlq.key_truncated"])
+		}
+	}
+	if letters != 2 {
+		t.Errorf("%d dead letters sent, want 2", letters)
 	}
 }

@@ -15,6 +15,10 @@ type Policy struct {
 	MaxAttempts  int           // publish attempts before the policy applies
 	Backoff      time.Duration // first wait between attempts of a poison event
 	TransientMax time.Duration // cap of the wait between attempts of a transient error
+	// MaxMessageBytes is kafka.max_message_bytes: every dead letter is cut
+	// to fit it (deadletter.Letter.Record), so writing one never fails for
+	// its size. Zero means no limit (tests).
+	MaxMessageBytes int
 }
 
 // Failure is one failed attempt as the poison decision sees it.
