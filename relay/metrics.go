@@ -26,7 +26,8 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 		halted: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_halted",
 			Help: "1 when publishing stopped on a poison event (on_poison: halt, or the dead-letter write failed)."}),
 	}
-	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonInvalidTopic, "message_too_large", "broker_rejected"} {
+	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonInvalidTopic,
+		deadletter.ReasonTopicLimit, deadletter.ReasonTopicNotAllowed, "message_too_large", "broker_rejected"} {
 		m.deadLettered.WithLabelValues(r)
 	}
 	if reg == nil {

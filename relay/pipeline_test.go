@@ -91,7 +91,7 @@ func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *ha
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, Policy: policy,
+	p, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: policy,
 		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, pub, marker, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)
