@@ -44,6 +44,9 @@ const (
 	ReasonBadRow         = "bad_row"         // the row cannot become an event (decoder.RowError)
 	ReasonReservedHeader = "reserved_header" // its headers column holds a key the relay sets itself (outboxschema.ReservedHeader)
 	ReasonInvalidTopic   = "invalid_topic"   // the topic template makes an invalid name
+	ReasonTopicLimit     = "topic_limit"     // the topic would be one more than kafka.max_topics
+	// ReasonTopicNotAllowed: the topic is not in kafka.topic_allowlist.
+	ReasonTopicNotAllowed = "topic_not_allowed"
 )
 
 // maxErrorText bounds the error text kept in a header and in last_error.

@@ -29,7 +29,8 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 	}
 	m.rewinds = prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_rewinds_total",
 		Help: "Times a publish error made the relay republish from the ack watermark to keep per-aggregate order."})
-	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonReservedHeader, deadletter.ReasonInvalidTopic, "message_too_large", "broker_rejected"} {
+	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonReservedHeader, deadletter.ReasonInvalidTopic,
+		deadletter.ReasonTopicLimit, deadletter.ReasonTopicNotAllowed, "message_too_large", "broker_rejected"} {
 		m.deadLettered.WithLabelValues(r)
 	}
 	if reg == nil {

@@ -47,6 +47,10 @@ type PipelineConfig struct {
 	// position before streaming (raised, or reset when the slot is behind
 	// it or the server's history changed: replication.startFrom).
 	Start pglogrepl.LSN
+	// MaxTopics and Allowlist bound the topics events are routed to
+	// (kafka.max_topics, at least 1; kafka.topic_allowlist).
+	MaxTopics int
+	Allowlist sink.Allowlist
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -60,7 +64,7 @@ type PipelineConfig struct {
 // ends; Handle runs on the replication loop goroutine.
 type Pipeline struct {
 	table   string
-	tmpl    sink.Template
+	router  *sink.Router // owned by the replication loop goroutine
 	policy  Policy
 	tracker *checkpoint.Tracker
 	pub     Publisher
@@ -86,7 +90,11 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	if cfg.Policy.MaxAttempts < 1 || cfg.Policy.Topic == "" {
 		return nil, errors.New("relay: poison policy needs a dead-letter topic and at least one attempt")
 	}
-	p := &Pipeline{table: cfg.Table, tmpl: cfg.Template, policy: cfg.Policy, pub: pub, marker: marker,
+	router, err := sink.NewRouter(cfg.Template, cfg.MaxTopics, cfg.Allowlist, cfg.Policy.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	p := &Pipeline{table: cfg.Table, router: router, policy: cfg.Policy, pub: pub, marker: marker,
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark]()}
@@ -159,16 +167,17 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 			}
 			continue
 		}
-		topic, err := p.tmpl.Render(ev.AggregateType, ev.EventType)
+		topic, err := p.router.Route(ev.AggregateType, ev.EventType)
+		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 		if err != nil {
-			err = fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w; fix kafka.topic_template or the row",
-				p.table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err)
-			if err := p.poisonRow(ctx, d, deadletter.ReasonInvalidTopic, err); err != nil {
+			reason, fix := routeReason(err)
+			err = fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w%s",
+				p.table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err, fix)
+			if err := p.poisonRow(ctx, d, reason, err); err != nil {
 				return err
 			}
 			continue
 		}
-		d.msg.Topic = topic
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.
 	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(ds), bytes)

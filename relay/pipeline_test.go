@@ -111,15 +111,20 @@ func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *ha
 }
 
 // newHarnessWith is newHarness with the row marker given.
-func newHarnessWith(t *testing.T, policy Policy, answer func(string, int) error, marker RowMarker) *harness {
+// configure, when given, changes the pipeline's config before NewPipeline.
+func newHarnessWith(t *testing.T, policy Policy, answer func(string, int) error, marker RowMarker, configure ...func(*PipelineConfig)) *harness {
 	t.Helper()
 	pub := &scriptedPublisher{answer: answer, held: make(chan *sink.Message, 100), tries: map[string]int{}}
 	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, Policy: policy,
-		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, pub, marker, zerolog.Nop(), nil)
+	cfg := PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: policy,
+		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	p, err := NewPipeline(cfg, pub, marker, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

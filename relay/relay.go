@@ -49,6 +49,7 @@ type Relay struct {
 	base    *prometheus.Registry
 	termReg atomic.Pointer[prometheus.Registry] // the running term's metrics
 	tmpl    sink.Template
+	allow   sink.Allowlist
 	elector *leader.Elector // nil when leader election is disabled
 	server  *Server         // nil when metrics_addr is empty
 	dlqRows prometheus.Gauge
@@ -70,10 +71,14 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka.topic_template: %w", err)
 	}
+	allow, err := sink.ParseAllowlist(cfg.Kafka.TopicAllowlist)
+	if err != nil {
+		return nil, fmt.Errorf("kafka.topic_allowlist: %w", err)
+	}
 	if deps.Registry == nil {
 		deps.Registry = prometheus.NewRegistry()
 	}
-	r := &Relay{cfg: cfg, log: deps.Log, base: deps.Registry, tmpl: tmpl, closing: make(chan struct{})}
+	r := &Relay{cfg: cfg, log: deps.Log, base: deps.Registry, tmpl: tmpl, allow: allow, closing: make(chan struct{})}
 	r.dlqRows = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_dlq_unresolved_rows",
 		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
 	r.base.MustRegister(r.dlqRows)

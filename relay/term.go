@@ -69,6 +69,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Start: r.acked,
+		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow,
 		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
 		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
 			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},

@@ -22,6 +22,19 @@ type Config struct {
 	// replaced by the row's values. A template without placeholders is a
 	// fixed topic.
 	TopicTemplate string `yaml:"topic_template"`
+	// AutoCreateTopics lets the relay's metadata requests create a topic
+	// that does not exist (sarama's Metadata.AllowAutoTopicCreation; the
+	// broker's auto.create.topics.enable must be on too). Off by default:
+	// topics are created by the operator, not by whoever writes the outbox.
+	AutoCreateTopics bool `yaml:"auto_create_topics"`
+	// MaxTopics is the most distinct topics events are published to (the
+	// dead-letter topic not counted); an event routed to one more is
+	// poison (dead-letter reason topic_limit). 1..100000, no unlimited.
+	MaxTopics int `yaml:"max_topics"`
+	// TopicAllowlist, when not empty, is the only topics events may be
+	// published to: exact names, or prefixes ending in '*'. Any other is
+	// poison (dead-letter reason topic_not_allowed).
+	TopicAllowlist []string `yaml:"topic_allowlist"`
 	// Compression: none, gzip, snappy, lz4 or zstd.
 	Compression string `yaml:"compression"`
 	// FlushFrequency, FlushMessages and FlushBytes batch producer requests:
@@ -51,6 +64,7 @@ func DefaultConfig() Config {
 	return Config{
 		ClientID:        "outbox-relay",
 		TopicTemplate:   "outbox.event.{aggregate_type}",
+		MaxTopics:       DefaultMaxTopics,
 		Compression:     "none",
 		FlushFrequency:  time.Millisecond,
 		FlushMessages:   0,
@@ -84,8 +98,17 @@ func (c Config) Validate(prefix string) error {
 	if c.ClientID == "" {
 		bad("client_id", "is empty")
 	}
-	if _, err := ParseTemplate(c.TopicTemplate); err != nil {
-		bad("topic_template", "%v", err)
+	tmpl, tmplErr := ParseTemplate(c.TopicTemplate)
+	if tmplErr != nil {
+		bad("topic_template", "%v", tmplErr)
+	}
+	if c.MaxTopics < 1 || c.MaxTopics > MaxMaxTopics {
+		bad("max_topics", "%d is out of range: use 1..%d (default %d; there is no unlimited, use a large number)", c.MaxTopics, MaxMaxTopics, DefaultMaxTopics)
+	}
+	if allow, err := ParseAllowlist(c.TopicAllowlist); err != nil {
+		bad("topic_allowlist", "%s (exact topic names or prefixes ending in *, comma-separated in env and flags)", strings.ReplaceAll(err.Error(), "\n", "; "))
+	} else if tmplErr == nil && tmpl.fixed && !allow.Allows(c.TopicTemplate) {
+		bad("topic_allowlist", "does not allow %q, the fixed topic of kafka.topic_template: every event would be dead-lettered", c.TopicTemplate)
 	}
 	if _, ok := compressions[c.Compression]; !ok {
 		bad("compression", "%q is not one of none, gzip, snappy, lz4, zstd", c.Compression)

@@ -147,7 +147,10 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Metadata.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
 		return min(250*time.Millisecond<<min(maxRetries-retries, 3), 2*time.Second)
 	}
-	sc.Metadata.AllowAutoTopicCreation = true
+	// A missing topic is created by a metadata request only when the
+	// operator opts in: otherwise any writer of the outbox could create
+	// topics on the cluster.
+	sc.Metadata.AllowAutoTopicCreation = cfg.AutoCreateTopics
 	sc.Net.DialTimeout = 5 * time.Second
 	sc.Net.ReadTimeout = 30 * time.Second
 	sc.Net.WriteTimeout = 10 * time.Second

@@ -35,6 +35,9 @@ export OUTBOX_RELAY_KAFKA_BROKERS="$OUTBOX_TEST_KAFKA_BROKERS"
 METRICS_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 export OUTBOX_RELAY_METRICS_ADDR="127.0.0.1:$METRICS_PORT"
 export OUTBOX_RELAY_LOG_FORMAT=console
+# The demo's topics (outbox.event.order, outbox.dlq) do not exist yet: let the
+# relay create them. In production create topics beforehand instead.
+export OUTBOX_RELAY_KAFKA_AUTO_CREATE_TOPICS=true
 
 echo "== outbox-relay migrate"
 bin/outbox-relay migrate

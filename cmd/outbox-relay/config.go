@@ -132,6 +132,18 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Kafka.ClientID })},
 	{"kafka.topic_template", "OUTBOX_RELAY_TOPIC_TEMPLATE", "topic-template", "topic per event: {aggregate_type} and {event_type} are replaced; no placeholder = fixed topic",
 		str(func(c *Config) *string { return &c.Kafka.TopicTemplate })},
+	{"kafka.auto_create_topics", "OUTBOX_RELAY_KAFKA_AUTO_CREATE_TOPICS", "kafka-auto-create-topics", "let the relay create a missing topic (needs the broker's auto.create.topics.enable); off: create topics beforehand",
+		boolean(func(c *Config) *bool { return &c.Kafka.AutoCreateTopics })},
+	{"kafka.max_topics", "OUTBOX_RELAY_KAFKA_MAX_TOPICS", "kafka-max-topics", "most distinct topics events go to (dead-letter topic not counted); an event for one more is poison (topic_limit)",
+		integer(func(c *Config) *int { return &c.Kafka.MaxTopics })},
+	{"kafka.topic_allowlist", "OUTBOX_RELAY_KAFKA_TOPIC_ALLOWLIST", "kafka-topic-allowlist", "comma-separated topics or prefixes ending in * events may go to (empty = any); others are poison (topic_not_allowed)",
+		func(c *Config, v string) error {
+			c.Kafka.TopicAllowlist = nil
+			for _, e := range strings.Split(v, ",") {
+				c.Kafka.TopicAllowlist = append(c.Kafka.TopicAllowlist, strings.TrimSpace(e))
+			}
+			return nil
+		}},
 	{"kafka.compression", "OUTBOX_RELAY_KAFKA_COMPRESSION", "kafka-compression", "none, gzip, snappy, lz4 or zstd",
 		str(func(c *Config) *string { return &c.Kafka.Compression })},
 	{"kafka.flush_frequency", "OUTBOX_RELAY_KAFKA_FLUSH_FREQUENCY", "kafka-flush-frequency", "producer batching: max wait before a batch is sent",
@@ -211,7 +223,7 @@ var keys = []key{
 
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).
 var boolKeys = map[string]bool{
-	"postgres.create_publication": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
+	"postgres.create_publication": true, "kafka.auto_create_topics": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
 	"leader.enabled": true, "pprof": true,
 }
 

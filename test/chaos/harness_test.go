@@ -73,8 +73,10 @@ func newEnv(t *testing.T, name string) *env {
 		}
 	}
 	// Topics made up front with a known partition count: the partition
-	// check needs several, and no first-produce LEADER_NOT_AVAILABLE.
-	if err := testkit.CreateTopics(brokers, 4, nil, e.topics()...); err != nil {
+	// check needs several, and no first-produce LEADER_NOT_AVAILABLE. The
+	// relay creates none (kafka.auto_create_topics is off), so the
+	// dead-letter topic is made here too.
+	if err := testkit.CreateTopics(brokers, 4, nil, append(e.topics(), e.Prefix+".dlq")...); err != nil {
 		t.Fatal(err)
 	}
 	return e

@@ -103,7 +103,10 @@ func newEnv(t *testing.T, name string) *env {
 func (e *env) flags() []string {
 	return []string{"--postgres-url", pgURL, "--kafka-brokers", strings.Join(brokers, ","),
 		"--slot", e.Slot, "--publication", e.Pub, "--table", e.Table,
-		"--topic-template", e.Prefix + ".{aggregate_type}", "--log-format", "json"}
+		"--topic-template", e.Prefix + ".{aggregate_type}", "--log-format", "json",
+		// The tests' topics are per test and made by the relay's first
+		// produce; a test of a missing topic passes --kafka-auto-create-topics=false.
+		"--kafka-auto-create-topics"}
 }
 
 func (e *env) topics() []string { return []string{e.Prefix + ".order", e.Prefix + ".payment"} }

@@ -3,6 +3,7 @@ package testkit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -96,6 +97,28 @@ func DeleteTopics(brokers []string, prefix string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Topics lists the topics on the cluster whose name starts with prefix,
+// sorted.
+func Topics(brokers []string, prefix string) ([]string, error) {
+	admin, err := sarama.NewClusterAdmin(brokers, SaramaConfig())
+	if err != nil {
+		return nil, fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close()
+	all, err := admin.ListTopics()
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	var out []string
+	for tp := range all {
+		if strings.HasPrefix(tp, prefix) {
+			out = append(out, tp)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // Partitions returns the partition count of each topic.
