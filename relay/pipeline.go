@@ -157,6 +157,10 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		hdrs, key := headers(ev, commitLSN)
 		d.msg = sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: txn.CommitTime, Done: d.done}
 		bytes += d.size
+		if p.rewind.deadLettered(ev.LSN) {
+			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
+			continue
+		}
 		if ev.Err != nil {
 			reason := deadletter.ReasonBadRow
 			if ev.Err.ReservedHeader != "" {
@@ -196,6 +200,10 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		}
 		d := &ds[i]
 		d.pend = pend
+		if d.finished {
+			pend.Ack(d.size)
+			continue
+		}
 		if p.log.Debug().Enabled() {
 			p.log.Debug().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
@@ -232,6 +240,7 @@ type delivery struct {
 	size     int64
 	attempts int                // failed publish attempts so far
 	letter   *deadletter.Letter // set once the event is being dead-lettered
+	finished bool               // dead-lettered before a rewind: acked without a record
 }
 
 // done is the broker's verdict on d.msg. It runs on the producer's
@@ -373,6 +382,7 @@ func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 	}
 	if m.dead {
 		p.rewind.settled(d.lsn)
+		p.rewind.markDead(d.lsn, p.tracker.Flushed())
 		d.pend.Ack(d.size)
 	}
 	return nil

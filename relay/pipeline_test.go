@@ -779,3 +779,39 @@ func TestOversizedEventsDeadLetterFits(t *testing.T) {
 		t.Errorf("%d dead letters sent, want 2", letters)
 	}
 }
+
+// A rewind resends the transactions after the watermark, but an event whose
+// dead letter is already in Kafka and whose row is marked is not
+// dead-lettered a second time.
+func TestRewindKeepsFinishedDeadLetters(t *testing.T) {
+	h := newHarness(t, fastPolicy, nil)
+	bad := pg.Row("2", "order", "o-2", "order.paid", `{}`, pg.Text(`["not an object"]`))
+	if err := h.txn(100, 110, order("1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.txn(200, 210, bad); err != nil {
+		t.Fatal(err)
+	}
+	m1, letter := h.held(), h.held()
+	if letter.Topic != testDLQ {
+		t.Fatalf("second record went to %s, want the dead letter", letter.Topic)
+	}
+	letter.Done(nil)
+	if got := h.waitMark(); got != "dead 2 attempts=1" {
+		t.Fatalf("row mark %q", got)
+	}
+	m1.Done(sarama.ErrNotEnoughReplicas) // rewinds to 0: both transactions come again
+	r1 := h.held()
+	if id := string(r1.Headers[0].Value); id != "1" || r1.Topic != testTopic {
+		t.Fatalf("resent %s to %s, want event 1", id, r1.Topic)
+	}
+	r1.Done(nil)
+	h.waitFlushed(210)
+	select {
+	case m := <-h.pub.held:
+		t.Errorf("a finished dead letter was sent again: %s to %s", m.Headers[0].Value, m.Topic)
+	case m := <-h.marker.marked:
+		t.Errorf("the row was marked again: %s", m)
+	default:
+	}
+}

@@ -27,6 +27,39 @@ type rewind struct {
 	notBefore time.Time             // the failed events' backoff: the restart waits for it
 	attempts  map[pglogrepl.LSN]int // failed attempts by event position, kept across rewinds
 	failing   atomic.Int32          // len(attempts), read without the lock on every ack
+	// dead holds the events above the watermark whose dead letter is acked
+	// and row marked: resent after a rewind, they are not dead-lettered twice.
+	dead    map[pglogrepl.LSN]struct{}
+	anyDead atomic.Int32 // len(dead), read without the lock for every event
+}
+
+// markDead records a finished dead letter and forgets those at or below
+// the watermark, which the server never resends.
+func (r *rewind) markDead(lsn, watermark pglogrepl.LSN) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dead == nil {
+		r.dead = map[pglogrepl.LSN]struct{}{}
+	}
+	for l := range r.dead {
+		if l <= watermark {
+			delete(r.dead, l)
+		}
+	}
+	r.dead[lsn] = struct{}{}
+	r.anyDead.Store(int32(len(r.dead)))
+}
+
+// deadLettered reports whether the event at lsn already has its finished
+// dead letter. Called for every event: one atomic load when there is none.
+func (r *rewind) deadLettered(lsn pglogrepl.LSN) bool {
+	if r.anyDead.Load() == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.dead[lsn]
+	return ok
 }
 
 // park records a failed event that the next session publishes again after
