@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/test/proxy"
 )
 
 // A service that is down at start is waited for: the relay stays up, alive
@@ -19,19 +17,11 @@ import (
 // advertises the proxy's port on its PROXIED listener), then heals.
 func TestKafkaDownAtStartIsWaitedFor(t *testing.T) {
 	e := newEnv(t, "kafkalate")
-	port, target := svcs.Get("OUTBOX_TEST_KAFKA_PROXY_PORT"), svcs.Get("OUTBOX_TEST_KAFKA_PROXY_TARGET")
-	if port == "" || target == "" {
-		t.Fatal("OUTBOX_TEST_KAFKA_PROXY_PORT and _TARGET are not set: start the services with test/services.sh")
-	}
-	px, err := proxy.New("127.0.0.1:"+port, target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
+	px, kafkaAddr := kafkaProxy(t)
 	if err := px.Refuse(); err != nil {
 		t.Fatal(err)
 	}
-	r := e.launchRelay("--kafka-brokers", "127.0.0.1:"+port)
+	r := e.launchRelay("--kafka-brokers", kafkaAddr)
 	notReadyButAlive(t, r, 6*time.Second)
 	if log := r.log(); !strings.Contains(log, "kafka not reachable; retrying") {
 		t.Errorf("log does not say Kafka is retried:\n%s", tail([]byte(log), 2000))

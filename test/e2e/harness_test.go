@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outbox-relay/outbox-relay/test/proxy"
 	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
@@ -318,4 +319,28 @@ func (e *env) runRelayToExit(d time.Duration, extra ...string) (int, string) {
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	testkit.WaitFor(t, d, what, cond)
+}
+
+// kafkaProxy starts the test proxy on the port the broker's PROXIED
+// listener advertises (test/services.sh) and returns it with the bootstrap
+// address to give the relay: the test can then refuse, blackhole or reset
+// every connection of that relay to Kafka.
+func kafkaProxy(t *testing.T) (*proxy.Proxy, string) {
+	t.Helper()
+	port, target := svcs.Get("OUTBOX_TEST_KAFKA_PROXY_PORT"), svcs.Get("OUTBOX_TEST_KAFKA_PROXY_TARGET")
+	if port == "" || target == "" {
+		t.Fatal("OUTBOX_TEST_KAFKA_PROXY_PORT and _TARGET are not set: start the services with test/services.sh")
+	}
+	return startProxy(t, "127.0.0.1:"+port, target), "127.0.0.1:" + port
+}
+
+// startProxy starts a test proxy from listen to target, closed at cleanup.
+func startProxy(t *testing.T, listen, target string) *proxy.Proxy {
+	t.Helper()
+	px, err := proxy.New(listen, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	return px
 }

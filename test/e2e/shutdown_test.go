@@ -4,12 +4,9 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/test/proxy"
 )
 
 // One shutdown deadline: with events in flight that can never be acked
@@ -29,21 +26,9 @@ func TestShutdownDeadlineHoldsWhenServicesStall(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, "deadline")
-			port, target := os.Getenv("OUTBOX_TEST_KAFKA_PROXY_PORT"), os.Getenv("OUTBOX_TEST_KAFKA_PROXY_TARGET")
-			if port == "" || target == "" {
-				t.Fatal("OUTBOX_TEST_KAFKA_PROXY_PORT and _TARGET are not set: start the services with test/services.sh")
-			}
-			kpx, err := proxy.New("127.0.0.1:"+port, target)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { kpx.Close() })
-			pgpx, err := proxy.New("127.0.0.1:0", pgHostPort())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { pgpx.Close() })
-			r := e.launchRelay("--kafka-brokers", "127.0.0.1:"+port, "--shutdown-timeout", shutdownTimeout.String(),
+			kpx, kafkaAddr := kafkaProxy(t)
+			pgpx := startProxy(t, "127.0.0.1:0", pgHostPort())
+			r := e.launchRelay("--kafka-brokers", kafkaAddr, "--shutdown-timeout", shutdownTimeout.String(),
 				"--postgres-url", replaceHostPort(pgURL, pgpx.Addr()))
 			r.waitReady(60 * time.Second)
 			w := e.newWriter(91)

@@ -5,13 +5,10 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/test/proxy"
 )
 
 // Nothing stalls silently: while Kafka takes no acks (blackholed), the
@@ -20,16 +17,8 @@ import (
 // stays alive (/healthz) and nothing is lost.
 func TestUnackedAgeTurnsNotReady(t *testing.T) {
 	e := newEnv(t, "unackedage")
-	port, target := os.Getenv("OUTBOX_TEST_KAFKA_PROXY_PORT"), os.Getenv("OUTBOX_TEST_KAFKA_PROXY_TARGET")
-	if port == "" || target == "" {
-		t.Fatal("OUTBOX_TEST_KAFKA_PROXY_PORT and _TARGET are not set: start the services with test/services.sh")
-	}
-	kpx, err := proxy.New("127.0.0.1:"+port, target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { kpx.Close() })
-	r := e.startRelay("--kafka-brokers", "127.0.0.1:"+port, "--max-unacked-age", "2s")
+	kpx, kafkaAddr := kafkaProxy(t)
+	r := e.startRelay("--kafka-brokers", kafkaAddr, "--max-unacked-age", "2s")
 	ctx := context.Background()
 	w := e.newWriter(71)
 	if err := w.run(ctx, 50, 5, 10, 0, ""); err != nil {
