@@ -46,7 +46,16 @@ type Progress interface {
 	// from Flushed (a rewind after a publish error): the loop ends the
 	// session and the next one starts after Drain. Any goroutine; cheap.
 	Restarting() bool
+	// Advanced receives, without blocking its sender, after Flushed
+	// moved; one receive may stand for several moves. The stream then
+	// confirms promptly instead of at the next status interval.
+	Advanced() <-chan struct{}
 }
+
+// confirmGap is the least time between two status updates sent because the
+// watermark moved: a burst of acks makes a few updates a second, not one
+// per transaction.
+const confirmGap = 100 * time.Millisecond
 
 // ErrRestart ends a session so that the next starts from the progress's
 // Flushed position; a handler returns it (wrapped or not) to ask for that.
@@ -66,7 +75,12 @@ type Stream struct {
 	identity     Identity      // the server history the progress's watermark is on; the loop goroutine's
 	received     atomic.Uint64 // highest WAL position seen
 	streaming    atomic.Bool
-	lastSentTime time.Time // guarded by mu, like every status update
+	lastSentTime time.Time     // guarded by mu, like every status update
+	lastSentLSN  pglogrepl.LSN // Flush of the last status update; guarded by mu
+	// confirmNow asks the loop, woken from its read by a deadline in the
+	// past, to confirm the moved watermark (the pinger cannot take mu
+	// while the loop waits for the server).
+	confirmNow atomic.Bool
 
 	stopMu sync.Mutex
 	stop   context.CancelFunc // ends the running session gracefully; set by Run
@@ -240,7 +254,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	pinged := make(chan struct{})
 	go func() {
 		defer close(pinged)
-		s.pinger(pingCtx)
+		s.pinger(pingCtx, conn.Conn())
 	}()
 	defer func() {
 		s.streaming.Store(false)
@@ -330,6 +344,12 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 		}
 		if silent := time.Since(heard); silent > timeout {
 			return fmt.Errorf("slot %q: no message from the server for %s (postgres.receive_timeout): connection presumed dead", s.cfg.Slot, silent.Round(time.Millisecond))
+		}
+		if prompt := s.confirmNow.Swap(false); prompt {
+			deadline = time.Time{} // the pinger moved the read deadline: set ours again
+			if s.progress.Flushed() > s.lastConfirmed() {
+				next = time.Now()
+			}
 		}
 		if !time.Now().Before(next) {
 			s.mu.Lock()
@@ -449,24 +469,52 @@ func (s *Stream) sendStatus(requestReply bool) error {
 	}
 	s.metrics.confirmed.Set(float64(flushed))
 	s.lastSentTime = time.Now()
+	s.lastSentLSN = flushed
 	return nil
 }
 
+// lastConfirmed is the Flush of the last status update.
+func (s *Stream) lastConfirmed() pglogrepl.LSN {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastSentLSN
+}
+
 // pinger keeps status updates flowing while the loop is blocked in the
-// handler (backpressure), so the walsender never times the connection out.
-func (s *Stream) pinger(ctx context.Context) {
+// handler (backpressure), so the walsender never times the connection out,
+// and confirms promptly when the watermark moves: itself when the loop is
+// in the handler, else by waking the loop from its read (confirmNow).
+func (s *Stream) pinger(ctx context.Context, netConn interface{ SetReadDeadline(time.Time) error }) {
 	t := time.NewTicker(s.cfg.StatusInterval)
 	defer t.Stop()
+	gap := time.NewTimer(0) // confirmGap since the last prompt update
+	defer gap.Stop()
+	var advanced <-chan struct{} = s.progress.Advanced()
 	for {
+		prompt := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-advanced:
+			// Coalesce: wait out the gap since the last prompt update.
+			select {
+			case <-ctx.Done():
+				return
+			case <-gap.C:
+			}
+			gap.Reset(confirmGap)
+			prompt = true
 		}
 		if !s.mu.TryLock() {
+			if prompt {
+				s.confirmNow.Store(true)
+				_ = netConn.SetReadDeadline(time.Now())
+			}
 			continue // the loop holds the conn and sends on its own deadline
 		}
-		if time.Since(s.lastSentTime) >= s.cfg.StatusInterval {
+		due := time.Since(s.lastSentTime) >= s.cfg.StatusInterval
+		if due || prompt && s.progress.Flushed() > s.lastSentLSN {
 			if err := s.sendStatus(false); err != nil {
 				s.log.Warn().Err(err).Msg("status update from pinger failed")
 			}

@@ -143,9 +143,12 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	// connection error. Retrying metadata for up to an hour instead keeps
 	// the batch, its sequence numbers and the partition order intact while
 	// the cluster is unreachable.
+	// The wait starts short, so a topic the broker is creating (or a new
+	// leader) costs a round trip or two, not seconds, and grows to 2 s, so
+	// the 1800 retries still cover about an hour of outage.
 	sc.Metadata.Retry.Max = 1800
-	sc.Metadata.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
-		return min(250*time.Millisecond<<min(maxRetries-retries, 3), 2*time.Second)
+	sc.Metadata.Retry.BackoffFunc = func(retries, _ int) time.Duration {
+		return metadataBackoff.Delay(retries + 1) // sarama passes the retries made so far
 	}
 	// A missing topic is created by a metadata request only when the
 	// operator opts in: otherwise any writer of the outbox could create
@@ -162,6 +165,10 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	}
 	return sc, nil
 }
+
+// metadataBackoff paces sarama's metadata retries: 20 ms doubling to 2 s,
+// without jitter (one client, one schedule).
+var metadataBackoff = backoff.Policy{Initial: 20 * time.Millisecond, Max: 2 * time.Second, Jitter: backoff.Exact}
 
 // connect dials the cluster, retrying with capped backoff until it succeeds,
 // ctx ends or Close is called (errClosing). Each failure is logged; the

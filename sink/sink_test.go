@@ -764,3 +764,30 @@ func TestSaramaRetryBackoff(t *testing.T) {
 		}
 	}
 }
+
+// Metadata retries start short (a topic being created, a new leader: tens
+// of milliseconds) and grow to 2 s, so the 1800 of them still cover about an
+// hour. sarama passes the retries made so far; the old schedule read that
+// backwards and waited 2 s from the first retry.
+func TestMetadataBackoff(t *testing.T) {
+	sc, err := saramaConfig(validConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := sc.Metadata.Retry.BackoffFunc
+	for _, tt := range []struct {
+		retries int
+		want    time.Duration
+	}{{0, 20 * time.Millisecond}, {1, 40 * time.Millisecond}, {2, 80 * time.Millisecond}, {6, 1280 * time.Millisecond}, {7, 2 * time.Second}, {1799, 2 * time.Second}} {
+		if got := f(tt.retries, sc.Metadata.Retry.Max); got != tt.want {
+			t.Errorf("backoff after %d retries = %s, want %s", tt.retries, got, tt.want)
+		}
+	}
+	var total time.Duration
+	for r := 0; r < sc.Metadata.Retry.Max; r++ {
+		total += f(r, sc.Metadata.Retry.Max)
+	}
+	if total < 55*time.Minute {
+		t.Errorf("metadata retries cover %s of outage, want about an hour", total)
+	}
+}

@@ -46,6 +46,7 @@ func (p *progress) Reset(l pglogrepl.LSN) error {
 
 func (p *progress) Drain(context.Context) error { return nil }
 func (p *progress) Restarting() bool            { return false }
+func (p *progress) Advanced() <-chan struct{}   { return nil }
 
 // The stream reads IDENTIFY_SYSTEM on the real server and compares it with
 // the history its watermark was acked on (what an earlier leadership term
