@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os/exec"
 	"slices"
 	"strings"
@@ -207,3 +208,11 @@ func (b *bench) probeFirst(ctx context.Context, client sarama.Client, insert, ag
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// msInt formats the first-publish milliseconds (whole ms, also above 1 s).
+func msInt(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f ms", v)
+}

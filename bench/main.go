@@ -296,7 +296,7 @@ func run() int {
 		} else {
 			w, s := summarize(f.WallMs), summarize(f.StampMs)
 			logf("first publish to a new topic (%d probes, auto-create flag %v): before COMMIT -> consumer min %s median %s max %s; record timestamp -> consumer median %s",
-				len(f.WallMs), f.AutoCreate, msq(w.Min), msq(w.Med), msq(w.Max), msq(s.Med))
+				len(f.WallMs), f.AutoCreate, msInt(w.Min), msInt(w.Med), msInt(w.Max), msInt(s.Med))
 		}
 	}
 	if ctx.Err() != nil {

@@ -135,7 +135,7 @@ func (r *results) targets() []target {
 		name := fmt.Sprintf("First event to a new topic at a consumer <= %.0f ms (info)", firstPublishGoal)
 		if f := r.First; f != nil && f.Err == "" && len(f.WallMs) > 0 {
 			m := summarize(f.WallMs)
-			ts = append(ts, target{name, fmt.Sprintf("%s median (min %s, max %s), before COMMIT -> consumer", msq(m.Med), msq(m.Min), msq(m.Max)),
+			ts = append(ts, target{name, fmt.Sprintf("%s median (min %s, max %s), before COMMIT -> consumer", msInt(m.Med), msInt(m.Min), msInt(m.Max)),
 				status(m.Med <= firstPublishGoal, true)})
 		} else {
 			ts = append(ts, target{name, "not measured", "n/a"})
@@ -383,8 +383,8 @@ func (r *results) markdown(asset string) string {
 		if len(f.WallMs) > 0 {
 			wl, st := summarize(f.WallMs), summarize(f.StampMs)
 			w("| first event to a new topic (%d probes) | min | median | max |\n|---|---:|---:|---:|\n", len(f.WallMs))
-			w("| wall: before COMMIT -> consumer | %s | %s | %s |\n", msq(wl.Min), msq(wl.Med), msq(wl.Max))
-			w("| record timestamp -> consumer | %s | %s | %s |\n\n", msq(st.Min), msq(st.Med), msq(st.Max))
+			w("| wall: before COMMIT -> consumer | %s | %s | %s |\n", msInt(wl.Min), msInt(wl.Med), msInt(wl.Max))
+			w("| record timestamp -> consumer | %s | %s | %s |\n\n", msInt(st.Min), msInt(st.Med), msInt(st.Max))
 		}
 	}
 	return sb.String()
