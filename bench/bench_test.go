@@ -104,6 +104,7 @@ func TestReportAndPlots(t *testing.T) {
 		}
 		res.Latency.Phases = append(res.Latency.Phases, p)
 	}
+	res.First = &firstPublish{AutoCreate: true, WallMs: []float64{120, 80, 2600, 95, 110}, StampMs: []float64{118, 79, 2598, 94, 108}}
 	dir := t.TempDir()
 	if err := plotDrain(res, filepath.Join(dir, "d.png")); err != nil {
 		t.Fatal(err)
@@ -112,7 +113,9 @@ func TestReportAndPlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := res.markdown("x")
-	for _, want := range []string{"| Drain, 100 rows/txn: relay >= 0.8x pg_recvlogical | 0.85x (min 0.82x, max 0.87x) | met |", "x-drain.png", "x-latency.png", "**relay not sustained**", "> 60 s"} {
+	for _, want := range []string{"| Drain, 100 rows/txn: relay >= 0.8x pg_recvlogical | 0.85x (min 0.82x, max 0.87x) | met |", "x-drain.png", "x-latency.png", "**relay not sustained**", "> 60 s",
+		"| First event to a new topic at a consumer <= 500 ms (info) | 110 ms median (min 80 ms, max 2600 ms), before COMMIT -> consumer | met |",
+		"| wall: before COMMIT -> consumer | 80 ms | 110 ms | 2600 ms |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -10,6 +10,8 @@
 //     commit->ack from the relay's histogram and commit->receive from a
 //     Kafka consumer, with CPU and memory.
 //  3. pprof CPU and allocation profiles of the relay during one drain.
+//  4. First publish to a new topic: commit of the first event of a fresh
+//     aggregate_type to a consumer reading it, a few probes.
 //
 // It writes a dated markdown report, PNG figures and profile summaries to
 // bench/results/ and prints the targets with met/missed. See bench/README.md.
@@ -159,7 +161,7 @@ func run() int {
 	resultsDir := flag.String("results", getenv("OUTBOX_BENCH_RESULTS", "bench/results"), "where the report, figures and profile summaries go")
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
-	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile"), "what to run: drain, latency, profile")
+	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first")
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 11*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
 	flag.Parse()
@@ -260,6 +262,9 @@ func run() int {
 		if b.parts["latency"] {
 			reserve += time.Duration(len(sc.Rates)) * (sc.PhaseDur + 10*time.Second)
 		}
+		if b.parts["first"] {
+			reserve += 30 * time.Second
+		}
 		b.drainDeadline = start.Add(*budget - reserve)
 	}
 	if b.parts["drain"] {
@@ -281,6 +286,17 @@ func run() int {
 		res.Latency = b.runLatency(ctx)
 		if res.Latency.Err != "" {
 			res.Errors = append(res.Errors, "latency: "+res.Latency.Err)
+		}
+	}
+	if b.parts["first"] && ctx.Err() == nil {
+		res.First = b.runFirstPublish(ctx)
+		if f := res.First; f.Err != "" {
+			res.Errors = append(res.Errors, "first publish: "+f.Err)
+			logf("first publish: %v", f.Err)
+		} else {
+			w, s := summarize(f.WallMs), summarize(f.StampMs)
+			logf("first publish to a new topic (%d probes, auto-create flag %v): before COMMIT -> consumer min %s median %s max %s; record timestamp -> consumer median %s",
+				len(f.WallMs), f.AutoCreate, msInt(w.Min), msInt(w.Med), msInt(w.Max), msInt(s.Med))
 		}
 	}
 	if ctx.Err() != nil {

@@ -22,6 +22,7 @@ type results struct {
 	Flags    []string
 	Drains   []*drainShape
 	Latency  *latencyRun
+	First    *firstPublish
 	Errors   []string
 }
 
@@ -126,6 +127,16 @@ func (r *results) targets() []target {
 				m += " (relay not sustained)"
 			}
 			ts = append(ts, target{name, m, status(v <= g.limit, !math.IsNaN(v))})
+		} else {
+			ts = append(ts, target{name, "not measured", "n/a"})
+		}
+	}
+	{
+		name := fmt.Sprintf("First event to a new topic at a consumer <= %.0f ms (info)", firstPublishGoal)
+		if f := r.First; f != nil && f.Err == "" && len(f.WallMs) > 0 {
+			m := summarize(f.WallMs)
+			ts = append(ts, target{name, fmt.Sprintf("%s median (min %s, max %s), before COMMIT -> consumer", msInt(m.Med), msInt(m.Min), msInt(m.Max)),
+				status(m.Med <= firstPublishGoal, true)})
 		} else {
 			ts = append(ts, target{name, "not measured", "n/a"})
 		}
@@ -355,6 +366,26 @@ func (r *results) markdown(asset string) string {
 			w(" Error: %s", prof.Err)
 		}
 		w("\n\n")
+	}
+	w("## 4. First publish to a new topic\n\n")
+	if f := r.First; f == nil {
+		w("Not run.\n\n")
+	} else {
+		how := "with `" + autoCreateFlag + "` (the broker has `auto.create.topics.enable=true`)"
+		if !f.AutoCreate {
+			how = "without `" + autoCreateFlag + "` (this relay does not know the flag; it created topics by default)"
+		}
+		w("One relay on a fresh slot, %s. After one warm-up event to a topic created beforehand (so the producer is connected), %d times in sequence: one outbox row with a fresh `aggregate_type`, whose topic does not exist yet, is committed; a consumer in the bench polls the topic's metadata every 5 ms (its own requests never create topics) and reads every partition from the start. *Wall* is the time from just before `COMMIT` until the consumer received the record (includes the commit itself); *record timestamp* is receive time minus the record timestamp, the PostgreSQL commit time in milliseconds. The target (<= %.0f ms) is judged on the wall median.\n\n",
+			how, firstPublishProbes, firstPublishGoal)
+		if f.Err != "" {
+			w("**Error:** %s\n\n", f.Err)
+		}
+		if len(f.WallMs) > 0 {
+			wl, st := summarize(f.WallMs), summarize(f.StampMs)
+			w("| first event to a new topic (%d probes) | min | median | max |\n|---|---:|---:|---:|\n", len(f.WallMs))
+			w("| wall: before COMMIT -> consumer | %s | %s | %s |\n", msInt(wl.Min), msInt(wl.Med), msInt(wl.Max))
+			w("| record timestamp -> consumer | %s | %s | %s |\n\n", msInt(st.Min), msInt(st.Med), msInt(st.Max))
+		}
 	}
 	return sb.String()
 }
