@@ -77,10 +77,6 @@ type Stream struct {
 	streaming    atomic.Bool
 	lastSentTime time.Time     // guarded by mu, like every status update
 	lastSentLSN  pglogrepl.LSN // Flush of the last status update; guarded by mu
-	// confirmNow asks the loop, woken from its read by a deadline in the
-	// past, to confirm the moved watermark (the pinger cannot take mu
-	// while the loop waits for the server).
-	confirmNow atomic.Bool
 
 	stopMu sync.Mutex
 	stop   context.CancelFunc // ends the running session gracefully; set by Run
@@ -254,7 +250,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	pinged := make(chan struct{})
 	go func() {
 		defer close(pinged)
-		s.pinger(pingCtx, conn.Conn())
+		s.pinger(pingCtx)
 	}()
 	defer func() {
 		s.streaming.Store(false)
@@ -335,6 +331,7 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 	defer stop()
 	defer netConn.SetReadDeadline(time.Time{})
 	var deadline time.Time
+	poll := time.Now().Add(confirmGap) // when the loop next looks for a moved watermark
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -345,10 +342,12 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 		if silent := time.Since(heard); silent > timeout {
 			return fmt.Errorf("slot %q: no message from the server for %s (postgres.receive_timeout): connection presumed dead", s.cfg.Slot, silent.Round(time.Millisecond))
 		}
-		if prompt := s.confirmNow.Swap(false); prompt {
-			deadline = time.Time{} // the pinger moved the read deadline: set ours again
+		if now := time.Now(); !now.Before(poll) {
+			// Every confirmGap the loop wakes to confirm a moved watermark
+			// at once, not at the next status interval.
+			poll = now.Add(confirmGap)
 			if s.progress.Flushed() > s.lastConfirmed() {
-				next = time.Now()
+				next = now
 			}
 		}
 		if !time.Now().Before(next) {
@@ -362,10 +361,14 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 			}
 			next = time.Now().Add(s.cfg.StatusInterval)
 		}
+		wake := next
+		if poll.Before(wake) {
+			wake = poll
+		}
 		s.mu.Lock()
-		if !deadline.Equal(next) && ctx.Err() == nil {
-			deadline = next
-			_ = netConn.SetReadDeadline(next)
+		if !deadline.Equal(wake) && ctx.Err() == nil {
+			deadline = wake
+			_ = netConn.SetReadDeadline(wake)
 		}
 		msg, err := s.conn.ReceiveMessage(context.Background())
 		s.mu.Unlock()
@@ -482,9 +485,10 @@ func (s *Stream) lastConfirmed() pglogrepl.LSN {
 
 // pinger keeps status updates flowing while the loop is blocked in the
 // handler (backpressure), so the walsender never times the connection out,
-// and confirms promptly when the watermark moves: itself when the loop is
-// in the handler, else by waking the loop from its read (confirmNow).
-func (s *Stream) pinger(ctx context.Context, netConn interface{ SetReadDeadline(time.Time) error }) {
+// and confirms promptly when the watermark moves meanwhile (a drain). While
+// the loop reads, the loop confirms itself (its poll): only the holder
+// of the connection touches it.
+func (s *Stream) pinger(ctx context.Context) {
 	t := time.NewTicker(s.cfg.StatusInterval)
 	defer t.Stop()
 	gap := time.NewTimer(0) // confirmGap since the last prompt update
@@ -507,11 +511,7 @@ func (s *Stream) pinger(ctx context.Context, netConn interface{ SetReadDeadline(
 			prompt = true
 		}
 		if !s.mu.TryLock() {
-			if prompt {
-				s.confirmNow.Store(true)
-				_ = netConn.SetReadDeadline(time.Now())
-			}
-			continue // the loop holds the conn and sends on its own deadline
+			continue // the loop holds the conn and confirms on its own deadline
 		}
 		due := time.Since(s.lastSentTime) >= s.cfg.StatusInterval
 		if due || prompt && s.progress.Flushed() > s.lastSentLSN {
