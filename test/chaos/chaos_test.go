@@ -246,7 +246,10 @@ func (s *run) fault(kind string) (landed bool) {
 		s.kinds = append(s.kinds, kind)
 	}
 	c[0]++
-	if s.inFlightNow() {
+	// The slot confirms within ~100 ms of the ack, so a fault injected at
+	// a random instant often falls between transactions. Wait (bounded)
+	// for events in flight, so the fault lands where it proves something.
+	if waitInFlight(s) {
 		c[1]++
 		return true
 	}
@@ -661,4 +664,14 @@ func table(rows []row) string {
 			strings.ReplaceAll(r.notes, "|", "/"))
 	}
 	return b.String()
+}
+
+// waitInFlight polls, for up to 3 s, until the relay holds events in flight.
+func waitInFlight(s *run) bool {
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) { // polling, bounded
+		if s.inFlightNow() {
+			return true
+		}
+	}
+	return false
 }

@@ -79,13 +79,18 @@ type env struct {
 	extra []string // extra relay env
 }
 
-func newEnv(t *testing.T, name string) *env {
+// newEnv makes a test's private outbox and migrates it; configure, when
+// given, changes the outbox's names before the migration.
+func newEnv(t *testing.T, name string, configure ...func(*testkit.Outbox)) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	o, err := testkit.NewOutbox(ctx, svcs, "e2e", name)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range configure {
+		f(o)
 	}
 	e := &env{Outbox: o, t: t, name: name}
 	t.Cleanup(func() {

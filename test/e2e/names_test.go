@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -17,24 +16,8 @@ import (
 // database, not per schema).
 func newEnvPub(t *testing.T, name string, pub func(suffix string) string) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	o, err := testkit.NewOutbox(ctx, svcs, "e2e", name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.Pub = pub(o.Slot[len("e2e_"+name+"_"):])
-	e := &env{Outbox: o, t: t, name: name}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := o.Close(ctx); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	if code, out, err := testkit.Run(ctx, os.Environ(), relayBin, append([]string{"migrate"}, e.flags()...)...); err != nil || code != 0 {
-		t.Fatalf("migrate: exit %d %v\n%s", code, err, out)
-	}
+	e := newEnv(t, name, func(o *testkit.Outbox) { o.Pub = pub(o.Slot[len("e2e_"+name+"_"):]) })
+	o, ctx := e.Outbox, context.Background()
 	var n int
 	if err := o.DB.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", o.Pub).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("migrate did not create publication %q (count %d, %v)", o.Pub, n, err)
