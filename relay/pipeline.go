@@ -382,7 +382,7 @@ func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 	}
 	if m.dead {
 		p.rewind.settled(d.lsn)
-		p.rewind.markDead(d.lsn, p.tracker.Flushed())
+		p.rewind.markDead(d.lsn)
 		d.pend.Ack(d.size)
 	}
 	return nil

@@ -33,18 +33,22 @@ type rewind struct {
 	anyDead atomic.Int32 // len(dead), read without the lock for every event
 }
 
-// markDead records a finished dead letter and forgets those at or below
-// the watermark, which the server never resends.
-func (r *rewind) markDead(lsn, watermark pglogrepl.LSN) {
+// maxDead bounds the finished dead letters remembered per term.
+const maxDead = 1 << 20
+
+// markDead records a finished dead letter.
+func (r *rewind) markDead(lsn pglogrepl.LSN) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.dead == nil {
 		r.dead = map[pglogrepl.LSN]struct{}{}
 	}
-	for l := range r.dead {
-		if l <= watermark {
-			delete(r.dead, l)
-		}
+	// Not pruned by the in-memory watermark: a session may restart below
+	// it, at the slot's confirmed position. One entry per dead letter of
+	// this term; a term that somehow collects maxDead starts over (at worst
+	// a duplicate dead letter, never a lost event).
+	if len(r.dead) >= maxDead {
+		clear(r.dead)
 	}
 	r.dead[lsn] = struct{}{}
 	r.anyDead.Store(int32(len(r.dead)))
