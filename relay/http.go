@@ -99,3 +99,16 @@ func (s *Server) Run(ctx context.Context) error {
 	<-served
 	return nil
 }
+
+// newReadyGauge is outbox_relay_ready: /readyz as a metric, read from
+// health at scrape time, so readiness lost for minutes can alert.
+func newReadyGauge(health func() Health) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_ready",
+		Help: "1 while /readyz answers 200 (leader streaming, Kafka reachable, not halted, no ack overdue; standby: lease connection up), else 0."},
+		func() float64 {
+			if health().Ready {
+				return 1
+			}
+			return 0
+		})
+}

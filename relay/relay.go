@@ -81,7 +81,7 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 	r := &Relay{cfg: cfg, log: deps.Log, base: deps.Registry, tmpl: tmpl, allow: allow, closing: make(chan struct{})}
 	r.dlqRows = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_dlq_unresolved_rows",
 		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
-	r.base.MustRegister(r.dlqRows)
+	r.base.MustRegister(r.dlqRows, newReadyGauge(r.Health))
 	if cfg.Leader.Enabled {
 		id := cfg.Leader.InstanceID
 		if id == "" {
