@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e chaos lint demo services-up services-down clean bench
+.PHONY: build test unit e2e chaos lint demo services-up services-down clean bench alerts
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -14,10 +14,10 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./test/...
 
-# Everything: lint, unit tests with -race, then the end-to-end suite and the
-# short fault-injection suite against a real PostgreSQL 15 and a real Kafka
-# 4.x that test/services.sh starts and stops. Fails (never skips) when a
-# service cannot start.
+# Everything: lint, the alert rules (make alerts), unit tests with -race,
+# then the end-to-end suite and the short fault-injection suite against a
+# real PostgreSQL 15 and a real Kafka 4.x that test/services.sh starts and
+# stops. Fails (never skips) when a service or promtool cannot start.
 test: lint build
 	bash test/run-tests.sh
 
@@ -27,6 +27,12 @@ test: lint build
 # test/.run/chaos-table.md). Fails on any loss, order or partition violation.
 chaos: build
 	bash test/run-chaos.sh
+
+# The alert rules alone: promtool check rules deploy/alerts.yaml and the
+# promtool unit tests in test/alerts/ (promtool from Debian's prometheus
+# package, fetched when missing). The first step of `make test`.
+alerts:
+	bash test/alerts.sh
 
 unit:
 	$(GO) test -race -count=1 $(PKGS)

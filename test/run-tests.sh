@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# run-tests.sh: what `make test` runs. Starts ONE PostgreSQL and ONE Kafka,
-# runs the unit tests, the end-to-end suite and the short fault-injection
-# (chaos) suite, stops the services. Any failure, including a service that
-# cannot start, fails the run.
+# run-tests.sh: what `make test` runs. Checks the alert rules, runs the unit
+# tests, starts ONE PostgreSQL and ONE Kafka, runs the end-to-end suite and
+# the short fault-injection (chaos) suite, stops the services. Any failure,
+# including a service or promtool that cannot start, fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . test/lib.sh
+
+# First: the alert rules (promtool check rules + promtool test rules; fetches
+# promtool when missing, fails if it cannot or a rule test fails).
+bash test/alerts.sh
 
 echo "== unit tests (race detector on)"
 go test -race -count=1 ./...
