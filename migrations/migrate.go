@@ -50,6 +50,9 @@ func Load(n Names) ([]Migration, error) {
 	subst := []string{
 		"{{table}}", t.Quoted(),
 		"{{index}}", outboxschema.QuoteIdent(n.Table + "_unpublished_idx"),
+		"{{unpublished_index}}", t.Sibling(n.Table + "_unpublished_idx").Quoted(),
+		"{{created_at_index}}", outboxschema.QuoteIdent(n.Table + "_created_at_idx"),
+		"{{delivery_table}}", t.Sibling(outboxschema.DeliveryTable).Quoted(),
 		"{{dlq_index}}", outboxschema.QuoteIdent(n.Table + "_dead_lettered_idx"),
 		"{{slot_registry}}", t.Sibling(outboxschema.SlotRegistry).Quoted(),
 		"{{leader_table}}", t.Sibling(outboxschema.LeaseTable).Quoted(),

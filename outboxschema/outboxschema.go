@@ -33,6 +33,9 @@ const (
 	SlotRegistry = "outbox_relay_slots"
 	// LeaseTable holds the leader election lease rows (migration 0004).
 	LeaseTable = "outbox_relay_leader"
+	// DeliveryTable holds each slot's delivery horizon and retention state
+	// (migration 0005, package retention).
+	DeliveryTable = "outbox_relay_delivery"
 	// MigrationHistory records the applied migrations, per outbox table.
 	MigrationHistory = "outbox_relay_migrations"
 )
@@ -51,6 +54,8 @@ const (
 	ColLastError      = "last_error"
 	ColDeadLetteredAt = "dead_lettered_at"
 	ColDLQResolvedAt  = "dlq_resolved_at"
+	ColCreatedAt      = "created_at"
+	ColPublishedAt    = "published_at" // set by replay (after the ack) or an earlier publisher
 )
 
 // RequiredColumns are the outbox columns the relay reads, in the order the

@@ -118,9 +118,21 @@ func readRegistry(ctx context.Context, conn *pgx.Conn, registry, slot string) (r
 	return r, true, true, nil
 }
 
+// register records the slot. created_xid (migration 0005) is read after the
+// slot exists: every transaction with an xid at or above it began after the
+// slot did, so the slot streams it; package retention proves delivery only
+// for those.
 func register(ctx context.Context, conn *pgx.Conn, registry, slot string, lsn pglogrepl.LSN) error {
-	if _, err := conn.Exec(ctx, "INSERT INTO "+registry+" (slot_name, created_lsn) VALUES ($1, $2::pg_lsn) ON CONFLICT (slot_name) DO NOTHING",
-		slot, lsn.String()); err != nil {
+	var hasXid bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_xid' AND NOT attisdropped)",
+		registry).Scan(&hasXid); err != nil {
+		return fmt.Errorf("read the columns of %s: %w", registry, err)
+	}
+	q := "INSERT INTO " + registry + " (slot_name, created_lsn) VALUES ($1, $2::pg_lsn) ON CONFLICT (slot_name) DO NOTHING"
+	if hasXid {
+		q = "INSERT INTO " + registry + " (slot_name, created_lsn, created_xid) VALUES ($1, $2::pg_lsn, pg_snapshot_xmax(pg_current_snapshot())) ON CONFLICT (slot_name) DO NOTHING"
+	}
+	if _, err := conn.Exec(ctx, q, slot, lsn.String()); err != nil {
 		return fmt.Errorf("record slot %q in %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", slot, registry, err, registry)
 	}
 	return nil
