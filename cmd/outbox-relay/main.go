@@ -5,6 +5,7 @@
 //	outbox-relay run      [--config FILE] [flags]   the relay
 //	outbox-relay migrate  [--config FILE] [flags]   create the outbox table, index, publication and slot
 //	outbox-relay dlq list|replay|resolve       inspect and replay dead-lettered events
+//	outbox-relay status   [--json] [--id N]   health from PostgreSQL alone; exit 0 ok, 4 warn, 3 bad
 //	outbox-relay version
 package main
 
@@ -57,6 +58,8 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 	case "run", "migrate":
 	case "dlq":
 		return dlqMain(rest, getenv, stdout, stderr)
+	case "status":
+		return statusMain(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stderr)
 		return exitOK
@@ -94,6 +97,8 @@ commands:
   run       stream outbox inserts from the replication slot to Kafka
   migrate   create the outbox table, its index, the publication and the slot
   dlq       list | replay --id N | resolve --id N: dead-lettered events
+  status    [--json] [--id N]: leader, slot, lag, undelivered, DLQ, retention, each with
+            what to do; reads PostgreSQL only. Exit 0 all ok, 4 a warning, 3 a check is bad
   version   print the version
 
 Run "outbox-relay run -h" for every flag; each has an OUTBOX_RELAY_* env twin.
