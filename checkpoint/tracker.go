@@ -122,6 +122,23 @@ func (t *Tracker) Add(ctx context.Context, end pglogrepl.LSN, n int, bytes int64
 	return p, nil
 }
 
+// Mark registers a position without events (a heartbeat's WAL record) in
+// log order, from the goroutine that calls Add: the watermark reaches it
+// once every transaction added before it is acked, at once when nothing is
+// in flight. A position at or before the last one added, or the watermark,
+// is ignored (a resend after a reconnect). It never blocks and counts as
+// no event.
+func (t *Tracker) Mark(at pglogrepl.LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if at <= t.lastAdded || at <= t.watermark {
+		return
+	}
+	t.pending = append(t.pending, &Pending{t: t, end: at, added: t.now()})
+	t.lastAdded = at
+	t.advanceLocked()
+}
+
 // fits reports whether a transaction of n events and b bytes may enter now.
 // Caller holds t.mu.
 func (t *Tracker) fits(n int, b int64) bool {

@@ -372,3 +372,57 @@ func TestOldest(t *testing.T) {
 		})
 	}
 }
+
+// A mark (a heartbeat's position) is reached once everything added before
+// it is acked, holds back nothing after it, and is ignored when it is not
+// after the last position added.
+func TestMark(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		run  func(tr *Tracker) pglogrepl.LSN // returns the watermark expected at the end
+	}{
+		{"idle: reached at once", func(tr *Tracker) pglogrepl.LSN { tr.Mark(150); return 150 }},
+		{"after an unacked transaction: waits", func(tr *Tracker) pglogrepl.LSN {
+			tr.Add(ctx, 110, 1, 1)
+			tr.Mark(150)
+			return 100
+		}},
+		{"reached when the transaction before is acked", func(tr *Tracker) pglogrepl.LSN {
+			p, _ := tr.Add(ctx, 110, 1, 1)
+			tr.Mark(150)
+			p.Ack(1)
+			return 150
+		}},
+		{"a later unacked transaction does not hold it", func(tr *Tracker) pglogrepl.LSN {
+			p, _ := tr.Add(ctx, 110, 1, 1)
+			tr.Mark(150)
+			tr.Add(ctx, 200, 1, 1)
+			p.Ack(1)
+			return 150
+		}},
+		{"at the last end: ignored, no error later", func(tr *Tracker) pglogrepl.LSN {
+			p, _ := tr.Add(ctx, 110, 1, 1)
+			tr.Mark(110)
+			tr.Mark(105)
+			if _, err := tr.Add(ctx, 200, 0, 0); err != nil {
+				t.Errorf("Add after ignored marks: %v", err)
+			}
+			p.Ack(1)
+			return 200
+		}},
+		{"below the watermark: ignored", func(tr *Tracker) pglogrepl.LSN { tr.Mark(50); return 100 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := New(100, Limits{MaxEvents: 10, MaxBytes: 100})
+			want := tt.run(tr)
+			if got := tr.Flushed(); got != want {
+				t.Errorf("watermark %s, want %s", got, want)
+			}
+			if e, _ := tr.InFlight(); e > 2 {
+				t.Errorf("%d events in flight: a mark counted as one", e)
+			}
+		})
+	}
+}

@@ -86,7 +86,8 @@ type Counts struct {
 	Txns           uint64 // Commits decoded, with or without events
 	Events         uint64 // events in the returned Txns
 	OtherTableRows uint64 // Inserts into tables other than the outbox
-	OtherMessages  uint64 // messages ignored: Update, Delete, Truncate, Type, Origin, Message, unknown
+	OtherMessages  uint64 // messages ignored: Update, Delete, Truncate, Type, Origin, Message (not a heartbeat), unknown
+	Heartbeats     uint64 // the relay's own heartbeat Messages (SetHeartbeatPrefix); not events
 }
 
 // Decoder holds the state of one replication stream: the relations seen so
@@ -124,6 +125,10 @@ type Decoder struct {
 	chunkEvents int
 	chunkBytes  int
 	buffered    int // payload bytes in txn.Events
+
+	hbPrefix []byte    // the heartbeat Message prefix; nil: none
+	hb       Heartbeat // decoded by the last Decode call, if hbOK
+	hbOK     bool
 }
 
 // Interning stops at this many strings, or at strings this long, so that a
@@ -170,6 +175,7 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 		return nil, protocolError(walStart, "message", "empty walData")
 	}
 	body := walData[1:]
+	d.hbOK = false
 	switch walData[0] {
 	case 'B':
 		return nil, d.begin(walStart, body)
@@ -182,8 +188,11 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 			return nil, err
 		}
 		return d.maybeChunk(), nil
+	case 'M':
+		d.message(body)
+		return nil, nil
 	default:
-		// Update, Delete, Truncate, Type, Origin, Message, and anything newer:
+		// Update, Delete, Truncate, Type, Origin, and anything newer:
 		// none of them can create an outbox event.
 		d.counts.OtherMessages++
 		return nil, nil

@@ -78,6 +78,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		d.SetHeartbeatPrefix("app") // the seeds' Messages: some are heartbeats
 		var (
 			got     []outcome
 			pending []pglogrepl.LSN // LSNs of the outbox Inserts since Begin
@@ -92,7 +93,11 @@ func FuzzDecode(f *testing.F) {
 				full[j] = 0xA5
 			}
 			after := d.Counts()
+			hb, beat := d.Heartbeat()
 			got = append(got, outcome{txn, errString(err)})
+			if beat && (len(m) == 0 || m[0] != 'M' || err != nil || txn != nil || wasIn || d.InTxn() || after.Heartbeats != before.Heartbeats+1) {
+				t.Fatalf("message %d (%q): heartbeat %+v: only a Message between transactions is one (counts %+v -> %+v)", i, m, hb, before, after)
+			}
 
 			if err != nil {
 				if !errors.Is(err, decoder.ErrProtocol) {
@@ -150,7 +155,11 @@ func FuzzDecode(f *testing.F) {
 				}
 			default:
 				want := before
-				want.OtherMessages++
+				if beat {
+					want.Heartbeats++
+				} else {
+					want.OtherMessages++
+				}
 				if txn != nil || after != want || d.InTxn() != wasIn {
 					t.Fatalf("message %d: ignored message %q: counts %+v -> %+v", i, m[0], before, after)
 				}
@@ -160,6 +169,7 @@ func FuzzDecode(f *testing.F) {
 		// Second pass: the same messages as fresh copies. Any difference
 		// means the first pass kept bytes of a buffer it did not own.
 		d2, _ := decoder.New("public.outbox")
+		d2.SetHeartbeatPrefix("app")
 		for i, m := range msgs {
 			txn, err := d2.Decode(lsnAt(i), append([]byte(nil), m...))
 			if want := (outcome{txn, errString(err)}); !reflect.DeepEqual(got[i], want) {

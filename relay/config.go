@@ -14,14 +14,15 @@ import (
 // command loads it from a YAML file, OUTBOX_RELAY_* environment variables
 // and flags (cmd/outbox-relay); the yaml tags are the documented keys.
 type Config struct {
-	Postgres    replication.Config `yaml:"postgres"`
-	Kafka       sink.Config        `yaml:"kafka"`
-	InFlight    InFlightConfig     `yaml:"inflight"`
-	OnPoison    string             `yaml:"on_poison"`
-	DeadLetter  DeadLetterConfig   `yaml:"dead_letter"`
-	Leader      LeaderConfig       `yaml:"leader"`
-	MetricsAddr string             `yaml:"metrics_addr"`
-	Pprof       bool               `yaml:"pprof"`
+	Postgres    replication.Config          `yaml:"postgres"`
+	Kafka       sink.Config                 `yaml:"kafka"`
+	InFlight    InFlightConfig              `yaml:"inflight"`
+	OnPoison    string                      `yaml:"on_poison"`
+	DeadLetter  DeadLetterConfig            `yaml:"dead_letter"`
+	Leader      LeaderConfig                `yaml:"leader"`
+	Heartbeat   replication.HeartbeatConfig `yaml:"heartbeat"`
+	MetricsAddr string                      `yaml:"metrics_addr"`
+	Pprof       bool                        `yaml:"pprof"`
 	// ShutdownTimeout is the one shutdown deadline: from SIGTERM (or
 	// Close) to the end of Run, drain included; see Relay.Run.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
@@ -63,6 +64,7 @@ func DefaultConfig() Config {
 		OnPoison:        "dlq",
 		DeadLetter:      DeadLetterConfig{Topic: "outbox.dlq", MaxAttempts: 5, RetryBackoff: 500 * time.Millisecond},
 		Leader:          LeaderConfig{Enabled: true, LeaseTTL: 10 * time.Second, RenewInterval: time.Second, PollInterval: time.Second},
+		Heartbeat:       replication.DefaultHeartbeatConfig(),
 		MetricsAddr:     ":9187",
 		ShutdownTimeout: 30 * time.Second,
 		MaxUnackedAge:   30 * time.Second,
@@ -71,7 +73,7 @@ func DefaultConfig() Config {
 
 // Validate reports every invalid key by name.
 func (c Config) Validate() error {
-	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka.")}
+	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka."), c.Heartbeat.Validate("heartbeat.")}
 	if c.InFlight.MaxEvents < 1 {
 		errs = append(errs, fmt.Errorf("inflight.max_events: %d must be at least 1 (default 10000)", c.InFlight.MaxEvents))
 	}

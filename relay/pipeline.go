@@ -51,6 +51,9 @@ type PipelineConfig struct {
 	// (kafka.max_topics, at least 1; kafka.topic_allowlist).
 	MaxTopics int
 	Allowlist sink.Allowlist
+	// HeartbeatPrefix is the prefix of the relay's heartbeat Messages
+	// (replication.HeartbeatPrefix); "" when heartbeats are off.
+	HeartbeatPrefix string
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -63,15 +66,17 @@ type PipelineConfig struct {
 // NewPipeline allocates; Run works off retries and row marks until its ctx
 // ends; Handle runs on the replication loop goroutine.
 type Pipeline struct {
-	table   string
-	router  *sink.Router // owned by the replication loop goroutine
-	policy  Policy
-	tracker *checkpoint.Tracker
-	pub     Publisher
-	marker  RowMarker
-	log     zerolog.Logger
-	dec     *decoder.Decoder // owned by the replication loop goroutine
-	prevDec decoder.Counts
+	table    string
+	router   *sink.Router // owned by the replication loop goroutine
+	policy   Policy
+	tracker  *checkpoint.Tracker
+	pub      Publisher
+	marker   RowMarker
+	log      zerolog.Logger
+	dec      *decoder.Decoder // owned by the replication loop goroutine
+	prevDec  decoder.Counts
+	hbPrefix string
+	beats    *beats // the lag clock: heartbeats emitted and not yet passed by the watermark
 
 	retries *queue[*delivery] // failed dead letters, republished in the order they failed
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
@@ -97,7 +102,8 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	p := &Pipeline{table: cfg.Table, router: router, policy: cfg.Policy, pub: pub, marker: marker,
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
-		retries: newQueue[*delivery](), marks: newQueue[rowMark]()}
+		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
+		hbPrefix: cfg.HeartbeatPrefix, beats: newBeats(0, time.Now)}
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
@@ -134,6 +140,9 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		return fmt.Errorf("decode: %w", err)
 	}
 	if txn == nil {
+		if hb, ok := p.dec.Heartbeat(); ok {
+			p.heartbeat(hb)
+		}
 		return nil
 	}
 	p.countDecoder() // per transaction or chunk, not per message; Drain counts the rest
@@ -417,6 +426,36 @@ func (p *Pipeline) waitIfHalted(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// heartbeat handles one of the relay's heartbeats read from the slot: no
+// event, nothing to publish. Every transaction that committed before its
+// record was handed over before it, so the watermark may move to it once
+// they are acked (at once when nothing is in flight, like an idle
+// keepalive): a heartbeat never holds the slot back. The lag clock learns
+// where it sits.
+func (p *Pipeline) heartbeat(hb decoder.Heartbeat) {
+	p.tracker.Mark(hb.LSN)
+	p.beats.decoded(hb)
+}
+
+// Emitted records a heartbeat written into the WAL (replication.Heartbeater):
+// its record ends at end and carries the local time sent. Any goroutine;
+// does not block.
+func (p *Pipeline) Emitted(end pglogrepl.LSN, sent time.Time) {
+	p.beats.emitted(end, sent, p.tracker.Flushed())
+}
+
+// Lag is outbox_relay_lag_seconds: the age of the oldest event committed
+// and not yet acked or dead-lettered, read or not. It is the age of the
+// oldest heartbeat emitted and not yet passed by the ack watermark, or of
+// the oldest event in flight if that is older; an event committed after
+// the newest passed heartbeat and not yet read is not seen, so it is under
+// by at most one heartbeat.interval (plus the write of a heartbeat). With
+// heartbeats off or failing, it is the in-flight part only. Any goroutine.
+func (p *Pipeline) Lag() time.Duration {
+	oldest, ok := p.tracker.Oldest()
+	return p.beats.lag(p.tracker.Flushed(), oldest, ok)
+}
+
 // resetDecoder starts a fresh decoder (a new session resends relations) whose
 // chunks keep one transaction's buffered events well inside the in-flight
 // limits, so a transaction of any size streams in bounded memory.
@@ -427,6 +466,7 @@ func (p *Pipeline) resetDecoder() error {
 	}
 	events, bytes := p.tracker.Limits()
 	dec.SetChunk(min(1000, max(1, events/2)), int(max(1, bytes/2)))
+	dec.SetHeartbeatPrefix(p.hbPrefix)
 	p.dec, p.prevDec = dec, decoder.Counts{}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -813,5 +814,65 @@ func TestRewindKeepsFinishedDeadLetters(t *testing.T) {
 	case m := <-h.marker.marked:
 		t.Errorf("the row was marked again: %s", m)
 	default:
+	}
+}
+
+// A heartbeat read from the slot is no event: nothing is published,
+// tracked or counted. It passes once everything before it is acked, and
+// with nothing in flight it moves the watermark itself, so heartbeats never
+// hold the slot back.
+func TestHeartbeatThroughPipeline(t *testing.T) {
+	const prefix = "outbox-relay/outbox_relay"
+	h := newHarnessWith(t, fastPolicy, nil, &fakeMarker{marked: make(chan string, 10)},
+		func(c *PipelineConfig) { c.HeartbeatPrefix = prefix })
+	h.pub.answer = nil
+	if err := h.txn(100, 110, order("1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	m := h.held()
+	sent := time.Now().Add(-10 * time.Second)
+	h.p.Emitted(0x160, sent) // the record ends at 0x160, starts at 150
+	if err := h.p.Handle(h.ctx, 150, pg.Message(false, 150, prefix, strconv.FormatInt(sent.UnixNano(), 10))); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.p.decoded.Load(); n != 1 {
+		t.Errorf("events decoded = %d after a heartbeat, want 1", n)
+	}
+	if e, _ := h.p.InFlight(); e != 1 {
+		t.Errorf("in flight = %d after a heartbeat, want 1", e)
+	}
+	if lag := h.p.Lag(); lag < 10*time.Second {
+		t.Errorf("lag = %s with an event before a 10s old heartbeat unacked, want >= 10s", lag)
+	}
+	m.Done(nil)
+	// The ack of the only event before the heartbeat moves the watermark
+	// to the heartbeat, not just to the event's transaction.
+	h.waitFlushed(150)
+	if lag := h.p.Lag(); lag != 0 {
+		t.Errorf("lag = %s once every event before the heartbeat is acked, want 0", lag)
+	}
+	// The server resends it after a reconnect: ignored.
+	if err := h.p.Handle(h.ctx, 150, pg.Message(false, 150, prefix, strconv.FormatInt(sent.UnixNano(), 10))); err != nil {
+		t.Fatalf("a resent heartbeat: %v", err)
+	}
+
+	// Idle: the heartbeat moves the watermark to its record by itself.
+	sent = time.Now()
+	h.p.Emitted(0x260, sent)
+	if err := h.p.Handle(h.ctx, 0x200, pg.Message(false, 0x200, prefix, strconv.FormatInt(sent.UnixNano(), 10))); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.p.Flushed(); got != 0x200 {
+		t.Errorf("watermark %s after an idle heartbeat at 0/200, want 0/200", got)
+	}
+	if lag := h.p.Lag(); lag != 0 {
+		t.Errorf("lag = %s after an idle heartbeat passed, want 0", lag)
+	}
+	// Another relay's heartbeat (another slot) is ignored.
+	if err := h.p.Handle(h.ctx, 0x300, pg.Message(false, 0x300, "outbox-relay/other", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.p.Flushed(); got != 0x200 {
+		t.Errorf("watermark %s after another slot's heartbeat, want 0/200", got)
 	}
 }

@@ -53,6 +53,8 @@ type Relay struct {
 	elector *leader.Elector // nil when leader election is disabled
 	server  *Server         // nil when metrics_addr is empty
 	dlqRows prometheus.Gauge
+	// heartbeats counts every term's heartbeats; process-wide.
+	heartbeats *replication.HeartbeatMetrics
 
 	current atomic.Pointer[term] // the running leadership term, for Health
 	acked   pglogrepl.LSN        // carried from term to term; the leadership goroutine's
@@ -82,6 +84,18 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 	r.dlqRows = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_dlq_unresolved_rows",
 		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
 	r.base.MustRegister(r.dlqRows, newReadyGauge(r.Health))
+	r.heartbeats = replication.NewHeartbeatMetrics(r.base)
+	// Registered here, not in a term's registry, so that a standby exports 0.
+	r.base.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_lag_seconds",
+		Help: "Age of the oldest committed outbox event not yet acked by Kafka (nor dead-lettered), including events not yet read from the slot, " +
+			"timed by heartbeats written through the slot every heartbeat.interval: it may be under by at most one interval. " +
+			"0 on a standby. With heartbeats off or failing, only events already read count."},
+		func() float64 {
+			if t := r.current.Load(); t != nil {
+				return t.pipe.Lag().Seconds()
+			}
+			return 0
+		}))
 	if cfg.Leader.Enabled {
 		id := cfg.Leader.InstanceID
 		if id == "" {

@@ -51,6 +51,15 @@ func (t *term) ready() (bool, string) {
 	return true, "leader: streaming"
 }
 
+// heartbeatPrefix is the prefix of this relay's heartbeat Messages, or ""
+// when heartbeats are off.
+func heartbeatPrefix(cfg Config) string {
+	if cfg.Heartbeat.Interval <= 0 {
+		return ""
+	}
+	return replication.HeartbeatPrefix(cfg.Postgres.Slot)
+}
+
 // fenced reports whether the term ended because the lease was lost.
 func (t *term) fenced() bool { return t.fence != nil && !t.fence.Valid() }
 
@@ -69,7 +78,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Start: r.acked,
-		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow,
+		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
 		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
 		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
 			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
@@ -82,6 +91,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.stream.Fence = t.fence
+	t.stream.Messages = cfg.Heartbeat.Interval > 0
 	// The stream compares the server it streams from with this history and
 	// discards the carried watermark if they differ (failover between terms).
 	t.stream.SetIdentity(r.history)
@@ -111,6 +121,11 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	g.Go(func() error { return t.producer.Run(gctx) })
 	g.Go(func() error { return t.pipe.Run(after) })
 	g.Go(func() error { return t.lag.Run(after) })
+	if cfg.Heartbeat.Interval > 0 {
+		// Leader only: a standby's heartbeats would time nothing.
+		hb := replication.NewHeartbeater(cfg.Postgres, cfg.Heartbeat.Interval, t.pipe.Emitted, t.log, r.heartbeats)
+		g.Go(func() error { return hb.Run(after) })
+	}
 	g.Go(func() error {
 		defer stopAfter()
 		defer t.producer.Close() // after the stream's drain: flush what is left, then stop

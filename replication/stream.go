@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
-	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/rs/zerolog"
 )
 
@@ -85,6 +84,10 @@ type Stream struct {
 	// its leadership: no session starts unless Check passes, and no status
 	// update is sent unless Valid.
 	Fence Fence
+	// Messages asks pgoutput for Messages (the relay's heartbeats) on a
+	// server that has the option (PostgreSQL 14+); set before Run.
+	Messages  bool
+	oldWarned bool // the server is too old for Messages; said once
 }
 
 // Fence is what the stream needs from leader election.
@@ -221,12 +224,16 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		conn.Close(context.WithoutCancel(ctx))
 		return err
 	}
+	version := conn.ParameterStatus("server_version")
+	args, ok := pluginArgs(s.cfg.Publication, version, s.Messages)
+	if !ok && !s.oldWarned {
+		s.oldWarned = true
+		s.log.Warn().Str("server_version", version).
+			Msg("PostgreSQL before 14 cannot stream messages: heartbeats are still written and time outbox_relay_lag_seconds through the ack watermark, but are not decoded")
+	}
 	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, start, pglogrepl.StartReplicationOptions{
-		Mode: pglogrepl.LogicalReplication,
-		PluginArgs: []string{
-			"proto_version '1'",
-			outboxschema.PublicationNamesOption(s.cfg.Publication),
-		},
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: args,
 	})
 	if err != nil {
 		conn.Close(context.WithoutCancel(ctx))

@@ -207,6 +207,8 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.Leader.PollInterval })},
 	{"leader.instance_id", "OUTBOX_RELAY_INSTANCE_ID", "instance-id", "this instance's name in the lease (default host-pid)",
 		str(func(c *Config) *string { return &c.Leader.InstanceID })},
+	{"heartbeat.interval", "OUTBOX_RELAY_HEARTBEAT_INTERVAL", "heartbeat-interval", "how often the leader writes a heartbeat through the slot to time outbox_relay_lag_seconds (0 = off)",
+		dur(func(c *Config) *time.Duration { return &c.Heartbeat.Interval })},
 	{"metrics_addr", "OUTBOX_RELAY_METRICS_ADDR", "metrics-addr", "HTTP address for /metrics, /healthz, /readyz (empty = off)",
 		str(func(c *Config) *string { return &c.MetricsAddr })},
 	{"pprof", "OUTBOX_RELAY_PPROF", "pprof", "serve /debug/pprof/ on metrics_addr (profiling; off in production unless needed)",

@@ -307,6 +307,7 @@ var invalidCases = []struct {
 	{key: "leader.renew_interval", env: []string{"10ms", "x"}, flag: []string{"0s"}, file: []any{"1ms"}},
 	{key: "leader.poll_interval", env: []string{"1ms", "x"}, flag: []string{"2m"}, file: []any{"0s"}},
 	{key: "leader.instance_id", env: []string{"a\tb"}, flag: []string{strings.Repeat("x", 129)}, file: []any{"line\nbreak"}},
+	{key: "heartbeat.interval", env: []string{"50ms", "often"}, flag: []string{"-1s", "2m"}, file: []any{"1ns", 5}},
 	{key: "pprof", env: []string{"on"}, flag: []string{"2"}, file: []any{"enabled"}},
 	{key: "metrics_addr", env: []string{"9187"}, flag: []string{"localhost"}, file: []any{"metrics", []string{":1"}}},
 	{key: "log.level", env: []string{"loud", "INFO"}, flag: []string{""}, file: []any{"verbose"}},

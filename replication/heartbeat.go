@@ -1,0 +1,228 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
+)
+
+// HeartbeatConfig is the heartbeat part of the relay's configuration
+// (heartbeat.*).
+type HeartbeatConfig struct {
+	// Interval is how often the leader writes a heartbeat into the WAL
+	// (pg_logical_emit_message) to time outbox_relay_lag_seconds; 0 turns
+	// heartbeats off.
+	Interval time.Duration `yaml:"interval"`
+}
+
+// DefaultHeartbeatConfig returns the defaults documented in the README.
+func DefaultHeartbeatConfig() HeartbeatConfig { return HeartbeatConfig{Interval: time.Second} }
+
+// Validate names the key under prefix (e.g. "heartbeat.").
+func (c HeartbeatConfig) Validate(prefix string) error {
+	if c.Interval != 0 && (c.Interval < 100*time.Millisecond || c.Interval > time.Minute) {
+		return fmt.Errorf("%sinterval: %s is out of range: use 100ms..1m, or 0 to turn heartbeats off (default 1s)", prefix, c.Interval)
+	}
+	return nil
+}
+
+// HeartbeatPrefix is the pg_logical_emit_message prefix of the heartbeats
+// of slot: other applications' messages, and other relays' (other slots),
+// have other prefixes.
+func HeartbeatPrefix(slot string) string { return "outbox-relay/" + slot }
+
+// messagesMinVersion is the first PostgreSQL major version whose pgoutput
+// takes the messages option (with any proto_version).
+const messagesMinVersion = 14
+
+// pluginArgs returns pgoutput's options for a server reporting version
+// (its server_version parameter), asking for Messages when messages is set
+// and the server has the option. ok is false when it was wanted but the
+// server is too old (or its version unknown).
+func pluginArgs(publication, version string, messages bool) (args []string, ok bool) {
+	args = []string{"proto_version '1'", outboxschema.PublicationNamesOption(publication)}
+	if !messages {
+		return args, true
+	}
+	if majorVersion(version) < messagesMinVersion {
+		return args, false
+	}
+	return append(args, "messages 'true'"), true
+}
+
+// majorVersion reads the leading number of a server_version such as
+// "15.18 (Debian ...)", "17beta1" or "9.6.24" (the major is then 9, older
+// than anything with messages); 0 when there is none.
+func majorVersion(v string) int {
+	n := 0
+	for i := 0; i < len(v) && v[i] >= '0' && v[i] <= '9' && n < 1000; i++ {
+		n = n*10 + int(v[i]-'0')
+	}
+	return n
+}
+
+// HeartbeatMetrics count heartbeats. They live as long as the process:
+// build them once with NewHeartbeatMetrics and give them to every term's
+// Heartbeater.
+type HeartbeatMetrics struct {
+	sent, errors prometheus.Counter
+}
+
+// NewHeartbeatMetrics registers the counters on reg (nil: unregistered).
+func NewHeartbeatMetrics(reg prometheus.Registerer) *HeartbeatMetrics {
+	m := &HeartbeatMetrics{
+		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_heartbeats_total",
+			Help: "Heartbeats written into the WAL by the leader (pg_logical_emit_message) to time outbox_relay_lag_seconds."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_heartbeat_errors_total",
+			Help: "Failed heartbeat writes (connection or query errors, a refused pg_logical_emit_message); while they fail, outbox_relay_lag_seconds cannot see events not yet read."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.sent, m.errors)
+	}
+	return m
+}
+
+// Heartbeater writes a heartbeat into the WAL every interval on a normal
+// connection: pg_logical_emit_message(false, HeartbeatPrefix(slot), <local
+// Unix nanos>), non-transactional, so the record has no xid and is decoded
+// at its own WAL position through the slot. Each written heartbeat is
+// handed to Emitted with its record's end LSN and the local time it
+// carries. NewHeartbeater allocates; Run writes until ctx ends,
+// reconnecting with backoff on errors: it never stops the relay and never
+// blocks the replication stream.
+type Heartbeater struct {
+	url, prefix string
+	interval    time.Duration
+	emitted     func(end pglogrepl.LSN, sent time.Time)
+	log         zerolog.Logger
+	m           *HeartbeatMetrics
+}
+
+// NewHeartbeater allocates; it does not connect. emitted is called from
+// Run's goroutine, in emission order, and must not block.
+func NewHeartbeater(cfg Config, interval time.Duration, emitted func(end pglogrepl.LSN, sent time.Time), log zerolog.Logger, m *HeartbeatMetrics) *Heartbeater {
+	if m == nil {
+		m = NewHeartbeatMetrics(nil)
+	}
+	return &Heartbeater{url: cfg.URL, prefix: HeartbeatPrefix(cfg.Slot), interval: interval, emitted: emitted, m: m,
+		log: log.With().Str("component", "heartbeat").Logger()} // the caller's logger carries slot
+}
+
+// heartbeatQuery writes one heartbeat; text arguments pick the text
+// overload of the function.
+const heartbeatQuery = "SELECT pg_logical_emit_message(false, $1::text, $2::text)::text"
+
+// Run writes heartbeats until ctx ends, then returns nil.
+func (h *Heartbeater) Run(ctx context.Context) error {
+	var conn *pgx.Conn
+	closeConn := func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		conn.Close(cctx)
+		conn = nil
+	}
+	defer func() {
+		if conn != nil {
+			closeConn()
+		}
+	}()
+	b := backoff.Backoff{Policy: backoff.Policy{Initial: h.interval, Max: max(h.interval, 30*time.Second)}}
+	t := time.NewTicker(h.interval)
+	defer t.Stop()
+	failing, hinted := false, ""
+	for {
+		err := h.beat(ctx, &conn)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := time.Duration(0)
+		if err != nil {
+			h.m.errors.Inc()
+			if conn != nil {
+				closeConn()
+			}
+			wait = b.Next()
+			switch hint := heartbeatHint(err); {
+			case hint != "" && hint != hinted:
+				// Said once, clearly: it will not fix itself.
+				hinted = hint
+				h.log.Error().Err(err).Msg("heartbeats refused: outbox_relay_lag_seconds shows only events already read (like outbox_relay_oldest_unacked_seconds); " + hint)
+			case !failing:
+				h.log.Warn().Err(err).Dur("retry_in", wait).Msg("heartbeat failed; retrying (outbox_relay_heartbeat_errors_total)")
+			default:
+				h.log.Debug().Err(err).Dur("retry_in", wait).Msg("heartbeat failed")
+			}
+			failing = true
+		} else {
+			if failing {
+				h.log.Info().Msg("heartbeats written again")
+			}
+			failing, hinted = false, ""
+			b.Reset()
+		}
+		if wait > 0 {
+			if backoff.Sleep(ctx, wait) != nil {
+				return nil
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// beat connects if needed and writes one heartbeat.
+func (h *Heartbeater) beat(ctx context.Context, conn **pgx.Conn) error {
+	if *conn == nil {
+		c, err := Connect(ctx, h.url)
+		if err != nil {
+			return err
+		}
+		*conn = c
+	}
+	qctx, cancel := context.WithTimeout(ctx, max(h.interval, 5*time.Second))
+	defer cancel()
+	sent := time.Now()
+	var end string
+	if err := (*conn).QueryRow(qctx, heartbeatQuery, h.prefix, strconv.FormatInt(sent.UnixNano(), 10)).Scan(&end); err != nil {
+		return fmt.Errorf("write heartbeat (pg_logical_emit_message): %w", err)
+	}
+	lsn, err := pglogrepl.ParseLSN(end)
+	if err != nil {
+		return fmt.Errorf("read heartbeat position %q: %w", end, err)
+	}
+	h.m.sent.Inc()
+	h.emitted(lsn, sent)
+	return nil
+}
+
+// heartbeatHint says what to do about an error that retrying cannot fix;
+// "" for the others.
+func heartbeatHint(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "42501": // insufficient_privilege: EXECUTE was revoked from PUBLIC
+		return "grant it: GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <the relay's role> " +
+			"(PUBLIC may execute it by default; someone revoked that), or set heartbeat.interval: 0"
+	case "25006": // read_only_sql_transaction: a standby in recovery
+		return "postgres.url must reach the primary: a server in recovery writes no WAL"
+	}
+	return ""
+}

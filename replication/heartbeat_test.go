@@ -1,0 +1,83 @@
+package replication
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// pgoutput's messages option exists from PostgreSQL 14 and works with
+// proto_version 1; an older server must start without it.
+func TestPluginArgs(t *testing.T) {
+	pub := `publication_names '"outbox_pub"'`
+	tests := []struct {
+		version  string // server_version as the server reports it
+		messages bool
+		want     []string
+	}{
+		{"15.18 (Debian 15.18-0+deb12u1)", true, []string{"proto_version '1'", pub, "messages 'true'"}},
+		{"14.0", true, []string{"proto_version '1'", pub, "messages 'true'"}},
+		{"17beta1", true, []string{"proto_version '1'", pub, "messages 'true'"}},
+		{"13.12", true, []string{"proto_version '1'", pub}},
+		{"9.6.24", true, []string{"proto_version '1'", pub}},
+		{"", true, []string{"proto_version '1'", pub}}, // unknown: the safe choice
+		{"15.4", false, []string{"proto_version '1'", pub}},
+	}
+	for _, tt := range tests {
+		got, _ := pluginArgs("outbox_pub", tt.version, tt.messages)
+		if !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("pluginArgs(%q, %v) = %q, want %q", tt.version, tt.messages, got, tt.want)
+		}
+	}
+}
+
+func TestHeartbeatConfigValidate(t *testing.T) {
+	tests := []struct {
+		interval time.Duration
+		ok       bool
+	}{
+		{0, true}, {time.Second, true}, {100 * time.Millisecond, true}, {time.Minute, true},
+		{-time.Second, false}, {99 * time.Millisecond, false}, {time.Minute + 1, false},
+	}
+	for _, tt := range tests {
+		err := HeartbeatConfig{Interval: tt.interval}.Validate("heartbeat.")
+		if (err == nil) != tt.ok {
+			t.Errorf("interval %s: err = %v, want ok %v", tt.interval, err, tt.ok)
+		}
+		if err != nil && !strings.HasPrefix(err.Error(), "heartbeat.interval: ") {
+			t.Errorf("interval %s: %q does not name heartbeat.interval", tt.interval, err)
+		}
+	}
+	if d := DefaultHeartbeatConfig().Interval; d != time.Second {
+		t.Errorf("default heartbeat.interval = %s, want 1s", d)
+	}
+}
+
+func TestHeartbeatPrefix(t *testing.T) {
+	if got := HeartbeatPrefix("outbox_relay"); got != "outbox-relay/outbox_relay" {
+		t.Errorf("HeartbeatPrefix = %q", got)
+	}
+}
+
+// A refused heartbeat names the grant that fixes it.
+func TestHeartbeatErrorHint(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{&pgconn.PgError{Code: "42501", Message: "permission denied for function pg_logical_emit_message"},
+			"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO"},
+		{&pgconn.PgError{Code: "25006", Message: "cannot execute pg_logical_emit_message() during recovery"}, "primary"},
+		{errors.New("connection reset"), ""},
+	}
+	for _, tt := range tests {
+		hint := heartbeatHint(tt.err)
+		if tt.want == "" && hint != "" || !strings.Contains(hint, tt.want) {
+			t.Errorf("heartbeatHint(%v) = %q, want it to contain %q", tt.err, hint, tt.want)
+		}
+	}
+}
