@@ -5,6 +5,7 @@
 //	outbox-relay run      [--config FILE] [flags]   the relay
 //	outbox-relay migrate  [--config FILE] [flags]   create the outbox table, index, publication and slot
 //	outbox-relay dlq list|replay|resolve       inspect and replay dead-lettered events
+//	outbox-relay replay --since TIME|--from-id N [...]   republish outbox rows from the table
 //	outbox-relay version
 package main
 
@@ -57,6 +58,8 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 	case "run", "migrate":
 	case "dlq":
 		return dlqMain(rest, getenv, stdout, stderr)
+	case "replay":
+		return replayMain(rest, getenv, stderr)
 	case "help", "-h", "--help":
 		usage(stderr)
 		return exitOK
@@ -94,6 +97,10 @@ commands:
   run       stream outbox inserts from the replication slot to Kafka
   migrate   create the outbox table, its index, the publication and the slot
   dlq       list | replay --id N | resolve --id N: dead-lettered events
+  replay    --since TIME|--from-id N [--until TIME|--to-id M] [--aggregate-type T]
+            [--event-type E] [--rate N/s]: republish outbox rows from the table with
+            their original event_id (after a lost or dropped slot, rows older than
+            the slot, a new consumer); TIME is RFC 3339 or 2006-01-02 (UTC)
   version   print the version
 
 Run "outbox-relay run -h" for every flag; each has an OUTBOX_RELAY_* env twin.
