@@ -163,29 +163,16 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 		d := &ds[i]
 		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload)),
 			attempts: p.rewind.attemptsOf(ev.LSN)}
-		hdrs, key := headers(ev, commitLSN)
-		d.msg = sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: txn.CommitTime, Done: d.done}
+		d.msg = Record(ev, commitLSN, txn.CommitTime)
+		d.msg.Done = d.done
 		bytes += d.size
 		if p.rewind.deadLettered(ev.LSN) {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		if ev.Err != nil {
-			reason := deadletter.ReasonBadRow
-			if ev.Err.ReservedHeader != "" {
-				reason = deadletter.ReasonReservedHeader
-			}
-			if err := p.poisonRow(ctx, d, reason, ev.Err); err != nil {
-				return err
-			}
-			continue
-		}
-		topic, err := p.router.Route(ev.AggregateType, ev.EventType)
+		topic, reason, err := Route(p.router, p.table, ev)
 		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 		if err != nil {
-			reason, fix := routeReason(err)
-			err = fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w%s",
-				p.table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err, fix)
 			if err := p.poisonRow(ctx, d, reason, err); err != nil {
 				return err
 			}
@@ -321,13 +308,8 @@ func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 // large or they would not fit kafka.max_message_bytes, and the dlq.*
 // headers (deadletter.Letter.Record). The caller publishes it.
 func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
-	n := min(ownHeaders, len(d.msg.Headers))
-	d.letter = &deadletter.Letter{Table: p.table, ID: d.id, LSN: d.lsn, Topic: d.msg.Topic, Key: d.msg.Key,
-		Value: d.msg.Value, Headers: d.msg.Headers[:n], RowHeaders: d.msg.Headers[n:], Reason: reason,
-		Err: cause.Error(), Attempts: d.attempts, TooLarge: reason == "message_too_large", MaxBytes: p.policy.MaxMessageBytes}
-	key, value, headers := d.letter.Record(time.Now())
-	d.msg = sink.Message{Topic: p.policy.Topic, Key: key, Value: value, Headers: headers,
-		Timestamp: d.msg.Timestamp, Done: d.done}
+	d.msg, d.letter = DeadLetterRecord(p.table, p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
+	d.msg.Done = d.done
 	p.log.Error().Err(cause).Int64("id", d.id).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")

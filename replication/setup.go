@@ -56,20 +56,25 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 	if err != nil {
 		return SlotInfo{}, err
 	}
-	if err := ensurePublication(ctx, conn, cfg, found, info.ConfirmedFlush); err != nil {
-		return SlotInfo{}, err
-	}
 	registry := registryName(cfg.Table)
 	created, registered, hasRegistry, err := readRegistry(ctx, conn, registry, cfg.Slot)
 	if err != nil {
 		return SlotInfo{}, err
 	}
+	if found && info.WALStatus == "lost" {
+		return info, fault.Fatal.Wrap(fmt.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events after its last confirmed position %s may never be streamed. Retrying cannot fix this. Recover: SELECT pg_drop_replication_slot('%s'); %s. Raise max_slot_wal_keep_size or alert on slot lag to prevent it",
+			cfg.Slot, info.ConfirmedFlush, cfg.Slot, recoverySteps(created, registered, registry, cfg.Slot)))
+	}
+	if err := ensurePublication(ctx, conn, cfg, found, info.ConfirmedFlush); err != nil {
+		return SlotInfo{}, err
+	}
 	if !found && registered {
-		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (dropped?): %w. Events committed while it was missing were not streamed. Republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id), then DELETE FROM %s WHERE slot_name = '%s' and start again: the relay will create a fresh slot",
-			cfg.Slot, created.at, created.lsn, ErrSlotVanished, registry, cfg.Slot))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (dropped?): %w. Events committed while it was missing were not streamed, and the relay will not create a fresh slot silently. Recover: %s",
+			cfg.Slot, created.at, created.lsn, ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
 	if !found && !createSlot {
-		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recreate it with `outbox-relay migrate`, then republish outbox rows committed since the last event in Kafka (compare event_id with outbox.id)", cfg.Slot, ErrSlotVanished))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recover: %s",
+			cfg.Slot, ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
 	if !found {
 		if err := createReplicationSlot(ctx, cfg); err != nil {
@@ -99,7 +104,33 @@ func registryName(table string) string {
 	return t.Sibling(outboxschema.SlotRegistry).Quoted()
 }
 
-type registryRow struct{ at, lsn string }
+type registryRow struct {
+	at, lsn string
+	// since is 5 minutes before created_at, in UTC, RFC 3339: the slot
+	// streams transactions that began after its creation started, which
+	// is before the registry row was written; 5 minutes cover transactions
+	// open that long while the slot was being created.
+	since string
+}
+
+// recoverySteps says how to recover after the slot was lost or dropped: a
+// fresh slot streams everything committed from its creation on, and
+// `outbox-relay replay` republishes the rows created since the old slot was
+// (its creation time is a lower bound of every event it may have missed).
+func recoverySteps(r registryRow, registered bool, registry, slot string) string {
+	since := "<the time the relay last ran healthy, or earlier>"
+	if registered {
+		since = r.since
+	}
+	steps := fmt.Sprintf("run `outbox-relay migrate` (it creates a fresh slot: everything committed from then on is streamed); start the relay; then, with the relay's config, run `outbox-relay replay --since %s`", since)
+	if registered {
+		steps = fmt.Sprintf("DELETE FROM %s WHERE slot_name = '%s'; ", registry, slot) + steps +
+			fmt.Sprintf(": it republishes every outbox row created since 5 minutes before the slot was created (%s)", r.at)
+	} else {
+		steps += ": it republishes the outbox rows created since then"
+	}
+	return steps + ", with their original event_id; the duplicates of events already delivered are harmless, consumers deduplicate on event_id"
+}
 
 // readRegistry reports whether the registry table exists and whether the
 // slot is registered in it. Without the table (a schema not made by migrate)
@@ -108,7 +139,7 @@ func readRegistry(ctx context.Context, conn *pgx.Conn, registry, slot string) (r
 	if err = conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", registry).Scan(&exists); err != nil || !exists {
 		return r, false, false, err
 	}
-	err = conn.QueryRow(ctx, "SELECT created_at::text, coalesce(created_lsn::text, '?') FROM "+registry+" WHERE slot_name = $1", slot).Scan(&r.at, &r.lsn)
+	err = conn.QueryRow(ctx, "SELECT created_at::text, coalesce(created_lsn::text, '?'), to_char((created_at - interval '5 minutes') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM "+registry+" WHERE slot_name = $1", slot).Scan(&r.at, &r.lsn, &r.since)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, true, nil
 	}
@@ -288,9 +319,6 @@ func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool,
 		return info, false, fault.Fatal.Wrap(fmt.Errorf("slot %q belongs to database %q, not %q: connect to that database or choose another postgres.slot", slot, str(database), currentDB))
 	}
 	info.WALStatus = str(walStatus)
-	if info.WALStatus == "lost" {
-		return info, false, fault.Fatal.Wrap(fmt.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events after its last confirmed position %s may never be streamed. Retrying cannot fix this. Drop and recreate the slot (SELECT pg_drop_replication_slot('%s'); then outbox-relay migrate), then replay from the outbox table the rows created since the relay last ran healthy (INSERT INTO <table> (aggregate_type, aggregate_id, event_type, payload, headers) SELECT ... WHERE created_at >= ...); consumers deduplicate on event_id. Raise max_slot_wal_keep_size or alert on slot lag to prevent it", slot, info.ConfirmedFlush, slot))
-	}
 	if confirmed != nil {
 		if info.ConfirmedFlush, err = pglogrepl.ParseLSN(*confirmed); err != nil {
 			return info, false, fmt.Errorf("parse confirmed_flush_lsn of slot %q: %w", slot, err)

@@ -514,6 +514,14 @@ func TestRealMainExitCodes(t *testing.T) {
 		{"dlq replay without id", []string{"dlq", "replay"}, requiredEnv(nil), exitConfig, []string{"--id is required"}},
 		{"dlq resolve bad id", []string{"dlq", "resolve", "--id", "x"}, requiredEnv(nil), exitConfig, []string{"id"}},
 		{"dlq list bad config", []string{"dlq", "list", "--on-poison", "skip"}, requiredEnv(nil), exitConfig, []string{"on_poison"}},
+		{"replay without a start", []string{"replay"}, requiredEnv(nil), exitConfig,
+			[]string{"one of --since TIME or --from-id N is required", "usage: outbox-relay replay"}},
+		{"replay bad time and rate", []string{"replay", "--since", "last week", "--rate", "fast"}, requiredEnv(nil), exitConfig,
+			[]string{"--since:", "RFC 3339", "--rate:", "N/s"}},
+		{"replay bad flags and config", []string{"replay", "--from-id", "1", "--to-id", "x", "--on-poison", "skip"}, requiredEnv(nil), exitConfig,
+			[]string{"--to-id:", "on_poison"}},
+		{"replay -h", []string{"replay", "-h"}, envOf(nil), exitOK, []string{"usage: outbox-relay replay --since TIME|--from-id N"}},
+		{"help lists replay", []string{"help"}, envOf(nil), exitOK, []string{"replay    --since TIME|--from-id N"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

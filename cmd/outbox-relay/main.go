@@ -6,6 +6,7 @@
 //	outbox-relay migrate  [--config FILE] [flags]   create the outbox table, index, publication and slot
 //	outbox-relay dlq list|replay|resolve       inspect and replay dead-lettered events
 //	outbox-relay status   [--json] [--id N]   health from PostgreSQL alone; exit 0 ok, 4 warn, 3 bad
+//	outbox-relay replay --since TIME|--from-id N [...]   republish outbox rows from the table
 //	outbox-relay version
 package main
 
@@ -60,6 +61,8 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 		return dlqMain(rest, getenv, stdout, stderr)
 	case "status":
 		return statusMain(rest, getenv, stdout, stderr)
+	case "replay":
+		return replayMain(rest, getenv, stderr)
 	case "help", "-h", "--help":
 		usage(stderr)
 		return exitOK
@@ -99,6 +102,10 @@ commands:
   dlq       list | replay --id N | resolve --id N: dead-lettered events
   status    [--json] [--id N]: leader, slot, lag, undelivered, DLQ, retention, each with
             what to do; reads PostgreSQL only. Exit 0 all ok, 4 a warning, 3 a check is bad
+  replay    --since TIME|--from-id N [--until TIME|--to-id M] [--aggregate-type T]
+            [--event-type E] [--rate N/s]: republish outbox rows from the table with
+            their original event_id (after a lost or dropped slot, rows older than
+            the slot, a new consumer); TIME is RFC 3339 or 2006-01-02 (UTC)
   version   print the version
 
 Run "outbox-relay run -h" for every flag; each has an OUTBOX_RELAY_* env twin.

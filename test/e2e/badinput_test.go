@@ -98,7 +98,7 @@ func TestLostSlotFailsFast(t *testing.T) {
 	if code != 1 {
 		t.Fatalf("exit code %d, want 1:\n%s", code, tail([]byte(log), 3000))
 	}
-	for _, want := range []string{"wal_status = lost", "pg_drop_replication_slot", "replay", "max_slot_wal_keep_size"} {
+	for _, want := range []string{"wal_status = lost", "pg_drop_replication_slot", "outbox-relay replay --since 20", "harmless", "max_slot_wal_keep_size"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("log lacks %q:\n%s", want, tail([]byte(log), 3000))
 		}

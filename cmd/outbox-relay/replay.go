@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/outbox-relay/outbox-relay/replay"
+)
+
+// replayMain runs `outbox-relay replay` with the relay's own config (file,
+// env, flags): it finds the same table and publishes like the relay.
+func replayMain(args []string, getenv func(string) string, stderr io.Writer) int {
+	var opts func() (replay.Options, error)
+	cfg, err := loadConfig("replay", args, getenv, func(fs *flag.FlagSet) { opts = replay.Bind(fs) })
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(stderr, "usage:", replay.Usage)
+		return exitOK
+	}
+	o, oerr := opts() // also after a config error: one run shows every problem
+	if err = errors.Join(oerr, err); err != nil {
+		fmt.Fprintf(stderr, "replay: invalid arguments or configuration:\n%v\nusage: %s\n", indent(err), replay.Usage)
+		return exitConfig
+	}
+	log := newLogger(cfg.Log, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	r, err := replay.New(cfg.Config, o, replay.Deps{Log: log, Progress: stderr, Terminal: isTerminal(stderr)})
+	if err != nil {
+		fmt.Fprintln(stderr, "replay:", err)
+		return exitConfig
+	}
+	if _, err := r.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "replay failed:\n%v", indent(err))
+		return exitFatal
+	}
+	return exitOK
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

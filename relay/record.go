@@ -1,0 +1,62 @@
+package relay
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// Record is the Kafka record the relay publishes for ev: key aggregate_id,
+// value the payload bytes, the relay's headers (event_id, event_type,
+// aggregate_type, aggregate_id, pg_lsn = commitLSN) then the row's, and
+// timestamp at. Topic and Done are the caller's (Route). outbox-relay replay
+// builds its records here too. Any goroutine; it does not block.
+func Record(ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
+	hdrs, key := headers(ev, commitLSN)
+	return sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: at}
+}
+
+// Route returns the topic of ev, or why ev is poison: a bad row
+// (decoder.Event.Err) or a topic the router refuses. Then reason is the
+// dead-letter reason, err says what to fix, and topic is the refused name
+// ("" when there is none). It uses router, so it is called from the
+// router's goroutine only.
+func Route(router *sink.Router, table string, ev *decoder.Event) (topic, reason string, err error) {
+	if ev.Err != nil {
+		if ev.Err.ReservedHeader != "" {
+			return "", deadletter.ReasonReservedHeader, ev.Err
+		}
+		return "", deadletter.ReasonBadRow, ev.Err
+	}
+	topic, err = router.Route(ev.AggregateType, ev.EventType)
+	if err != nil {
+		reason, fix := routeReason(err)
+		return topic, reason, fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w%s",
+			table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err, fix)
+	}
+	return topic, "", nil
+}
+
+// DeadLetterRecord turns m, the record of outbox row id that could not be
+// published, into its dead letter under policy pol: the dead-letter topic,
+// the same key (bounded), the payload and the row's headers unless the
+// event was too large or they would not fit kafka.max_message_bytes, and
+// the dlq.* headers (deadletter.Letter.Record). m's Done is not copied.
+// Any goroutine; it does not block.
+func DeadLetterRecord(table string, pol Policy, id int64, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
+	n := min(ownHeaders, len(m.Headers))
+	l := &deadletter.Letter{Table: table, ID: id, LSN: lsn, Topic: m.Topic, Key: m.Key,
+		Value: m.Value, Headers: m.Headers[:n], RowHeaders: m.Headers[n:], Reason: reason,
+		Err: cause.Error(), Attempts: attempts, TooLarge: reason == "message_too_large", MaxBytes: pol.MaxMessageBytes}
+	key, value, headers := l.Record(now)
+	return sink.Message{Topic: pol.Topic, Key: key, Value: value, Headers: headers, Timestamp: m.Timestamp}, l
+}
+
+// Delay is the wait before the next attempt after a failure Decide answered
+// with a, the attempts-th failure (0 for anything but a retry).
+func (p Policy) Delay(a Action, attempts int) time.Duration { return p.delay(a, attempts) }
