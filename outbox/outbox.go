@@ -111,7 +111,10 @@ func WithTable(name string) Option {
 // transactions always use INSERT). Measured on PostgreSQL 15
 // (BenchmarkWrite in outbox/bench_e2e_test.go): below about this size the
 // INSERT is faster, COPY's extra round trip to describe the table costing
-// more than the per-row parameters it saves.
+// more than the per-row parameters it saves. Per event, committed, on a
+// shared 2-core machine (2 runs): 1 event 247-291 us INSERT vs 309-315 us
+// COPY; 10: 43-44 vs 47-48; 50: 21-22 vs 20-22; 100: 15-18 vs 13-14; 1000:
+// 16-22 vs 13-14; 10 000: 14-16 vs 9-10.
 const CopyThreshold = 100
 
 // withCopyAt sets the COPY threshold (0 = never COPY); for the benchmark.
