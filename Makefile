@@ -59,8 +59,10 @@ bench:
 	  bash test/services.sh stop; \
 	  exit $$rc
 
-# Starts local PostgreSQL + Kafka, migrates, runs the relay and a sample
-# order service, and shows events arriving in Kafka with the slot lag.
+# Starts local PostgreSQL + Kafka, migrates, runs the relay, the sample
+# order service (examples/orders, package outbox) and billing consumer
+# (examples/billing, package inbox), and shows service -> outbox -> relay ->
+# Kafka -> consumer, with re-published records skipped as duplicates.
 demo: build
 	bash test/demo.sh
 

@@ -1,6 +1,8 @@
-// Command demo is the sample service and viewer behind `make demo`: it
-// writes orders and their outbox events in real transactions, reads the
-// events back from Kafka and prints them with the relay's slot lag.
+// Command demo is the viewer behind `make demo`: while examples/orders
+// writes orders and their outbox events and examples/billing consumes them
+// with package inbox, it prints the relay's slot lag and, once, publishes a
+// few records the relay already delivered a second time (as a relay restart
+// or rewind would), so that billing shows "skipped duplicate".
 package main
 
 import (
@@ -8,13 +10,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,11 +22,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+const topic = "outbox.event.order"
+
 func main() {
 	pg := flag.String("postgres-url", os.Getenv("OUTBOX_RELAY_POSTGRES_URL"), "PostgreSQL URL")
 	brokers := flag.String("kafka-brokers", os.Getenv("OUTBOX_RELAY_KAFKA_BROKERS"), "Kafka brokers")
 	metrics := flag.String("metrics", "http://127.0.0.1:9187/metrics", "relay metrics URL")
-	rate := flag.Int("rate", 5, "orders per second")
+	after := flag.Duration("republish-after", 8*time.Second, "when to publish a few delivered records again")
+	count := flag.Int("republish", 3, "how many records to publish again")
 	duration := flag.Duration("duration", 0, "stop after this long (0 = until Ctrl-C)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -36,136 +39,89 @@ func main() {
 		ctx, cancel = context.WithTimeout(ctx, *duration)
 		defer cancel()
 	}
-	if err := run(ctx, *pg, strings.Split(*brokers, ","), *metrics, *rate); err != nil && ctx.Err() == nil {
+	db, err := pgxpool.New(ctx, *pg)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-}
-
-func run(ctx context.Context, pgURL string, brokers []string, metricsURL string, rate int) error {
-	db, err := pgxpool.New(ctx, pgURL)
-	if err != nil {
-		return err
-	}
 	defer db.Close()
-	if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (
-		id text PRIMARY KEY, customer text NOT NULL, total numeric NOT NULL, status text NOT NULL)`); err != nil {
-		return err
-	}
-	var written atomic.Int64
 	go func() {
-		if err := writeOrders(ctx, db, rate, &written); err != nil && ctx.Err() == nil {
-			fmt.Fprintln(os.Stderr, "order service:", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(*after):
+		}
+		if err := republish(strings.Split(*brokers, ","), *count); err != nil {
+			fmt.Fprintln(os.Stderr, "demo: republish:", err)
 		}
 	}()
-	go printLag(ctx, metricsURL, &written)
-	return watch(ctx, brokers)
+	printLag(ctx, *metrics, db)
 }
 
-// writeOrders is the sample service: each business change and its event
-// commit in ONE transaction.
-func writeOrders(ctx context.Context, db *pgxpool.Pool, rate int, written *atomic.Int64) error {
-	t := time.NewTicker(time.Second / time.Duration(max(rate, 1)))
-	defer t.Stop()
-	var open []string
-	for n := 1; ; n++ {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		tx, err := db.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		var id, event, status string
-		if len(open) > 0 && rand.IntN(2) == 0 {
-			id, open = open[0], open[1:]
-			event, status = "order.paid", "paid"
-			_, err = tx.Exec(ctx, "UPDATE orders SET status = $2 WHERE id = $1", id, status)
-		} else {
-			id = fmt.Sprintf("ord_%05d", n)
-			open = append(open, id)
-			event, status = "order.created", "created"
-			_, err = tx.Exec(ctx, "INSERT INTO orders (id, customer, total, status) VALUES ($1, $2, $3, $4)",
-				id, fmt.Sprintf("cust_%d", rand.IntN(50)), rand.IntN(20000)/100.0, status)
-		}
-		if err == nil {
-			_, err = tx.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
-				VALUES ('order', $1, $2, jsonb_build_object('order_id', $1::text, 'status', $3::text),
-				        jsonb_build_object('trace_id', md5(random()::text), 'schema_version', '1'))`, id, event, status)
-		}
-		if err != nil {
-			tx.Rollback(ctx)
-			return err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return err
-		}
-		written.Add(1)
-	}
-}
-
-func watch(ctx context.Context, brokers []string) error {
+// republish reads the last n records of the topic's first non-empty
+// partition and produces them again, headers (event_id) included.
+func republish(brokers []string, n int) error {
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V3_6_0_0
-	cfg.Consumer.MaxWaitTime = 10 * time.Millisecond // show commit->read, not the fetch wait
-	var client sarama.Client
-	var err error
-	for {
-		client, err = sarama.NewClient(brokers, cfg)
-		if err == nil {
-			if err = client.RefreshMetadata("outbox.event.order"); err == nil {
-				if parts, _ := client.Partitions("outbox.event.order"); len(parts) > 0 {
-					break
-				}
-			}
-			client.Close()
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	client, err := sarama.NewClient(brokers, cfg)
 	if err != nil {
 		return err
 	}
-	defer consumer.Close()
-	parts, _ := client.Partitions("outbox.event.order")
-	out := make(chan *sarama.ConsumerMessage)
+	defer client.Close()
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return err
+	}
 	for _, p := range parts {
-		pc, err := consumer.ConsumePartition("outbox.event.order", p, sarama.OffsetOldest)
+		newest, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil || newest == 0 {
+			continue
+		}
+		consumer, err := sarama.NewConsumerFromClient(client)
 		if err != nil {
 			return err
 		}
-		defer pc.AsyncClose()
-		go func() {
-			for m := range pc.Messages() {
-				out <- m
-			}
-		}()
-	}
-	fmt.Println("reading outbox.event.order from Kafka (Ctrl-C stops everything)")
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case m := <-out:
-			h := map[string]string{}
-			for _, x := range m.Headers {
-				h[string(x.Key)] = string(x.Value)
-			}
-			lag := time.Since(m.Timestamp).Round(time.Millisecond)
-			fmt.Printf("kafka  %s/%d@%-5d key=%-9s %-13s event_id=%-5s pg_lsn=%-10s commit->read %s  %s\n",
-				m.Topic, m.Partition, m.Offset, m.Key, h["event_type"], h["event_id"], h["pg_lsn"], lag, m.Value)
+		defer consumer.Close()
+		from := max(newest-int64(n), 0)
+		pc, err := consumer.ConsumePartition(topic, p, from)
+		if err != nil {
+			return err
 		}
+		var again []*sarama.ProducerMessage
+		var ids []string
+		for m := range pc.Messages() {
+			var hs []sarama.RecordHeader
+			for _, h := range m.Headers {
+				hs = append(hs, *h)
+				if string(h.Key) == "event_id" {
+					ids = append(ids, string(h.Value))
+				}
+			}
+			again = append(again, &sarama.ProducerMessage{Topic: topic, Partition: p, Key: sarama.ByteEncoder(m.Key), Value: sarama.ByteEncoder(m.Value), Headers: hs})
+			if m.Offset >= newest-1 {
+				break
+			}
+		}
+		pc.AsyncClose()
+		producer, err := sarama.NewSyncProducerFromClient(client)
+		if err != nil {
+			return err
+		}
+		defer producer.Close()
+		if err := producer.SendMessages(again); err != nil {
+			return err
+		}
+		fmt.Printf("demo     published %d delivered records again (event_id %s), as a relay restart would: billing must skip them\n",
+			len(again), strings.Join(ids, ", "))
+		return nil
 	}
+	return fmt.Errorf("no record in %s yet", topic)
 }
 
-func printLag(ctx context.Context, url string, written *atomic.Int64) {
+func printLag(ctx context.Context, url string, db *pgxpool.Pool) {
 	t := time.NewTicker(3 * time.Second)
 	defer t.Stop()
 	for {
@@ -175,8 +131,10 @@ func printLag(ctx context.Context, url string, written *atomic.Int64) {
 		case <-t.C:
 		}
 		m := scrape(url)
-		fmt.Printf("relay  written=%d published=%.0f inflight=%.0f slot_lag_bytes=%.0f retained_wal_bytes=%.0f confirmed_lsn=%s\n",
-			written.Load(), m["outbox_relay_events_published_total"], m["outbox_relay_inflight_events"],
+		var written int64
+		_ = db.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&written)
+		fmt.Printf("relay    outbox rows=%d published=%.0f inflight=%.0f slot_lag_bytes=%.0f retained_wal_bytes=%.0f confirmed_lsn=%s\n",
+			written, m["outbox_relay_events_published_total"], m["outbox_relay_inflight_events"],
 			m["outbox_relay_slot_lag_bytes"], m["outbox_relay_slot_retained_wal_bytes"], lsn(m["outbox_relay_confirmed_lsn"]))
 	}
 }

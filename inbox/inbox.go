@@ -1,0 +1,128 @@
+// Package inbox consumes the events outbox-relay publishes and handles each
+// one once: the consumer half of the transactional outbox pattern.
+//
+// Delivery from the relay is at-least-once: a relay restart, a rewind or a
+// consumer crash delivers a record again. A Consumer wraps a sarama
+// ConsumerGroup and, for each record, in ONE PostgreSQL transaction:
+//
+//  1. INSERT the record's event_id into processed_events ... ON CONFLICT DO NOTHING;
+//  2. only if that row is new, calls the Handler with the same transaction;
+//  3. commits;
+//  4. then marks the record's offset.
+//
+// So the handler's database changes commit together with the proof that the
+// event was handled: a duplicate (a redelivery after a crash between the
+// commit and the offset commit, or a record the relay published twice) finds
+// its row and is skipped and counted; a handler error rolls back both the
+// side effect and the row, and the record is retried. Side effects outside
+// that transaction (an e-mail, an HTTP call) are not covered: make them
+// idempotent, or record them in the transaction and send them afterwards.
+//
+// Records of one partition are handled one at a time, in offset order, so
+// the events of one aggregate (one key, one partition) are handled in the
+// order the relay published them.
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
+)
+
+// Header keys the relay sets (outboxschema) and schema_version, which the
+// writer sets (outbox.Event.SchemaVersion).
+const (
+	HeaderEventID       = outboxschema.HeaderEventID
+	HeaderEventType     = outboxschema.HeaderEventType
+	HeaderAggregateType = outboxschema.HeaderAggregateType
+	HeaderAggregateID   = outboxschema.HeaderAggregateID
+	HeaderSchemaVersion = "schema_version"
+)
+
+// Message is one record as a Handler sees it.
+type Message struct {
+	EventID       string // the event_id header: the outbox row id, the dedup key
+	EventType     string // event_type header
+	AggregateType string // aggregate_type header
+	AggregateID   string // aggregate_id header (also the record key)
+	// Headers holds every record header (the last value of a repeated key).
+	Headers map[string]string
+	Key     []byte
+	Payload []byte // the record value: the outbox row's payload JSON
+	Topic   string
+	// Partition and Offset locate the record.
+	Partition int32
+	Offset    int64
+	Timestamp time.Time // the PostgreSQL commit time, as the relay sets it
+	// Attempt is 1 on the first delivery to the handler, then 2, 3, ... while
+	// it is retried after errors in this process.
+	Attempt int
+}
+
+// SchemaVersion is the schema_version header as an integer; 0 when the
+// record has none. A header that is not a non-negative integer is an
+// error naming it.
+func (m *Message) SchemaVersion() (int, error) {
+	s, ok := m.Headers[HeaderSchemaVersion]
+	if !ok {
+		return 0, nil
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("event %s: header %s=%q is not a non-negative integer", m.EventID, HeaderSchemaVersion, s)
+	}
+	return v, nil
+}
+
+// NewMessage builds the Message of a consumed record.
+func NewMessage(r *sarama.ConsumerMessage) *Message {
+	h := make(map[string]string, len(r.Headers))
+	for _, x := range r.Headers {
+		if x != nil {
+			h[string(x.Key)] = string(x.Value)
+		}
+	}
+	return &Message{
+		EventID: h[HeaderEventID], EventType: h[HeaderEventType], AggregateType: h[HeaderAggregateType], AggregateID: h[HeaderAggregateID],
+		Headers: h, Key: r.Key, Payload: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp,
+	}
+}
+
+// Handler applies one event inside tx, the transaction that also records
+// its event_id. It must do its database work through tx and must not
+// commit or roll it back. A returned error rolls back everything and the
+// record is retried (Config.Retry, Config.MaxAttempts). It is called from
+// the goroutine of the record's partition: handlers of different
+// partitions run concurrently.
+type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// ErrNoEventID is the error of a record without an event_id header: it
+// cannot be deduplicated. Such a record never reaches the handler; it is
+// a permanent failure (see Config.MaxAttempts and Config.OnGiveUp).
+var ErrNoEventID = errors.New("record has no " + HeaderEventID + " header, so it cannot be deduplicated; was it published by outbox-relay?")
+
+// FailedError is the error Run returns when a record could not be handled
+// and no OnGiveUp hook took it: the consumer stops with the record's
+// offset not marked, so it is delivered again after a restart.
+type FailedError struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	EventID   string
+	Attempts  int
+	Err       error // the handler's last error, or ErrNoEventID
+}
+
+func (e *FailedError) Error() string {
+	return fmt.Sprintf("inbox: record %s/%d@%d (event_id %q) failed %d time(s), not marked: %v; fix the cause and restart (it is delivered again), or set inbox.Config.OnGiveUp to park such records",
+		e.Topic, e.Partition, e.Offset, e.EventID, e.Attempts, e.Err)
+}
+
+func (e *FailedError) Unwrap() error { return e.Err }
