@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -20,6 +21,7 @@ type Config struct {
 	OnPoison    string             `yaml:"on_poison"`
 	DeadLetter  DeadLetterConfig   `yaml:"dead_letter"`
 	Leader      LeaderConfig       `yaml:"leader"`
+	Retention   retention.Config   `yaml:"retention"`
 	MetricsAddr string             `yaml:"metrics_addr"`
 	Pprof       bool               `yaml:"pprof"`
 	// ShutdownTimeout is the one shutdown deadline: from SIGTERM (or
@@ -63,6 +65,7 @@ func DefaultConfig() Config {
 		OnPoison:        "dlq",
 		DeadLetter:      DeadLetterConfig{Topic: "outbox.dlq", MaxAttempts: 5, RetryBackoff: 500 * time.Millisecond},
 		Leader:          LeaderConfig{Enabled: true, LeaseTTL: 10 * time.Second, RenewInterval: time.Second, PollInterval: time.Second},
+		Retention:       retention.DefaultConfig(),
 		MetricsAddr:     ":9187",
 		ShutdownTimeout: 30 * time.Second,
 		MaxUnackedAge:   30 * time.Second,
@@ -71,7 +74,7 @@ func DefaultConfig() Config {
 
 // Validate reports every invalid key by name.
 func (c Config) Validate() error {
-	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka.")}
+	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka."), c.Retention.Validate("retention.")}
 	if c.InFlight.MaxEvents < 1 {
 		errs = append(errs, fmt.Errorf("inflight.max_events: %d must be at least 1 (default 10000)", c.InFlight.MaxEvents))
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -53,6 +54,8 @@ type Relay struct {
 	elector *leader.Elector // nil when leader election is disabled
 	server  *Server         // nil when metrics_addr is empty
 	dlqRows prometheus.Gauge
+	// retention metrics live in the base registry: a standby exports 0.
+	retention *retention.Metrics
 
 	current atomic.Pointer[term] // the running leadership term, for Health
 	acked   pglogrepl.LSN        // carried from term to term; the leadership goroutine's
@@ -82,6 +85,7 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 	r.dlqRows = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_dlq_unresolved_rows",
 		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
 	r.base.MustRegister(r.dlqRows)
+	r.retention = retention.NewMetrics(r.base)
 	if cfg.Leader.Enabled {
 		id := cfg.Leader.InstanceID
 		if id == "" {
