@@ -93,7 +93,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: checked in New
 	// Leader only: the horizon and retention run in the term, on their own
 	// connection; a database error there is retried and never ends the term.
-	t.cleaner, err = retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot},
+	t.cleaner, err = retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication},
 		func(ctx context.Context) (*pgx.Conn, error) { return replication.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
 	if err != nil {
 		return err

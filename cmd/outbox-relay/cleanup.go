@@ -75,7 +75,7 @@ func cleanupMain(args []string, getenv func(string) string, stdout, stderr io.Wr
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
-	c, err := retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot}, nil, nil, log)
+	c, err := retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication}, nil, nil, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
 		return exitConfig

@@ -227,3 +227,51 @@ func TestRetentionArchive(t *testing.T) {
 	}
 	r.stop(syscall.SIGTERM, 30*time.Second)
 }
+
+// pausedReason is the delivery table's paused_reason for the test's slot.
+func (e *env) pausedReason(t *testing.T) string {
+	t.Helper()
+	var r *string
+	_ = e.DB.QueryRow(context.Background(), "SELECT paused_reason FROM "+e.Schema+".outbox_relay_delivery WHERE slot_name = $1", e.Slot).Scan(&r)
+	if r == nil {
+		return ""
+	}
+	return *r
+}
+
+// Rows inserted while the publication does not cover the outbox are never
+// streamed, yet the slot passes them: the position alone would prove them
+// delivered. Retention pauses while the publication is wrong and raises
+// the floor above every row written until it is right again, so those
+// rows stay until published_at is set.
+func TestRetentionKeepsRowsThePublicationSkipped(t *testing.T) {
+	e := newEnv(t, "retpub")
+	r := e.startRelay("--retention-keep", "3s", "--retention-interval", "1s")
+	ctx := context.Background()
+	w := e.newWriter(115)
+	if err := w.run(ctx, 10, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "delivered rows deleted", func() bool { return e.rows(t, "true") == 0 })
+
+	mustExec(t, e, "ALTER PUBLICATION "+e.Pub+" DROP TABLE "+e.Table)
+	waitFor(t, 30*time.Second, "retention paused on the publication", func() bool {
+		return strings.Contains(e.pausedReason(t), "publication")
+	})
+	if p := r.metric("outbox_relay_retention_paused"); p != 1 {
+		t.Errorf("outbox_relay_retention_paused = %v with the table out of the publication, want 1", p)
+	}
+	// Written while the publication skips the table: never streamed.
+	mustExec(t, e, "INSERT INTO "+e.Table+" (aggregate_type, aggregate_id, event_type, payload) SELECT 'order', 'skipped', 'created', '{}' FROM generate_series(1, 5)")
+	mustExec(t, e, "ALTER PUBLICATION "+e.Pub+" ADD TABLE "+e.Table)
+	waitFor(t, 30*time.Second, "retention resumed", func() bool { return e.pausedReason(t) == "" })
+	if err := w.run(ctx, 10, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "rows written after the fix deleted", func() bool { return e.rows(t, "aggregate_id <> 'skipped'") == 0 })
+	waitFor(t, 30*time.Second, "another retention run", func() bool { return e.lastRun(t).After(time.Now().Add(-time.Second)) })
+	if n := e.rows(t, "aggregate_id = 'skipped'"); n != 5 {
+		t.Fatalf("%d of the 5 rows the publication skipped are left: retention deleted rows that were never streamed", n)
+	}
+	r.stop(syscall.SIGTERM, 30*time.Second)
+}
