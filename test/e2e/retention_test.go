@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -32,6 +33,27 @@ func (e *env) lastRun(t *testing.T) time.Time {
 		return time.Time{}
 	}
 	return *at
+}
+
+// deliveryState describes the slot's delivery row and the slot, for
+// failure messages.
+func (e *env) deliveryState(t *testing.T) string {
+	t.Helper()
+	var s *string
+	err := e.DB.QueryRow(context.Background(), `SELECT row_to_json(d)::text || ' confirmed ' || coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots s WHERE s.slot_name = d.slot_name), 'none')
+		FROM `+e.Schema+`.outbox_relay_delivery d WHERE slot_name = $1`, e.Slot).Scan(&s)
+	if err != nil || s == nil {
+		return fmt.Sprintf("no delivery state (%v)", err)
+	}
+	return *s
+}
+
+// waitRows waits until the outbox holds want rows matching where.
+func (e *env) waitRows(t *testing.T, d time.Duration, what, where string, want int64) {
+	t.Helper()
+	if err := testkit.Poll(d, 100*time.Millisecond, func() (bool, error) { return e.rows(t, where) == want, nil }); err != nil {
+		t.Fatalf("%s: %d rows where %s after %s, want %d; delivery state: %s", what, e.rows(t, where), where, d, want, e.deliveryState(t))
+	}
 }
 
 func (e *env) cleanup(t *testing.T, args ...string) (int, string) {
@@ -149,7 +171,7 @@ func TestRetentionPausesAndRespectsTheFloor(t *testing.T) {
 	if err := w.run(ctx, 20, 5, 10, 0, ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "rows written under the new slot deleted", func() bool { return e.rows(t, "true") == 30 })
+	e.waitRows(t, 60*time.Second, "rows written under the new slot deleted", "true", 30)
 	waitFor(t, 30*time.Second, "a retention run after that", func() bool { return e.lastRun(t).After(time.Now().Add(-time.Second)) })
 	if n := e.rows(t, "true"); n != 30 {
 		t.Fatalf("%d rows left, want the 30 written under the dropped slot (below the new floor)", n)
