@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -21,6 +22,7 @@ type Config struct {
 	DeadLetter  DeadLetterConfig            `yaml:"dead_letter"`
 	Leader      LeaderConfig                `yaml:"leader"`
 	Heartbeat   replication.HeartbeatConfig `yaml:"heartbeat"`
+	Retention   retention.Config            `yaml:"retention"`
 	MetricsAddr string                      `yaml:"metrics_addr"`
 	Pprof       bool                        `yaml:"pprof"`
 	// ShutdownTimeout is the one shutdown deadline: from SIGTERM (or
@@ -65,6 +67,7 @@ func DefaultConfig() Config {
 		DeadLetter:      DeadLetterConfig{Topic: "outbox.dlq", MaxAttempts: 5, RetryBackoff: 500 * time.Millisecond},
 		Leader:          LeaderConfig{Enabled: true, LeaseTTL: 10 * time.Second, RenewInterval: time.Second, PollInterval: time.Second},
 		Heartbeat:       replication.DefaultHeartbeatConfig(),
+		Retention:       retention.DefaultConfig(),
 		MetricsAddr:     ":9187",
 		ShutdownTimeout: 30 * time.Second,
 		MaxUnackedAge:   30 * time.Second,
@@ -73,7 +76,7 @@ func DefaultConfig() Config {
 
 // Validate reports every invalid key by name.
 func (c Config) Validate() error {
-	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka."), c.Heartbeat.Validate("heartbeat.")}
+	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka."), c.Heartbeat.Validate("heartbeat."), c.Retention.Validate("retention.")}
 	if c.InFlight.MaxEvents < 1 {
 		errs = append(errs, fmt.Errorf("inflight.max_events: %d must be at least 1 (default 10000)", c.InFlight.MaxEvents))
 	}

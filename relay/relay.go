@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -55,6 +56,8 @@ type Relay struct {
 	dlqRows prometheus.Gauge
 	// heartbeats counts every term's heartbeats; process-wide.
 	heartbeats *replication.HeartbeatMetrics
+	// retention metrics live in the base registry: a standby exports 0.
+	retention *retention.Metrics
 
 	current atomic.Pointer[term] // the running leadership term, for Health
 	acked   pglogrepl.LSN        // carried from term to term; the leadership goroutine's
@@ -96,6 +99,7 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 			}
 			return 0
 		}))
+	r.retention = retention.NewMetrics(r.base)
 	if cfg.Leader.Enabled {
 		id := cfg.Leader.InstanceID
 		if id == "" {

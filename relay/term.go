@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -28,6 +31,7 @@ type term struct {
 	pipe     *Pipeline
 	stream   *replication.Stream
 	lag      *replication.LagPoller
+	cleaner  *retention.Cleaner
 	// maxUnackedAge: older unacked events make the term not ready.
 	maxUnackedAge time.Duration
 }
@@ -96,6 +100,14 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	// discards the carried watermark if they differ (failover between terms).
 	t.stream.SetIdentity(r.history)
 	t.lag = replication.NewLagPoller(cfg.Postgres, repMetrics, t.log)
+	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: checked in New
+	// Leader only: the horizon and retention run in the term, on their own
+	// connection; a database error there is retried and never ends the term.
+	t.cleaner, err = retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication},
+		func(ctx context.Context) (*pgx.Conn, error) { return replication.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
+	if err != nil {
+		return err
+	}
 
 	r.termReg.Store(reg)
 	r.current.Store(t)
@@ -126,6 +138,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		hb := replication.NewHeartbeater(cfg.Postgres, cfg.Heartbeat.Interval, t.pipe.Emitted, t.log, r.heartbeats)
 		g.Go(func() error { return hb.Run(after) })
 	}
+	g.Go(func() error { return t.cleaner.Run(after) })
 	g.Go(func() error {
 		defer stopAfter()
 		defer t.producer.Close() // after the stream's drain: flush what is left, then stop

@@ -44,6 +44,9 @@ type Config struct {
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
 	// LagPollInterval is how often slot lag is read on a normal connection.
 	LagPollInterval time.Duration `yaml:"lag_poll_interval"`
+	// Partition is how `migrate` creates a missing outbox table: none,
+	// or partitioned by range of created_at, daily or monthly.
+	Partition string `yaml:"partition"`
 }
 
 // DefaultConfig returns the defaults documented in the README.
@@ -58,6 +61,7 @@ func DefaultConfig() Config {
 		ReconnectMin:      200 * time.Millisecond,
 		ReconnectMax:      30 * time.Second,
 		LagPollInterval:   5 * time.Second,
+		Partition:         "none",
 	}
 }
 
@@ -90,6 +94,11 @@ func (c Config) Validate(prefix string) error {
 		} else {
 			bad("table", "%v", err)
 		}
+	}
+	switch c.Partition {
+	case "none", "daily", "monthly":
+	default:
+		bad("partition", "%q is not none, daily or monthly (default none; used by migrate when it creates the outbox table)", c.Partition)
 	}
 	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > time.Minute {
 		bad("status_interval", "%s is out of range: use 10ms..1m (default 1s)", c.StatusInterval)

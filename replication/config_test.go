@@ -53,9 +53,12 @@ func TestValidate(t *testing.T) {
 		{"reconnect min negative", func(c *Config) { c.ReconnectMin = -time.Second }, []string{"postgres.reconnect_min"}},
 		{"reconnect max below min", func(c *Config) { c.ReconnectMax = c.ReconnectMin - 1 }, []string{"postgres.reconnect_max"}},
 		{"reconnect min above max", func(c *Config) { c.ReconnectMin = time.Hour }, []string{"postgres.reconnect_max"}},
+		{"partition weekly", func(c *Config) { c.Partition = "weekly" }, []string{"postgres.partition"}},
+		{"partition daily", func(c *Config) { c.Partition = "daily" }, nil},
+		{"partition monthly", func(c *Config) { c.Partition = "monthly" }, nil},
 		{"lag poll too short", func(c *Config) { c.LagPollInterval = 99 * time.Millisecond }, []string{"postgres.lag_poll_interval"}},
 		{"everything wrong", func(c *Config) { *c = Config{} }, []string{
-			"postgres.url", "postgres.slot", "postgres.publication", "postgres.table",
+			"postgres.url", "postgres.slot", "postgres.publication", "postgres.table", "postgres.partition",
 			"postgres.status_interval", "postgres.receive_timeout", "postgres.reconnect_min", "postgres.lag_poll_interval",
 		}},
 	}

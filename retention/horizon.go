@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -79,6 +80,9 @@ func (s Slot) Healthy() string {
 type Horizon struct {
 	Table outboxschema.Table
 	Slot  string
+	// Publication is the slot's publication. When set, Advance checks that
+	// it streams every insert of Table; "" skips the check.
+	Publication string
 }
 
 func (h Horizon) delivery() string { return h.Table.Sibling(outboxschema.DeliveryTable).Quoted() }
@@ -187,6 +191,31 @@ func (h Horizon) Advance(ctx context.Context, conn *pgx.Conn) (State, Slot, erro
 	if err != nil {
 		return st, slot, err
 	}
+	// The publication must stream every insert of the table: an insert it
+	// skips is passed by the slot all the same, and its position would
+	// prove it delivered. While it does not, pause and raise the floor
+	// over every xid assigned so far; raise it once more on the first
+	// sample after it is right again, since the last raise may predate
+	// the fix.
+	pubProblem, err := h.publicationProblem(ctx, conn)
+	if err != nil {
+		return st, slot, err
+	}
+	raise := pubProblem != "" || strings.HasPrefix(st.PausedReason, PublicationPause)
+	if pubProblem != "" {
+		reason = PublicationPause + pubProblem
+	}
+	if raise {
+		var xmax string
+		if err := conn.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&xmax); err != nil {
+			return st, slot, fmt.Errorf("read the next xid: %w", err)
+		}
+		x, err := strconv.ParseUint(xmax, 10, 64)
+		if err != nil {
+			return st, slot, fmt.Errorf("parse xmax %q: %w", xmax, err)
+		}
+		st = State{Slot: h.Slot, FloorXID: max(x, st.FloorXID, reg.createdXID)}
+	}
 	switch {
 	case reg.missing && reason == "":
 		reason = "the slot is not in the slot registry (" + h.registry() + "): it may have been recreated; start the relay (or run migrate) to register it"
@@ -289,4 +318,41 @@ func nullTime(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// PublicationPause starts the paused_reason Advance records while the
+// publication does not stream every insert of the outbox.
+const PublicationPause = "the publication does not stream every insert of the outbox table, so the slot passes rows it never delivered (rows written until it is fixed stay until replayed): "
+
+// publicationProblem says why h.Publication does not stream every insert
+// of h.Table, or "".
+func (h Horizon) publicationProblem(ctx context.Context, conn *pgx.Conn) (string, error) {
+	if h.Publication == "" {
+		return "", nil
+	}
+	var exists, insert, viaRoot, partitioned, covered, filtered bool
+	err := conn.QueryRow(ctx, `SELECT p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
+		coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($2)), false),
+		EXISTS (SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $3 AND pt.tablename = $4),
+		EXISTS (SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $3 AND pt.tablename = $4
+			AND to_jsonb(pt) ->> 'rowfilter' IS NOT NULL)
+		FROM (SELECT 1) one LEFT JOIN pg_publication p ON p.pubname = $1`,
+		h.Publication, h.Table.Quoted(), h.Table.Schema, h.Table.Name).Scan(&exists, &insert, &viaRoot, &partitioned, &covered, &filtered)
+	if err != nil {
+		return "", fmt.Errorf("read publication %q: %w", h.Publication, err)
+	}
+	pub := outboxschema.QuoteIdent(h.Publication)
+	switch {
+	case !exists:
+		return fmt.Sprintf("publication %s does not exist", pub), nil
+	case !insert:
+		return fmt.Sprintf("publication %s does not publish inserts (ALTER PUBLICATION %s SET (publish = 'insert'))", pub, pub), nil
+	case partitioned && !viaRoot:
+		return fmt.Sprintf("publication %s lacks publish_via_partition_root (ALTER PUBLICATION %s SET (publish_via_partition_root = true))", pub, pub), nil
+	case !covered:
+		return fmt.Sprintf("publication %s does not include %s (ALTER PUBLICATION %s ADD TABLE %s)", pub, h.Table, pub, h.Table.Quoted()), nil
+	case filtered:
+		return fmt.Sprintf("publication %s has a row filter on %s: the rows it filters out are never streamed", pub, h.Table), nil
+	}
+	return "", nil
 }

@@ -118,6 +118,8 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.Postgres.ReconnectMax })},
 	{"postgres.lag_poll_interval", "OUTBOX_RELAY_LAG_POLL_INTERVAL", "lag-poll-interval", "how often slot lag is read",
 		dur(func(c *Config) *time.Duration { return &c.Postgres.LagPollInterval })},
+	{"postgres.partition", "OUTBOX_RELAY_PARTITION", "partition", "migrate creates a missing outbox table partitioned by created_at: none, daily or monthly",
+		str(func(c *Config) *string { return &c.Postgres.Partition })},
 	{"kafka.brokers", "OUTBOX_RELAY_KAFKA_BROKERS", "kafka-brokers", "comma-separated host:port list",
 		func(c *Config, v string) error {
 			c.Kafka.Brokers = nil
@@ -209,6 +211,14 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Leader.InstanceID })},
 	{"heartbeat.interval", "OUTBOX_RELAY_HEARTBEAT_INTERVAL", "heartbeat-interval", "how often the leader writes a heartbeat through the slot to time outbox_relay_lag_seconds (0 = off)",
 		dur(func(c *Config) *time.Duration { return &c.Heartbeat.Interval })},
+	{"retention.keep", "OUTBOX_RELAY_RETENTION_KEEP", "retention-keep", "delete delivered rows older than this (0 = keep rows for ever)",
+		dur(func(c *Config) *time.Duration { return &c.Retention.Keep })},
+	{"retention.interval", "OUTBOX_RELAY_RETENTION_INTERVAL", "retention-interval", "how often the leader deletes delivered rows older than retention.keep",
+		dur(func(c *Config) *time.Duration { return &c.Retention.Interval })},
+	{"retention.batch_size", "OUTBOX_RELAY_RETENTION_BATCH_SIZE", "retention-batch-size", "rows per DELETE transaction",
+		integer(func(c *Config) *int { return &c.Retention.BatchSize })},
+	{"retention.archive", "OUTBOX_RELAY_RETENTION_ARCHIVE", "retention-archive", "move removed rows to <table>_archive (partitioned by month) instead of only deleting them",
+		boolean(func(c *Config) *bool { return &c.Retention.Archive })},
 	{"metrics_addr", "OUTBOX_RELAY_METRICS_ADDR", "metrics-addr", "HTTP address for /metrics, /healthz, /readyz (empty = off)",
 		str(func(c *Config) *string { return &c.MetricsAddr })},
 	{"pprof", "OUTBOX_RELAY_PPROF", "pprof", "serve /debug/pprof/ on metrics_addr (profiling; off in production unless needed)",
@@ -226,7 +236,7 @@ var keys = []key{
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).
 var boolKeys = map[string]bool{
 	"postgres.create_publication": true, "kafka.auto_create_topics": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
-	"leader.enabled": true, "pprof": true,
+	"leader.enabled": true, "pprof": true, "retention.archive": true,
 }
 
 // loadConfig parses args (flags of one subcommand) and builds the config

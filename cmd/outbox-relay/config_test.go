@@ -119,6 +119,11 @@ func TestLoadConfigDefaults(t *testing.T) {
 				{"postgres.table", c.Postgres.Table, "public.outbox"},
 				{"kafka.topic_template", c.Kafka.TopicTemplate, "outbox.event.{aggregate_type}"},
 				{"postgres.status_interval", c.Postgres.StatusInterval, time.Second},
+				{"postgres.partition", c.Postgres.Partition, "none"},
+				{"retention.keep", c.Retention.Keep, 168 * time.Hour},
+				{"retention.interval", c.Retention.Interval, time.Minute},
+				{"retention.batch_size", c.Retention.BatchSize, 1000},
+				{"retention.archive", c.Retention.Archive, false},
 			}
 			for _, ch := range checks {
 				if !reflect.DeepEqual(ch.got, ch.want) {
@@ -224,6 +229,12 @@ func TestLoadConfigEnvNames(t *testing.T) {
 		{"OUTBOX_RELAY_KAFKA_MAX_TOPICS", "20", func(c Config) any { return c.Kafka.MaxTopics }, 20},
 		{"OUTBOX_RELAY_KAFKA_TOPIC_ALLOWLIST", "orders, pay.*,legacy", func(c Config) any { return c.Kafka.TopicAllowlist }, []string{"orders", "pay.*", "legacy"}},
 		{"OUTBOX_RELAY_METRICS_ADDR", "127.0.0.1:9999", func(c Config) any { return c.MetricsAddr }, "127.0.0.1:9999"},
+		{"OUTBOX_RELAY_PARTITION", "daily", func(c Config) any { return c.Postgres.Partition }, "daily"},
+		{"OUTBOX_RELAY_RETENTION_KEEP", "0", func(c Config) any { return c.Retention.Keep }, time.Duration(0)},
+		{"OUTBOX_RELAY_RETENTION_KEEP", "720h", func(c Config) any { return c.Retention.Keep }, 720 * time.Hour},
+		{"OUTBOX_RELAY_RETENTION_INTERVAL", "30s", func(c Config) any { return c.Retention.Interval }, 30 * time.Second},
+		{"OUTBOX_RELAY_RETENTION_BATCH_SIZE", "5000", func(c Config) any { return c.Retention.BatchSize }, 5000},
+		{"OUTBOX_RELAY_RETENTION_ARCHIVE", "true", func(c Config) any { return c.Retention.Archive }, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {
@@ -264,6 +275,11 @@ var invalidCases = []struct {
 		file: []any{"has space", "outbox-relay"}},
 	{key: "postgres.publication", env: []string{strings.Repeat("p", 64)}, flag: []string{"", "pub\xff"}, file: []any{strings.Repeat("é", 32)}},
 	{key: "postgres.table", env: []string{"a.b.c"}, flag: []string{"", "public."}, file: []any{"public.out box"}},
+	{key: "postgres.partition", env: []string{"weekly", "Daily"}, flag: []string{""}, file: []any{"yearly"}},
+	{key: "retention.keep", env: []string{"-1h", "7d"}, flag: []string{"", "-1s"}, file: []any{"-5m", "a week"}},
+	{key: "retention.interval", env: []string{"0", "500ms"}, flag: []string{"25h"}, file: []any{"0s", "x"}},
+	{key: "retention.batch_size", env: []string{"0", "100001"}, flag: []string{"-1", "many"}, file: []any{0}},
+	{key: "retention.archive", env: []string{"maybe"}, flag: []string{"2"}, file: []any{"yes please"}},
 	{key: "postgres.create_publication", env: []string{"maybe"}, flag: []string{"2"}, file: []any{"maybe", []string{"x"}}},
 	{key: "postgres.status_interval", env: []string{"abc", "5ms"}, flag: []string{"2m", "1"}, file: []any{"0s", 5, "soon"}},
 	{key: "postgres.receive_timeout", env: []string{"500ms", "x"}, flag: []string{"0s"}, file: []any{"10ms"}},

@@ -7,6 +7,7 @@
 //	outbox-relay dlq list|replay|resolve       inspect and replay dead-lettered events
 //	outbox-relay status   [--json] [--id N]   health from PostgreSQL alone; exit 0 ok, 4 warn, 3 bad
 //	outbox-relay replay --since TIME|--from-id N [...]   republish outbox rows from the table
+//	outbox-relay cleanup [--dry-run]           retention now: remove delivered rows older than retention.keep
 //	outbox-relay version
 package main
 
@@ -30,6 +31,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/retention"
 )
 
 var version = "dev"
@@ -63,6 +65,8 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 		return statusMain(rest, getenv, stdout, stderr)
 	case "replay":
 		return replayMain(rest, getenv, stderr)
+	case "cleanup":
+		return cleanupMain(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stderr)
 		return exitOK
@@ -106,6 +110,7 @@ commands:
             [--event-type E] [--rate N/s]: republish outbox rows from the table with
             their original event_id (after a lost or dropped slot, rows older than
             the slot, a new consumer); TIME is RFC 3339 or 2006-01-02 (UTC)
+  cleanup   [--dry-run] remove delivered rows older than retention.keep now
   version   print the version
 
 Run "outbox-relay run -h" for every flag; each has an OUTBOX_RELAY_* env twin.
@@ -133,12 +138,27 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		log.Error().Err(err).Msg("migrate: connect to postgres")
 		return exitFatal
 	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// Before migration 0001 (CREATE TABLE IF NOT EXISTS): a missing outbox
+	// is created partitioned when postgres.partition asks for it.
+	created, err := retention.CreatePartitionedOutbox(ctx, conn, tbl, cfg.Postgres.Partition, log)
+	if err != nil {
+		log.Error().Err(err).Msg("migrate: create the partitioned outbox")
+		return exitFatal
+	}
+	if created {
+		log.Info().Str("table", tbl.String()).Str("partition", cfg.Postgres.Partition).Msg("outbox table created partitioned by created_at, with a DEFAULT partition")
+	}
 	applied, err := migrations.Apply(ctx, conn, migrations.Names{Schema: tbl.Schema, Table: tbl.Name, Publication: cfg.Postgres.Publication}, log)
-	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
 		log.Error().Err(err).Msg("migrate failed")
 		return exitFatal
 	}
+	if err := preparePartitioned(ctx, conn, cfg, tbl, log); err != nil {
+		log.Error().Err(err).Msg("migrate failed")
+		return exitFatal
+	}
+	conn.Close(context.WithoutCancel(ctx))
 	// The slot is created here too, so every row inserted after migrate is
 	// streamed even if the relay starts later.
 	info, err := replication.Prepare(ctx, cfg.Postgres, true)
@@ -154,6 +174,7 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	log = log.With().Str("slot", cfg.Postgres.Slot).Logger()
 	log.Info().Str("version", version).Str("config", cfg.redacted()).Msg("starting outbox-relay")
+	logRetention(cfg, log)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r, err := relay.New(cfg.Config, relay.Deps{Log: log, Registry: reg})

@@ -76,9 +76,8 @@ func statusMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 	return rep.ExitCode
 }
 
-// retentionKeep is retention.keep for the oldest_row and retention checks;
-// nil while this build has no such key (no verdict then depends on it).
-func retentionKeep(Config) *time.Duration { return nil }
+// retentionKeep is retention.keep for the oldest_row and retention checks.
+func retentionKeep(c Config) *time.Duration { return &c.Retention.Keep }
 
 // noSecret removes the URL's password from a message, whatever the driver
 // put in it.

@@ -1,0 +1,45 @@
+package retention
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the retention and delivery metrics. Built once per process
+// (the relay's base registry), so a standby exports them as 0.
+type Metrics struct {
+	deleted      prometheus.Counter
+	paused       prometheus.Gauge
+	undelivered  prometheus.Gauge
+	oldestAge    prometheus.Gauge
+	horizonAge   prometheus.Gauge
+	sampleErrors prometheus.Counter
+}
+
+// NewMetrics builds the metrics and registers them with reg (nil: not
+// registered, for tests and the cleanup command).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		deleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_retention_deleted_rows_total",
+			Help: "Outbox rows removed by retention (deleted, archived, or in dropped partitions)."}),
+		paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_retention_paused",
+			Help: "1 while retention deletes nothing because the slot is missing or unhealthy (see outbox-relay status)."}),
+		undelivered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_undelivered_events",
+			Help: "Outbox rows not proven delivered: created after the delivered horizon's sample and published_at unset (capped at 1000000; see README Retention)."}),
+		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_oldest_row_age_seconds",
+			Help: "Age of the oldest row in the outbox table (min created_at); 0 when empty."}),
+		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_delivered_horizon_age_seconds",
+			Help: "Seconds since the delivered horizon's sample: every transaction committed before it is delivered."}),
+		sampleErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_retention_errors_total",
+			Help: "Failed delivery horizon samples or retention runs (each retried; the relay goes on)."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.deleted, m.paused, m.undelivered, m.oldestAge, m.horizonAge, m.sampleErrors)
+	}
+	return m
+}
+
+// zero is what a standby exports: it does not sample.
+func (m *Metrics) zero() {
+	m.paused.Set(0)
+	m.undelivered.Set(0)
+	m.oldestAge.Set(0)
+	m.horizonAge.Set(0)
+}
