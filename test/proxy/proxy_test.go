@@ -25,8 +25,12 @@ func echoServer(t *testing.T) (addr string, errs <-chan error) {
 	}
 	ch := make(chan error, 100)
 	var conns sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	accepting := make(chan struct{})
+	// Wait only once the accept loop is gone: an Add racing with Wait is a
+	// data race (seen under -race).
+	t.Cleanup(func() { ln.Close(); <-accepting; conns.Wait() })
 	go func() {
+		defer close(accepting)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
