@@ -33,6 +33,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,6 +110,7 @@ type Elector struct {
 	metrics *Metrics
 	table   string // quoted schema.table
 	lockKey string // text hashed into the advisory lock key
+	addr    string // host:port of cfg.URL, for messages (never the password)
 
 	mu             sync.Mutex
 	status         Status
@@ -145,9 +148,25 @@ func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
 	e := &Elector{cfg: cfg, metrics: m, start: time.Now(),
 		log:     log.With().Str("component", "leader").Str("instance", cfg.InstanceID).Logger(),
 		table:   outboxschema.QuoteIdent(cfg.Schema, outboxschema.LeaseTable),
-		lockKey: "outbox-relay:" + cfg.Slot}
+		lockKey: "outbox-relay:" + cfg.Slot, addr: dbAddr(cfg.URL)}
 	e.status = Status{Role: Standby, Instance: cfg.InstanceID, Since: time.Now()}
 	return e, nil
+}
+
+// reasonShutdown is the transition to standby at a graceful stop.
+const reasonShutdown = "shutting down"
+
+// errConnect marks a failure to reach PostgreSQL at all.
+var errConnect = errors.New("connect")
+
+// dbAddr is host:port of a connection string, "the database" when it
+// cannot be parsed.
+func dbAddr(url string) string {
+	pc, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return "the database"
+	}
+	return net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port)))
 }
 
 // Status returns a snapshot. Any goroutine. A leader whose lease expired
@@ -225,7 +244,14 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 			}
 			e.setConnected(false, err)
 			wait := reconnect.Next()
-			e.log.Warn().Err(err).Dur("retry_in", wait).Msg("lease connection failed; retrying, standby meanwhile")
+			if errors.Is(err, errConnect) {
+				// The database, not the election, is what to fix: say so,
+				// whether this is the only instance or one of several.
+				e.log.Warn().Err(err).Str("db", e.addr).Dur("retry_in", wait).
+					Msg("PostgreSQL unreachable at " + e.addr + "; retrying: nothing is published until it answers")
+			} else {
+				e.log.Warn().Err(err).Dur("retry_in", wait).Msg("lease connection failed; retrying, standby meanwhile")
+			}
 			_ = backoff.Sleep(ctx, wait) // the loop checks ctx
 			continue
 		}
@@ -292,7 +318,7 @@ func (e *Elector) ensureConn(ctx context.Context) error {
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cc)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return fmt.Errorf("%w: %w", errConnect, err)
 	}
 	var exists bool
 	if err := conn.QueryRow(cctx, `SELECT to_regclass($1) IS NOT NULL`, e.table).Scan(&exists); err != nil {
@@ -574,7 +600,7 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 	t := time.NewTicker(e.cfg.Renew)
 	defer t.Stop()
 	stop := ctx.Done()
-	reason := "shutting down"
+	reason := reasonShutdown
 	var leadErr error
 	for done != nil {
 		select {
@@ -670,7 +696,11 @@ func (e *Elector) transition(r Role, epoch int64, reason string) {
 	} else {
 		e.metrics.leader.Set(0)
 	}
-	e.log.Warn().Str("role", string(r)).Int64("epoch", epoch).Str("reason", reason).Msg("leadership transition")
+	ev := e.log.Warn()
+	if r == Leader || reason == reasonShutdown { // a relay's normal life: no warning
+		ev = e.log.Info()
+	}
+	ev.Str("role", string(r)).Int64("epoch", epoch).Str("reason", reason).Msg("leadership transition")
 }
 
 func (e *Elector) setConnected(ok bool, err error) {

@@ -22,7 +22,20 @@ type metadataWatch struct {
 	log      zerolog.Logger
 	topics   atomic.Pointer[[]string] // the topics of the last metadata request
 	lastWarn atomic.Int64             // unix nanoseconds of the last warning; 0 = never
+	// lastRetry and streak count the retries of one episode: retries
+	// less than metadataEpisodeGap apart.
+	lastRetry atomic.Int64
+	streak    atomic.Int64
 }
+
+// metadataQuietRetries is how many retries of one episode pass without a
+// warning: a topic the broker auto-creates, or a leader being elected,
+// answers within one or two (20 ms, 40 ms, ...), and is a relay's normal
+// life. Five cover about 0.6 s of backoff.
+const metadataQuietRetries = 5
+
+// metadataEpisodeGap separates episodes: sarama's backoff never exceeds 2 s.
+const metadataEpisodeGap = 5 * time.Second
 
 // metadataWarnEvery rate-limits the warning: a missing topic is retried
 // every 2 s for an hour.
@@ -38,12 +51,18 @@ func (w *metadataWatch) requested(topics []string) {
 	w.topics.Store(&c)
 }
 
-// retry counts one metadata retry and warns at most every
-// metadataWarnEvery. Called by sarama, from the goroutine that refreshes;
+// retry counts one metadata retry and, from the metadataQuietRetries-th
+// retry of an episode on, warns at most every metadataWarnEvery. Called by sarama, from the goroutine that refreshes;
 // an atomic add and a clock read in the common case.
 func (w *metadataWatch) retry() {
 	w.retries.Inc()
 	now := time.Now().UnixNano()
+	if now-w.lastRetry.Swap(now) > int64(metadataEpisodeGap) {
+		w.streak.Store(0)
+	}
+	if w.streak.Add(1) < metadataQuietRetries {
+		return
+	}
 	last := w.lastWarn.Load()
 	if last != 0 && now-last < int64(metadataWarnEvery) || !w.lastWarn.CompareAndSwap(last, now) {
 		return

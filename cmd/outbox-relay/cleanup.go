@@ -60,11 +60,13 @@ func preparePartitioned(ctx context.Context, conn *pgx.Conn, cfg Config, tbl out
 // then the retention run now (package retention does the work).
 func cleanupMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	var dryRun bool
-	cfg, err := loadConfig("cleanup", args, getenv, func(fs *flag.FlagSet) {
+	own := func(fs *flag.FlagSet) {
 		fs.BoolVar(&dryRun, "dry-run", false, "count what would be removed and why the other old rows stay; change nothing")
-	})
+	}
+	cfg, err := loadConfig("cleanup", args, getenv, own)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "usage: outbox-relay cleanup [--dry-run] [config flags]")
+		fmt.Fprintln(stdout, "usage: outbox-relay cleanup [--dry-run] [config flags]")
+		printFlags(stdout, own)
 		return exitOK
 	}
 	if err != nil {

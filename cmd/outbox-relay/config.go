@@ -160,7 +160,7 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Kafka.Version })},
 	{"kafka.retry_backoff_max", "OUTBOX_RELAY_KAFKA_RETRY_BACKOFF_MAX", "kafka-retry-backoff-max", "cap of the produce retry backoff",
 		dur(func(c *Config) *time.Duration { return &c.Kafka.RetryBackoffMax })},
-	{"kafka.retry_max", "OUTBOX_RELAY_KAFKA_RETRY_MAX", "kafka-retry-max", "sarama's retries of one batch before it returns the error; the relay then requeues the events itself",
+	{"kafka.retry_max", "OUTBOX_RELAY_KAFKA_RETRY_MAX", "kafka-retry-max", "sarama's retries of one batch before it hands the error back; the relay then requeues the events itself and retries for ever, dropping nothing",
 		integer(func(c *Config) *int { return &c.Kafka.RetryMax })},
 	{"kafka.sasl.mechanism", "OUTBOX_RELAY_KAFKA_SASL_MECHANISM", "kafka-sasl-mechanism", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty = no SASL)",
 		str(func(c *Config) *string { return &c.Kafka.SASL.Mechanism })},
@@ -239,24 +239,26 @@ var boolKeys = map[string]bool{
 	"leader.enabled": true, "pprof": true, "retention.archive": true,
 }
 
-// loadConfig parses args (flags of one subcommand) and builds the config
-// from file, env and flags. Parse errors name the key and its source.
-// extra registers a subcommand's own flags (dlq replay --id).
-func loadConfig(name string, args []string, getenv func(string) string, extra ...func(*flag.FlagSet)) (Config, error) {
+// flagVal is one configuration flag as given on the command line.
+type flagVal struct {
+	k key
+	v string
+}
+
+// configFlags is the flag set of a subcommand: --config, the subcommand's
+// own flags (extra) and one flag per configuration key, recorded in order
+// into the returned slice when parsed.
+func configFlags(name string, extra ...func(*flag.FlagSet)) (*flag.FlagSet, *string, *[]flagVal) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // realMain prints errors and usage once, to its writer
+	fs.SetOutput(io.Discard) // callers print errors and usage once, to their writer
 	path := fs.String("config", "", "YAML config file")
 	for _, f := range extra {
 		f(fs)
 	}
-	type flagVal struct {
-		k key
-		v string
-	}
-	var fromFlags []flagVal
+	fromFlags := &[]flagVal{}
 	for _, k := range keys {
 		record := func(v string) error {
-			fromFlags = append(fromFlags, flagVal{k, v})
+			*fromFlags = append(*fromFlags, flagVal{k, v})
 			return nil
 		}
 		if boolKeys[k.name] {
@@ -265,6 +267,77 @@ func loadConfig(name string, args []string, getenv func(string) string, extra ..
 			fs.Func(k.flag, k.usage+" (env "+k.env+")", record)
 		}
 	}
+	return fs, path, fromFlags
+}
+
+// printFlags writes the help of a subcommand's flags to w: --config, its own
+// flags (extra), then every configuration key, each with its default.
+func printFlags(w io.Writer, extra ...func(*flag.FlagSet)) {
+	own := flag.NewFlagSet("", flag.ContinueOnError)
+	for _, f := range extra {
+		f(own)
+	}
+	line := func(name, usage, def string) {
+		fmt.Fprintf(w, "  --%-30s %s (default %s)\n", name, usage, def)
+	}
+	fmt.Fprintln(w, "\nflags (each overrides its env variable, which overrides the --config file):")
+	fmt.Fprintf(w, "  --%-30s %s\n", "config FILE", "YAML config file, read first (env OUTBOX_RELAY_CONFIG)")
+	own.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		name := f.Name
+		if arg != "" && arg != "value" {
+			name += " " + arg
+		}
+		line(name, usage, showDefault(f.DefValue))
+	})
+	defs := defaults()
+	for _, k := range keys {
+		line(k.flag, k.usage, showDefault(defs[k.name])+"; env "+k.env)
+	}
+}
+
+func showDefault(v string) string {
+	if v == "" {
+		return `""`
+	}
+	return v
+}
+
+// defaults maps each key's YAML path to its default, as YAML writes it
+// (durations as 1s, lists joined by commas).
+func defaults() map[string]string {
+	b, _ := yaml.Marshal(DefaultConfig())
+	var root map[string]any
+	_ = yaml.Unmarshal(b, &root)
+	out := map[string]string{}
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for k, v := range m {
+			switch v := v.(type) {
+			case map[string]any:
+				walk(prefix+k+".", v)
+			case []any:
+				var parts []string
+				for _, e := range v {
+					parts = append(parts, fmt.Sprint(e))
+				}
+				out[prefix+k] = strings.Join(parts, ",")
+			case nil:
+				out[prefix+k] = ""
+			default:
+				out[prefix+k] = fmt.Sprint(v)
+			}
+		}
+	}
+	walk("", root)
+	return out
+}
+
+// loadConfig parses args (flags of one subcommand) and builds the config
+// from file, env and flags. Parse errors name the key and its source.
+// extra registers a subcommand's own flags (dlq replay --id).
+func loadConfig(name string, args []string, getenv func(string) string, extra ...func(*flag.FlagSet)) (Config, error) {
+	fs, path, fromFlags := configFlags(name, extra...)
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
@@ -303,7 +376,7 @@ func loadConfig(name string, args []string, getenv func(string) string, extra ..
 			}
 		}
 	}
-	for _, f := range fromFlags {
+	for _, f := range *fromFlags {
 		if err := f.k.set(&c, f.v); err != nil {
 			errs = append(errs, fmt.Errorf("%s (flag --%s): %w", f.k.name, f.k.flag, err))
 		}

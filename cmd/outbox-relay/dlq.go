@@ -46,7 +46,8 @@ func dlqMain(args []string, getenv func(string) string, stdout, stderr io.Writer
 	}
 	cfg, err := loadConfig("dlq "+sub, rest, getenv, opts)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "usage: outbox-relay dlq list [--all] [--limit N] | replay --id N | resolve --id N  [config flags]")
+		fmt.Fprintln(stdout, "usage: outbox-relay dlq list [--all] [--limit N] | replay --id N | resolve --id N  [config flags]")
+		printFlags(stdout, opts)
 		return exitOK
 	}
 	if err != nil {

@@ -8,6 +8,7 @@
 //	outbox-relay status   [--json] [--id N]   health from PostgreSQL alone; exit 0 ok, 4 warn, 3 bad
 //	outbox-relay replay --since TIME|--from-id N [...]   republish outbox rows from the table
 //	outbox-relay cleanup [--dry-run]           retention now: remove delivered rows older than retention.keep
+//	outbox-relay check [--json] [--print-grants ROLE]   preflight: every check with its fix; exit 0 ok, 4 warn, 3 fail
 //	outbox-relay version
 package main
 
@@ -56,7 +57,7 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 	cmd, rest := args[0], args[1:]
 	switch cmd {
 	case "version", "--version":
-		fmt.Fprintln(stderr, "outbox-relay", version)
+		fmt.Fprintln(stdout, "outbox-relay", version)
 		return exitOK
 	case "run", "migrate":
 	case "dlq":
@@ -64,11 +65,13 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 	case "status":
 		return statusMain(rest, getenv, stdout, stderr)
 	case "replay":
-		return replayMain(rest, getenv, stderr)
+		return replayMain(rest, getenv, stdout, stderr)
 	case "cleanup":
 		return cleanupMain(rest, getenv, stdout, stderr)
+	case "check":
+		return checkMain(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
-		usage(stderr)
+		usage(stdout)
 		return exitOK
 	default:
 		fmt.Fprintf(stderr, "unknown command %q\n", cmd)
@@ -77,11 +80,8 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 	}
 	cfg, err := loadConfig(cmd, rest, getenv)
 	if errors.Is(err, flag.ErrHelp) {
-		usage(stderr)
-		fmt.Fprintln(stderr, "\nflags (each overrides its env variable, which overrides --config FILE):")
-		for _, k := range keys {
-			fmt.Fprintf(stderr, "  --%-26s %s (env %s)\n", k.flag, k.usage, k.env)
-		}
+		fmt.Fprintf(stdout, "usage: outbox-relay %s [--config FILE] [flags]\n", cmd)
+		printFlags(stdout)
 		return exitOK
 	}
 	if err != nil {
@@ -111,9 +111,14 @@ commands:
             their original event_id (after a lost or dropped slot, rows older than
             the slot, a new consumer); TIME is RFC 3339 or 2006-01-02 (UTC)
   cleanup   [--dry-run] remove delivered rows older than retention.keep now
+  check     [--json] [--print-grants ROLE]: preflight before run: server, privileges,
+            publication, slot, Kafka, topics, ACLs, each with the exact fix.
+            Exit 0 all ok, 4 a warning, 3 a check failed
   version   print the version
 
-Run "outbox-relay run -h" for every flag; each has an OUTBOX_RELAY_* env twin.
+Run "outbox-relay <command> -h" for its flags and their defaults; each
+configuration flag has an OUTBOX_RELAY_* env twin. --config FILE (or env
+OUTBOX_RELAY_CONFIG) reads a YAML file first.
 `)
 }
 
@@ -128,6 +133,9 @@ func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 		out = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
+	// Durations as Go writes them ("retry_in":"1.5s"), never a bare number
+	// of milliseconds.
+	zerolog.DurationFieldFormat = zerolog.DurationFormatString
 	return zerolog.New(out).Level(lvl).With().Timestamp().Logger()
 }
 

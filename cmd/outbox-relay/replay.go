@@ -15,11 +15,12 @@ import (
 
 // replayMain runs `outbox-relay replay` with the relay's own config (file,
 // env, flags): it finds the same table and publishes like the relay.
-func replayMain(args []string, getenv func(string) string, stderr io.Writer) int {
+func replayMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	var opts func() (replay.Options, error)
 	cfg, err := loadConfig("replay", args, getenv, func(fs *flag.FlagSet) { opts = replay.Bind(fs) })
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "usage:", replay.Usage)
+		fmt.Fprintln(stdout, "usage:", replay.Usage)
+		printFlags(stdout, func(fs *flag.FlagSet) { replay.Bind(fs) })
 		return exitOK
 	}
 	o, oerr := opts() // also after a config error: one run shows every problem

@@ -29,12 +29,14 @@ func statusMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 		asJSON bool
 		id     int64
 	)
-	cfg, err := loadConfig("status", args, getenv, func(fs *flag.FlagSet) {
+	own := func(fs *flag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
-		fs.Int64Var(&id, "id", 0, "only answer: is outbox row N delivered?")
-	})
+		fs.Int64Var(&id, "id", 0, "only answer: is outbox row `N` delivered?")
+	}
+	cfg, err := loadConfig("status", args, getenv, own)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, statusUsage)
+		fmt.Fprintln(stdout, statusUsage)
+		printFlags(stdout, own)
 		return exitOK
 	}
 	if err != nil {

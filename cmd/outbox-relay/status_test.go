@@ -36,7 +36,7 @@ func TestStatusCommand(t *testing.T) {
 		{"unreachable, --id", []string{"status", "--id", "7", "--postgres-url", url, "--kafka-brokers", "k:9092"}, status.ExitBad, "postgres", ""},
 		{"negative id", []string{"status", "--id", "-1", "--postgres-url", url, "--kafka-brokers", "k:9092"}, exitConfig, "", "--id must be"},
 		{"unknown flag", []string{"status", "--bogus"}, exitConfig, "", "flag provided but not defined"},
-		{"help", []string{"status", "-h"}, exitOK, "", "usage: outbox-relay status"},
+		{"help", []string{"status", "-h"}, exitOK, "usage: outbox-relay status", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

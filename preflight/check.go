@@ -1,0 +1,470 @@
+package preflight
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/outboxschema"
+)
+
+// Verdict is a check's outcome.
+type Verdict string
+
+// Verdicts. Skip: the check could not be made (a prerequisite failed, or
+// the broker does not say); it changes no exit code.
+const (
+	OK   Verdict = "ok"
+	Warn Verdict = "warn"
+	Fail Verdict = "fail"
+	Skip Verdict = "skip"
+)
+
+// Exit codes of `outbox-relay check`, as `outbox-relay status`'s: 0 every
+// check ok (or skipped), ExitWarn some warn and none failed, ExitFail some
+// failed. The command's own: 1 the report could not be written, 2 usage.
+const (
+	ExitOK   = 0
+	ExitFail = 3
+	ExitWarn = 4
+)
+
+// Supported PostgreSQL major versions (logical decoding messages, pgoutput
+// options and the catalog columns the relay reads).
+const (
+	MinPGVersion = 14
+	MaxPGVersion = 18
+)
+
+// Check is one line: a stable name, the verdict, what was found and, when
+// not ok, the exact fix.
+type Check struct {
+	Name    string  `json:"name"`
+	Verdict Verdict `json:"verdict"`
+	Value   string  `json:"value"`
+	Fix     string  `json:"fix,omitempty"`
+}
+
+// Report is the whole answer.
+type Report struct {
+	Verdict  Verdict `json:"verdict"`
+	ExitCode int     `json:"exit_code"`
+	Table    string  `json:"table"`
+	Slot     string  `json:"slot"`
+	Checks   []Check `json:"checks"`
+}
+
+// Evaluate judges the facts. Pure.
+func Evaluate(f Facts) Report {
+	o := f.Options
+	r := Report{Verdict: OK, Table: o.Table.String(), Slot: o.Slot}
+	add := func(name string, v Verdict, value, fix string) {
+		r.Checks = append(r.Checks, Check{Name: name, Verdict: v, Value: value, Fix: fix})
+	}
+	pgChecks(f.PG, o, add)
+	kafkaChecks(f, add)
+	for _, c := range r.Checks {
+		switch {
+		case c.Verdict == Fail:
+			r.Verdict = Fail
+		case c.Verdict == Warn && r.Verdict == OK:
+			r.Verdict = Warn
+		}
+	}
+	r.ExitCode = map[Verdict]int{OK: ExitOK, Warn: ExitWarn, Fail: ExitFail}[r.Verdict]
+	return r
+}
+
+type addFunc func(name string, v Verdict, value, fix string)
+
+func pgChecks(p PGFacts, o Options, add addFunc) {
+	t := o.Table
+	if p.ConnectError != "" {
+		add("postgres", Fail, fmt.Sprintf("database at %s unreachable: %s", p.Addr, p.ConnectError),
+			"check postgres.url (host, port, user, password, sslmode) and that PostgreSQL is up; nothing else in PostgreSQL was checked")
+		return
+	}
+	add("postgres", OK, fmt.Sprintf("connected to %s as %s", p.Addr, p.Role), "")
+	if p.SettingsErr != "" {
+		add("server", Fail, "cannot read the server settings: "+p.SettingsErr, "connect as a role that can read pg_settings and pg_roles")
+		return
+	}
+	role := outboxschema.QuoteIdent(p.Role)
+	major := p.VersionNum / 10000
+	if major >= MinPGVersion && major <= MaxPGVersion {
+		add("server_version", OK, "PostgreSQL "+p.Version, "")
+	} else {
+		add("server_version", Warn, fmt.Sprintf("PostgreSQL %s: supported are %d to %d", p.Version, MinPGVersion, MaxPGVersion),
+			fmt.Sprintf("run PostgreSQL %d..%d; other versions are untested", MinPGVersion, MaxPGVersion))
+	}
+	if p.WalLevel == "logical" {
+		add("wal_level", OK, "logical", "")
+	} else {
+		add("wal_level", Fail, p.WalLevel+": logical replication needs logical",
+			"ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL")
+	}
+	if p.Slot.Exists {
+		add("replication_slots", OK, fmt.Sprintf("%d of %d used; the relay's slot exists", p.UsedSlots, p.MaxSlots), "")
+	} else if free := p.MaxSlots - p.UsedSlots; free > 0 {
+		add("replication_slots", OK, fmt.Sprintf("%d of %d used: %d free for the relay's slot", p.UsedSlots, p.MaxSlots, free), "")
+	} else {
+		add("replication_slots", Fail, fmt.Sprintf("%d of %d used: none free for slot %s", p.UsedSlots, p.MaxSlots, o.Slot),
+			fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL (or drop an unused slot: SELECT slot_name, active FROM pg_replication_slots)", p.MaxSlots+2))
+	}
+	if free := p.MaxSenders - p.ActiveSenders; free > 0 {
+		add("wal_senders", OK, fmt.Sprintf("%d of %d in use", p.ActiveSenders, p.MaxSenders), "")
+	} else {
+		add("wal_senders", Fail, fmt.Sprintf("%d of %d in use: none free for the relay's stream", p.ActiveSenders, p.MaxSenders),
+			fmt.Sprintf("ALTER SYSTEM SET max_wal_senders = %d; then restart PostgreSQL", p.MaxSenders+2))
+	}
+	if p.MaxSlotWALKeep == "-1" {
+		add("max_slot_wal_keep_size", Warn, "-1 (unlimited): a stopped or stuck relay keeps WAL until the disk fills",
+			"ALTER SYSTEM SET max_slot_wal_keep_size = '50GB' (below the free WAL disk); SELECT pg_reload_conf();")
+	} else {
+		add("max_slot_wal_keep_size", OK, p.MaxSlotWALKeep, "")
+	}
+
+	// The role and its privileges.
+	if p.Super || p.Replication {
+		v := "REPLICATION"
+		if p.Super {
+			v = "superuser"
+		}
+		add("role.replication", OK, fmt.Sprintf("role %s: %s", p.Role, v), "")
+	} else {
+		add("role.replication", Fail, fmt.Sprintf("role %s lacks REPLICATION: it cannot stream from a slot", p.Role),
+			fmt.Sprintf("ALTER ROLE %s REPLICATION; (and allow it in pg_hba.conf for the replication database)", role))
+	}
+	migrate := "run `outbox-relay migrate` with this config"
+	switch {
+	case p.TableErr != "":
+		add("outbox_table", Fail, "cannot read "+t.String()+": "+p.TableErr, "GRANT USAGE ON SCHEMA "+outboxschema.QuoteIdent(t.Schema)+" TO "+role+";")
+	case !p.TableExists:
+		add("outbox_table", Fail, t.String()+" does not exist", migrate+", or set postgres.table")
+	case len(p.MissingRequired) > 0:
+		add("outbox_table", Fail, t.String()+" lacks required column(s) "+strings.Join(p.MissingRequired, ", "), "restore them (see migrations/)")
+	case len(p.MissingBookkeep) > 0:
+		add("outbox_table", Fail, t.String()+" lacks column(s) "+strings.Join(p.MissingBookkeep, ", "), migrate+" (migration 0003 adds them)")
+	default:
+		v := t.String()
+		if p.Partitioned {
+			v += " (partitioned)"
+		}
+		add("outbox_table", OK, v, "")
+	}
+	if p.SchemaUsage {
+		add("privileges.schema", OK, "USAGE on schema "+t.Schema, "")
+	} else {
+		add("privileges.schema", Fail, fmt.Sprintf("role %s lacks USAGE on schema %s", p.Role, t.Schema),
+			fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", outboxschema.QuoteIdent(t.Schema), role))
+	}
+	privChecks(p, o, add)
+	if o.RetentionKeep > 0 && p.Partitioned {
+		if p.OwnsTable || p.Super {
+			add("privileges.partitions", OK, "owner of "+t.String()+": retention may drop old partitions", "")
+		} else {
+			add("privileges.partitions", Warn, fmt.Sprintf("role %s does not own partitioned %s: retention cannot drop old partitions", p.Role, t),
+				fmt.Sprintf("GRANT <owner of %s> TO %s; (or ALTER TABLE %s OWNER TO %s)", t.Quoted(), role, t.Quoted(), role))
+		}
+	}
+	if o.LeaderEnabled {
+		switch {
+		case p.FenceErr != "":
+			add("privileges.fence", Warn, "cannot read the right to fence: "+p.FenceErr, "")
+		case p.Fence == nil:
+		case !p.Fence.OK:
+			add("privileges.fence", Fail, p.Fence.Problem, fmt.Sprintf("GRANT pg_signal_backend TO %s; or run every instance as the same role", role))
+		case p.Fence.Super:
+			add("privileges.fence", OK, "superuser: may fence any stalled leader", "")
+		case p.Fence.SignalBackend:
+			add("privileges.fence", OK, "pg_signal_backend: may fence a stalled leader of any non-superuser role", "")
+		default:
+			add("privileges.fence", OK, fmt.Sprintf("may fence instances running as %s (the same role); other roles need GRANT pg_signal_backend TO %s", p.Role, role), "")
+		}
+	}
+	if o.HeartbeatInterval > 0 {
+		switch {
+		case p.EmitMessage == nil:
+			add("privileges.heartbeat", Skip, "could not read EXECUTE on "+EmitMessageFunc, "")
+		case *p.EmitMessage:
+			add("privileges.heartbeat", OK, "EXECUTE on "+EmitMessageFunc, "")
+		default:
+			add("privileges.heartbeat", Warn, "no EXECUTE on "+EmitMessageFunc+": outbox_relay_lag_seconds sees only events already read",
+				fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s;", EmitMessageFunc, role))
+		}
+	}
+	pubCheck(p, o, add)
+	slotCheck(p, o, add)
+}
+
+// privChecks reports each privilege check: the missing privileges of each
+// table with the GRANT that gives them.
+func privChecks(p PGFacts, o Options, add addFunc) {
+	var names []string
+	by := map[string][]PrivFact{}
+	for _, pf := range p.Privs {
+		if by[pf.Check] == nil {
+			names = append(names, pf.Check)
+		}
+		by[pf.Check] = append(by[pf.Check], pf)
+	}
+	for _, name := range names {
+		var missing []Need
+		var absent, errs, have []string
+		for _, pf := range by[name] {
+			switch {
+			case pf.Err != "":
+				errs = append(errs, pf.Err)
+			case !pf.Exists:
+				if !contains(absent, pf.Table.String()) {
+					absent = append(absent, pf.Table.String())
+				}
+			case !pf.Have:
+				missing = append(missing, pf.Need)
+			default:
+				have = append(have, describe(pf.Need))
+			}
+		}
+		switch {
+		case len(absent) > 0:
+			fix := "run `outbox-relay migrate` with this config"
+			if name == CheckPrivRetention && o.RetentionArchive {
+				fix += " (with retention.archive on it creates the archive table)"
+			}
+			add(name, Fail, strings.Join(absent, ", ")+" does not exist", fix)
+		case len(errs) > 0:
+			add(name, Fail, "cannot read privileges: "+strings.Join(errs, "; "), "")
+		case len(missing) > 0:
+			var ds []string
+			for _, n := range missing {
+				ds = append(ds, describe(n))
+			}
+			add(name, Fail, fmt.Sprintf("role %s lacks %s (%s)", p.Role, strings.Join(ds, ", "), missing[0].Why),
+				strings.Join(grantsByTable(missing, p.Role), " "))
+		default:
+			add(name, OK, strings.Join(have, ", "), "")
+		}
+	}
+}
+
+func describe(n Need) string {
+	s := n.Privilege
+	if len(n.Columns) > 0 {
+		s += " (" + strings.Join(n.Columns, ", ") + ")"
+	}
+	return s + " on " + n.Table.String()
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func pubCheck(p PGFacts, o Options, add addFunc) {
+	pub := p.Publication
+	q := outboxschema.QuoteIdent(o.Publication)
+	t := o.Table
+	switch {
+	case pub.Err != "":
+		add("publication", Fail, "cannot read publication "+o.Publication+": "+pub.Err, "")
+	case !pub.Exists && p.Slot.Exists:
+		add("publication", Fail, fmt.Sprintf("publication %s does not exist, but slot %s does: the relay refuses to start", o.Publication, o.Slot),
+			"start the relay once to read its recovery steps, or drop the slot and run `outbox-relay migrate`")
+	case !pub.Exists && !o.CreatePublication:
+		add("publication", Fail, fmt.Sprintf("publication %s does not exist and postgres.create_publication is false", o.Publication),
+			createPublicationSQL(o)+"; (or run `outbox-relay migrate`)")
+	case !pub.Exists && !(p.Super || p.OwnsTable && p.CanCreateInDB):
+		add("publication", Fail, fmt.Sprintf("publication %s does not exist and role %s cannot create it (it needs to own %s and CREATE on the database)", o.Publication, p.Role, t),
+			"run `outbox-relay migrate` as the table owner, or as the owner: "+createPublicationSQL(o)+";")
+	case !pub.Exists:
+		add("publication", OK, fmt.Sprintf("publication %s does not exist: the relay creates it at start (postgres.create_publication)", o.Publication), "")
+	case !pub.Insert:
+		add("publication", Fail, fmt.Sprintf("publication %s does not publish inserts", o.Publication), fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", q))
+	case !pub.HasTable:
+		add("publication", Fail, fmt.Sprintf("publication %s does not include %s", o.Publication, t), fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", q, t.Quoted()))
+	case p.Partitioned && !pub.ViaRoot:
+		add("publication", Fail, fmt.Sprintf("%s is partitioned but publication %s lacks publish_via_partition_root: its inserts would be skipped", t, o.Publication),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", q))
+	case pub.Update || pub.Delete || pub.Truncat:
+		var extra []string
+		for _, e := range []struct {
+			on   bool
+			name string
+		}{{pub.Update, "update"}, {pub.Delete, "delete"}, {pub.Truncat, "truncate"}} {
+			if e.on {
+				extra = append(extra, e.name)
+			}
+		}
+		add("publication", Warn, fmt.Sprintf("publication %s publishes %s too: the slot decodes every dead-letter mark and retention delete for nothing", o.Publication, strings.Join(extra, ", ")),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", q))
+	default:
+		add("publication", OK, fmt.Sprintf("%s: inserts of %s only", o.Publication, t), "")
+	}
+}
+
+func slotCheck(p PGFacts, o Options, add addFunc) {
+	s := p.Slot
+	lit := outboxschema.QuoteLiteral(o.Slot)
+	switch {
+	case s.Err != "":
+		add("slot", Fail, "cannot read slot "+o.Slot+": "+s.Err, "")
+	case !s.Exists && s.Registered:
+		add("slot", Fail, fmt.Sprintf("slot %s was created by the relay and is gone (dropped?): events committed meanwhile were not streamed", o.Slot),
+			"run `outbox-relay status` for the recovery steps (migrate, run, then `outbox-relay replay --since ...`)")
+	case !s.Exists:
+		add("slot", OK, fmt.Sprintf("slot %s does not exist yet: `outbox-relay migrate` or the relay's first start creates it", o.Slot), "")
+	case s.SlotType != "logical" || s.Plugin != "pgoutput":
+		add("slot", Fail, fmt.Sprintf("slot %s is a %s slot with plugin %q; the relay needs a logical pgoutput slot", o.Slot, s.SlotType, s.Plugin),
+			fmt.Sprintf("choose another postgres.slot, or SELECT pg_drop_replication_slot(%s); if nothing else uses it", lit))
+	case s.Database != s.CurrentDB:
+		add("slot", Fail, fmt.Sprintf("slot %s belongs to database %s, not %s", o.Slot, s.Database, s.CurrentDB), "connect postgres.url to that database, or choose another postgres.slot")
+	default:
+		v := fmt.Sprintf("%s: pgoutput, wal_status %s, safe_wal_size %s", o.Slot, s.WALStatus, safeSize(s.SafeWALSize))
+		switch s.WALStatus {
+		case "reserved":
+			add("slot", OK, v, "")
+		case "extended", "unreserved":
+			add("slot", Warn, v+": the slot retains more WAL than max_wal_size; it may be invalidated",
+				"start the relay (or find why it does not confirm); raise max_slot_wal_keep_size if the disk allows")
+		case "lost":
+			add("slot", Fail, v+": invalidated, events may be lost", fmt.Sprintf("SELECT pg_drop_replication_slot(%s); then follow `outbox-relay status` (migrate, run, replay --since)", lit))
+		default:
+			add("slot", OK, v, "")
+		}
+	}
+}
+
+func safeSize(p *int64) string {
+	if p == nil {
+		return "unlimited"
+	}
+	n := *p
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func kafkaChecks(f Facts, add addFunc) {
+	o, k := f.Options, f.Kafka
+	brokers := strings.Join(o.Kafka.Brokers, ",")
+	if k.ConnectError != "" {
+		add("kafka", Fail, "cannot reach "+brokers+": "+k.ConnectError,
+			"check kafka.brokers, kafka.tls.* and kafka.sasl.* (the relay connects with the same settings) and that the brokers are up")
+		add("kafka.topics", Skip, "Kafka unreachable", "")
+		add("kafka.acls", Skip, "Kafka unreachable", "")
+		return
+	}
+	add("kafka", OK, "connected to "+brokers, "")
+	var ok, missing []string
+	var verdict = OK
+	var fixes []string
+	for _, t := range k.Topics {
+		if t.Exists {
+			ok = append(ok, fmt.Sprintf("%s (%d partitions)", t.Name, t.Partitions))
+			continue
+		}
+		missing = append(missing, t.Name)
+	}
+	create := fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --create --topic %s --partitions N", o.Kafka.Brokers[0], strings.Join(missing, ","))
+	value := ""
+	switch {
+	case len(missing) == 0:
+	case !o.Kafka.AutoCreateTopics:
+		verdict = Fail
+		value = "missing: " + strings.Join(missing, ", ") + " (kafka.auto_create_topics is false)"
+		fixes = append(fixes, "create each missing topic ("+create+"), or set kafka.auto_create_topics: true")
+	case k.BrokerAutoCreate != nil && !*k.BrokerAutoCreate:
+		verdict = Fail
+		value = "missing: " + strings.Join(missing, ", ") + " (the brokers' auto.create.topics.enable is false)"
+		fixes = append(fixes, "create each missing topic ("+create+"), or set auto.create.topics.enable=true on the brokers")
+	case k.BrokerAutoCreate == nil:
+		verdict = Warn
+		value = "missing: " + strings.Join(missing, ", ") + " (created at the first event if the brokers' auto.create.topics.enable is true: could not read it)"
+		fixes = append(fixes, "create each missing topic ("+create+")")
+	default:
+		value = "created at the first event (kafka.auto_create_topics, auto.create.topics.enable): " + strings.Join(missing, ", ")
+	}
+	if len(ok) > 0 {
+		value = strings.TrimPrefix(value+"; present: "+strings.Join(ok, ", "), "; ")
+	}
+	if !fixedTemplate(o.Kafka.TopicTemplate) {
+		note := "event topics follow " + o.Kafka.TopicTemplate + ": checked those of the rows in the table now"
+		if len(f.PG.AggregateTopics) == 0 {
+			note = "event topics follow " + o.Kafka.TopicTemplate + ": no rows in the table yet, so none checked"
+		}
+		if f.PG.AggregateTopicErr != "" {
+			note = "event topics follow " + o.Kafka.TopicTemplate + ": could not list the table's aggregate types (" + f.PG.AggregateTopicErr + ")"
+		}
+		value += "; " + note
+	}
+	add("kafka.topics", verdict, value, strings.Join(fixes, "; "))
+
+	switch {
+	case k.ACL.Skipped != "":
+		add("kafka.acls", Skip, k.ACL.Skipped, "")
+	default:
+		var denied []string
+		for _, t := range k.Topics {
+			for _, op := range []sarama.AclOperation{sarama.AclOperationWrite, sarama.AclOperationDescribe} {
+				if !allowed(k.ACL.Acls, k.ACL.Principal, t.Name, op) {
+					denied = append(denied, fmt.Sprintf("%s on %s", opName(op), t.Name))
+				}
+			}
+		}
+		if len(denied) == 0 {
+			add("kafka.acls", OK, k.ACL.Principal+" may WRITE and DESCRIBE every topic checked", "")
+		} else {
+			add("kafka.acls", Fail, k.ACL.Principal+" lacks "+strings.Join(denied, ", "),
+				fmt.Sprintf("kafka-acls.sh --bootstrap-server %s --add --allow-principal %s --operation Write --operation Describe --topic TOPIC (or --resource-pattern-type prefixed)",
+					o.Kafka.Brokers[0], k.ACL.Principal))
+		}
+	}
+}
+
+func opName(op sarama.AclOperation) string {
+	if op == sarama.AclOperationWrite {
+		return "WRITE"
+	}
+	return "DESCRIBE"
+}
+
+// Text writes the report for a terminal: one aligned line per check (name,
+// verdict, value), the fix of a check that is not ok on the next line, and
+// the overall verdict with the exit code.
+func Text(w io.Writer, r Report) error {
+	fmt.Fprintf(w, "outbox-relay check: table %s, slot %s\n\n", r.Table, r.Slot)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range r.Checks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, strings.ToUpper(string(c.Verdict)), oneLine(c.Value))
+		if c.Fix != "" && c.Verdict != OK {
+			fmt.Fprintf(tw, "\t\t-> %s\n", oneLine(c.Fix))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\n%s (exit %d)\n", strings.ToUpper(string(r.Verdict)), r.ExitCode)
+	return err
+}
+
+// JSON writes the report as one indented JSON object; the field names are
+// documented in the README and stable.
+func JSON(w io.Writer, r Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -1,0 +1,258 @@
+package preflight
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/leader"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+func opts() Options {
+	k := sink.DefaultConfig()
+	k.Brokers = []string{"k1:9092"}
+	k.AutoCreateTopics = true
+	return Options{Table: outboxschema.Table{Schema: "public", Name: "outbox"}, Publication: "outbox_pub", Slot: "outbox_relay",
+		CreatePublication: true, LeaderEnabled: true, HeartbeatInterval: time.Second, RetentionKeep: 168 * time.Hour,
+		Kafka: k, DeadLetterTopic: "outbox.dlq"}
+}
+
+// healthy is what a ready server and cluster answer.
+func healthy() Facts {
+	o := opts()
+	f := Facts{Options: o}
+	yes := true
+	f.PG = PGFacts{Addr: "db:5432", Role: "relay", Replication: true, Version: "15.4", VersionNum: 150004, WalLevel: "logical",
+		MaxSlots: 10, UsedSlots: 1, MaxSenders: 10, ActiveSenders: 1, MaxSlotWALKeep: "10GB", SchemaUsage: true,
+		TableExists: true, OwnsTable: true, CanCreateInDB: true, EmitMessage: &yes,
+		Fence:           &leader.FenceRights{OK: true, Role: "relay"},
+		Publication:     PubFacts{Exists: true, Insert: true, HasTable: true},
+		Slot:            SlotFacts{Exists: true, Plugin: "pgoutput", SlotType: "logical", Database: "app", CurrentDB: "app", WALStatus: "reserved"},
+		AggregateTopics: []string{"outbox.event.order"}}
+	for _, n := range Needs(o) {
+		f.PG.Privs = append(f.PG.Privs, PrivFact{Need: n, Exists: true, Have: true})
+	}
+	auto := true
+	f.Kafka = KafkaFacts{BrokerAutoCreate: &auto, ACL: ACLFacts{Skipped: "the brokers have no authorizer: ACLs are not enforced"},
+		Topics: []TopicFact{{Name: "outbox.event.order", Exists: true, Partitions: 3}, {Name: "outbox.dlq", DeadLetter: true, Exists: true, Partitions: 1}}}
+	return f
+}
+
+func find(t *testing.T, r Report, name string) Check {
+	t.Helper()
+	for _, c := range r.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no check %q in %+v", name, r.Checks)
+	return Check{}
+}
+
+func TestEvaluate(t *testing.T) {
+	tests := []struct {
+		name    string
+		change  func(f *Facts)
+		check   string
+		verdict Verdict
+		exit    int
+		fix     []string // substrings of the check's fix
+	}{
+		{"healthy", func(*Facts) {}, "wal_level", OK, ExitOK, nil},
+		{"wal_level replica", func(f *Facts) { f.PG.WalLevel = "replica" }, "wal_level", Fail, ExitFail,
+			[]string{"ALTER SYSTEM SET wal_level = logical", "restart PostgreSQL"}},
+		{"PostgreSQL 13", func(f *Facts) { f.PG.VersionNum, f.PG.Version = 130011, "13.11" }, "server_version", Warn, ExitWarn, []string{"14..18"}},
+		{"PostgreSQL 18", func(f *Facts) { f.PG.VersionNum = 180000 }, "server_version", OK, ExitOK, nil},
+		{"PostgreSQL 19", func(f *Facts) { f.PG.VersionNum = 190000 }, "server_version", Warn, ExitWarn, nil},
+		{"no free slot, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 10 }, "replication_slots", Fail, ExitFail,
+			[]string{"max_replication_slots = 12"}},
+		{"no free slot, slot exists", func(f *Facts) { f.PG.UsedSlots = 10 }, "replication_slots", OK, ExitOK, nil},
+		{"no wal sender", func(f *Facts) { f.PG.ActiveSenders = 10 }, "wal_senders", Fail, ExitFail, []string{"max_wal_senders = 12"}},
+		{"unlimited slot WAL", func(f *Facts) { f.PG.MaxSlotWALKeep = "-1" }, "max_slot_wal_keep_size", Warn, ExitWarn,
+			[]string{"ALTER SYSTEM SET max_slot_wal_keep_size", "pg_reload_conf"}},
+		{"no REPLICATION", func(f *Facts) { f.PG.Replication = false; f.PG.Role = "App Relay" }, "role.replication", Fail, ExitFail,
+			[]string{`ALTER ROLE "App Relay" REPLICATION`}},
+		{"superuser", func(f *Facts) { f.PG.Replication, f.PG.Super = false, true }, "role.replication", OK, ExitOK, nil},
+		{"no UPDATE of the marks", func(f *Facts) {
+			for i := range f.PG.Privs {
+				if f.PG.Privs[i].Check == CheckPrivOutbox && f.PG.Privs[i].Privilege == "UPDATE" {
+					f.PG.Privs[i].Have = false
+				}
+			}
+		}, CheckPrivOutbox, Fail, ExitFail, []string{`GRANT UPDATE ("attempt_count", "last_error", "dead_lettered_at") ON "public"."outbox" TO "relay";`}},
+		{"no registry INSERT", func(f *Facts) {
+			for i := range f.PG.Privs {
+				if f.PG.Privs[i].Check == CheckPrivRegistry && f.PG.Privs[i].Privilege == "INSERT" {
+					f.PG.Privs[i].Have = false
+				}
+			}
+		}, CheckPrivRegistry, Fail, ExitFail, []string{`GRANT INSERT ON "public"."outbox_relay_slots" TO "relay";`}},
+		{"no lease table", func(f *Facts) {
+			for i := range f.PG.Privs {
+				if f.PG.Privs[i].Check == CheckPrivLeader {
+					f.PG.Privs[i].Exists = false
+				}
+			}
+		}, CheckPrivLeader, Fail, ExitFail, []string{"outbox-relay migrate"}},
+		{"cannot fence", func(f *Facts) {
+			f.PG.Fence = &leader.FenceRights{Problem: "this standby cannot fence a stalled leader", Role: "relay"}
+		}, "privileges.fence", Fail, ExitFail, []string{`GRANT pg_signal_backend TO "relay"`}},
+		{"no heartbeat EXECUTE", func(f *Facts) { no := false; f.PG.EmitMessage = &no }, "privileges.heartbeat", Warn, ExitWarn,
+			[]string{"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text)"}},
+		{"publication missing, creation off", func(f *Facts) {
+			f.Options.CreatePublication = false
+			f.PG.Publication, f.PG.Slot = PubFacts{}, SlotFacts{}
+		}, "publication", Fail, ExitFail,
+			[]string{`CREATE PUBLICATION "outbox_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert'`}},
+		{"publication missing, relay creates it", func(f *Facts) { f.PG.Publication, f.PG.Slot = PubFacts{}, SlotFacts{} }, "publication", OK, ExitOK, nil},
+		{"publication missing, slot exists", func(f *Facts) { f.PG.Publication = PubFacts{} }, "publication", Fail, ExitFail, nil},
+		{"publication publishes updates", func(f *Facts) { f.PG.Publication.Update = true }, "publication", Warn, ExitWarn,
+			[]string{`ALTER PUBLICATION "outbox_pub" SET (publish = 'insert')`}},
+		{"publication lacks the table", func(f *Facts) { f.PG.Publication.HasTable = false }, "publication", Fail, ExitFail,
+			[]string{`ALTER PUBLICATION "outbox_pub" ADD TABLE "public"."outbox"`}},
+		{"partitioned, not via root", func(f *Facts) { f.PG.Partitioned = true }, "publication", Fail, ExitFail,
+			[]string{"publish_via_partition_root = true"}},
+		{"slot test_decoding", func(f *Facts) { f.PG.Slot.Plugin = "test_decoding" }, "slot", Fail, ExitFail, []string{"pg_drop_replication_slot('outbox_relay')"}},
+		{"slot extended", func(f *Facts) { f.PG.Slot.WALStatus = "extended" }, "slot", Warn, ExitWarn, nil},
+		{"slot lost", func(f *Facts) { f.PG.Slot.WALStatus = "lost" }, "slot", Fail, ExitFail, nil},
+		{"slot dropped", func(f *Facts) { f.PG.Slot = SlotFacts{Registered: true} }, "slot", Fail, ExitFail, []string{"outbox-relay status"}},
+		{"postgres down", func(f *Facts) { f.PG = PGFacts{Addr: "db:5432", ConnectError: "connection refused"} }, "postgres", Fail, ExitFail,
+			[]string{"postgres.url"}},
+		{"kafka down", func(f *Facts) { f.Kafka = KafkaFacts{ConnectError: "dial tcp: refused"} }, "kafka", Fail, ExitFail, []string{"kafka.brokers"}},
+		{"topic missing, no auto-create", func(f *Facts) {
+			f.Options.Kafka.AutoCreateTopics = false
+			f.Kafka.Topics[1].Exists = false
+		}, "kafka.topics", Fail, ExitFail, []string{"--topic outbox.dlq", "kafka.auto_create_topics: true"}},
+		{"topic missing, broker creates it", func(f *Facts) { f.Kafka.Topics[1].Exists = false }, "kafka.topics", OK, ExitOK, nil},
+		{"topic missing, broker auto-create off", func(f *Facts) { no := false; f.Kafka.BrokerAutoCreate = &no; f.Kafka.Topics[1].Exists = false },
+			"kafka.topics", Fail, ExitFail, []string{"auto.create.topics.enable=true"}},
+		{"ACLs deny the dead-letter topic", func(f *Facts) {
+			f.Kafka.ACL = ACLFacts{Principal: "User:relay", Acls: []sarama.ResourceAcls{{
+				Resource: sarama.Resource{ResourceType: sarama.AclResourceTopic, ResourceName: "outbox.event.", ResourcePatternType: sarama.AclPatternPrefixed},
+				Acls:     []*sarama.Acl{{Principal: "User:relay", Host: "*", Operation: sarama.AclOperationWrite, PermissionType: sarama.AclPermissionAllow}}}}}
+		}, "kafka.acls", Fail, ExitFail, []string{"--allow-principal User:relay --operation Write"}},
+		{"ACLs not describable", func(f *Facts) { f.Kafka.ACL = ACLFacts{Skipped: "not authorized to describe ACLs"} }, "kafka.acls", Skip, ExitOK, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := healthy()
+			tt.change(&f)
+			r := Evaluate(f)
+			c := find(t, r, tt.check)
+			if c.Verdict != tt.verdict || r.ExitCode != tt.exit {
+				t.Fatalf("%s = %s (exit %d), want %s (exit %d): %+v", tt.check, c.Verdict, r.ExitCode, tt.verdict, tt.exit, r.Checks)
+			}
+			if c.Verdict != OK && c.Verdict != Skip && c.Fix == "" {
+				t.Errorf("%s is %s without a fix", c.Name, c.Verdict)
+			}
+			for _, w := range tt.fix {
+				if !strings.Contains(c.Fix, w) {
+					t.Errorf("fix %q lacks %q", c.Fix, w)
+				}
+			}
+		})
+	}
+}
+
+// The grant block quotes every identifier, so odd names paste as they are.
+func TestGrantsOddNames(t *testing.T) {
+	o := opts()
+	o.Table = outboxschema.Table{Schema: "Events", Name: "Outbox$1"}
+	o.Publication = `Pub "x"`
+	o.RetentionArchive = true
+	g := Grants(o, `Relay "Role"`)
+	for _, want := range []string{
+		`ALTER ROLE "Relay ""Role""" LOGIN REPLICATION;`,
+		`GRANT USAGE ON SCHEMA "Events" TO "Relay ""Role""";`,
+		`GRANT SELECT ("id", "dead_lettered_at"), UPDATE ("attempt_count", "last_error", "dead_lettered_at"), SELECT, DELETE ON "Events"."Outbox$1" TO "Relay ""Role""";`,
+		`GRANT INSERT ON "Events"."Outbox$1_archive" TO "Relay ""Role""";`,
+		`GRANT SELECT, INSERT ON "Events"."outbox_relay_slots" TO "Relay ""Role""";`,
+		`GRANT SELECT, INSERT, UPDATE ON "Events"."outbox_relay_leader" TO "Relay ""Role""";`,
+		`GRANT SELECT, INSERT, UPDATE ON "Events"."outbox_relay_delivery" TO "Relay ""Role""";`,
+		`GRANT pg_signal_backend TO "Relay ""Role""";`,
+		`GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO "Relay ""Role""";`,
+		`CREATE PUBLICATION "Pub ""x""" FOR TABLE "Events"."Outbox$1" WITH (publish = 'insert'`,
+	} {
+		if !strings.Contains(g, want) {
+			t.Errorf("grant block lacks\n  %s\n%s", want, g)
+		}
+	}
+	o.LeaderEnabled, o.RetentionKeep, o.HeartbeatInterval = false, 0, 0
+	g = Grants(o, "relay")
+	for _, absent := range []string{"outbox_relay_leader", "pg_signal_backend", "DELETE", "pg_logical_emit_message"} {
+		if strings.Contains(g, absent) {
+			t.Errorf("leader, retention and heartbeat off, yet the block names %s:\n%s", absent, g)
+		}
+	}
+}
+
+func TestACLAllowed(t *testing.T) {
+	topic := func(name string, pt sarama.AclResourcePatternType, acls ...*sarama.Acl) sarama.ResourceAcls {
+		return sarama.ResourceAcls{Resource: sarama.Resource{ResourceType: sarama.AclResourceTopic, ResourceName: name, ResourcePatternType: pt}, Acls: acls}
+	}
+	acl := func(p string, op sarama.AclOperation, perm sarama.AclPermissionType) *sarama.Acl {
+		return &sarama.Acl{Principal: p, Host: "*", Operation: op, PermissionType: perm}
+	}
+	allow, deny := sarama.AclPermissionAllow, sarama.AclPermissionDeny
+	tests := []struct {
+		name string
+		acls []sarama.ResourceAcls
+		op   sarama.AclOperation
+		want bool
+	}{
+		{"none", nil, sarama.AclOperationWrite, false},
+		{"literal write", []sarama.ResourceAcls{topic("t", sarama.AclPatternLiteral, acl("User:r", sarama.AclOperationWrite, allow))}, sarama.AclOperationWrite, true},
+		{"write implies describe", []sarama.ResourceAcls{topic("t", sarama.AclPatternLiteral, acl("User:r", sarama.AclOperationWrite, allow))}, sarama.AclOperationDescribe, true},
+		{"prefixed all", []sarama.ResourceAcls{topic("t", sarama.AclPatternPrefixed, acl("User:r", sarama.AclOperationAll, allow))}, sarama.AclOperationWrite, true},
+		{"wildcard principal and topic", []sarama.ResourceAcls{topic("*", sarama.AclPatternLiteral, acl("User:*", sarama.AclOperationWrite, allow))}, sarama.AclOperationWrite, true},
+		{"other principal", []sarama.ResourceAcls{topic("t", sarama.AclPatternLiteral, acl("User:x", sarama.AclOperationWrite, allow))}, sarama.AclOperationWrite, false},
+		{"deny wins", []sarama.ResourceAcls{topic("*", sarama.AclPatternLiteral, acl("User:r", sarama.AclOperationAll, allow)),
+			topic("t", sarama.AclPatternLiteral, acl("User:r", sarama.AclOperationWrite, deny))}, sarama.AclOperationWrite, false},
+		{"other topic", []sarama.ResourceAcls{topic("u", sarama.AclPatternLiteral, acl("User:r", sarama.AclOperationWrite, allow))}, sarama.AclOperationWrite, false},
+	}
+	for _, tt := range tests {
+		if got := allowed(tt.acls, "User:r", "t", tt.op); got != tt.want {
+			t.Errorf("%s: allowed = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// The JSON field names are documented: keep them.
+func TestJSONFields(t *testing.T) {
+	var buf bytes.Buffer
+	if err := JSON(&buf, Evaluate(healthy())); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"verdict", "exit_code", "table", "slot", "checks"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("no %q in %s", k, buf.String())
+		}
+	}
+	c := m["checks"].([]any)[0].(map[string]any)
+	for _, k := range []string{"name", "verdict", "value"} {
+		if _, ok := c[k]; !ok {
+			t.Errorf("check lacks %q: %v", k, c)
+		}
+	}
+}
+
+// A connection error never carries the password.
+func TestNoSecret(t *testing.T) {
+	addr, pw := pgAddr("postgres://relay:s3cr3t-pw@db.example:6543/app")
+	if addr != "db.example:6543" || pw != "s3cr3t-pw" {
+		t.Fatalf("pgAddr = %q, %q", addr, pw)
+	}
+	if got := noSecret("password authentication failed: s3cr3t-pw", pw); strings.Contains(got, pw) {
+		t.Errorf("noSecret left the password: %q", got)
+	}
+}
