@@ -314,8 +314,12 @@ func describe(m *sarama.ConsumerMessage, dead bool) string {
 		if len(e) > 120 {
 			e = e[:117] + "..."
 		}
-		return fmt.Sprintf("DEAD LETTER %s reason=%s original_topic=%s event_id=%s key=%s error=%q",
-			where, h["dlq.reason"], h["dlq.original_topic"], h["dlq.event_id"], m.Key, e)
+		orig := ""
+		if t := h["dlq.original_topic"]; t != "" {
+			orig = " original_topic=" + t
+		}
+		return fmt.Sprintf("DEAD LETTER %s reason=%s%s event_id=%s key=%s error=%q",
+			where, h["dlq.reason"], orig, h["dlq.event_id"], m.Key, e)
 	}
 	return fmt.Sprintf("kafka    %-24s %-16s %-16s event_id=%s", where, h["event_type"], m.Key, h["event_id"])
 }
