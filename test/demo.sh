@@ -15,6 +15,9 @@
 #
 # Knobs: DEMO_DURATION (e.g. 30s; empty = until Ctrl-C), DEMO_RATE (order
 # changes per second, default 2), DEMO_RUN_DIR (default test/.run/demo).
+# The whole script is one { } block: bash reads it entirely before running it,
+# so editing this file (git pull) while a demo runs cannot derail its cleanup.
+{
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -180,3 +183,4 @@ wait "$VIEWER_PID" || true
 wait "$ORDERS_PID" "$BILLING_PID" 2>/dev/null || true
 cleanup "end of DEMO_DURATION"
 exit 0
+}
