@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e chaos lint demo services-up services-down clean bench alerts
+.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -62,9 +62,18 @@ bench:
 # Starts local PostgreSQL + Kafka, migrates, runs the relay, the sample
 # order service (examples/orders, package outbox) and billing consumer
 # (examples/billing, package inbox), and shows service -> outbox -> relay ->
-# Kafka -> consumer, with re-published records skipped as duplicates.
+# Kafka -> consumer, with re-published records skipped as duplicates, the
+# relay's lag and a footer of experiments. Until Ctrl-C (DEMO_DURATION=30s:
+# by itself); stops everything it started and exits 0 however it is stopped.
 demo: build
 	bash test/demo.sh
+
+# The demo's own test (test/demotest, about 2 min, not part of `make test`):
+# Ctrl-C on `make demo | tee` in a pseudo-terminal, SIGTERM to the process
+# group, the terminal closing, DEMO_DURATION; each must leave no process, temp
+# dir or temporary run-dir file, and exit 0 where make is not signalled.
+demo-test: build
+	$(GO) test -count=1 -tags e2e -v ./test/demotest/
 
 services-up:
 	bash test/services.sh start
