@@ -44,7 +44,20 @@ type Config struct {
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
 	// LagPollInterval is how often slot lag is read on a normal connection.
 	LagPollInterval time.Duration `yaml:"lag_poll_interval"`
+	// Streaming asks the server to stream transactions larger than its
+	// logical_decoding_work_mem before they commit (pgoutput protocol 2,
+	// PostgreSQL 14+), instead of spilling them to disk server-side until
+	// the commit: "auto" (when the server has it), "on" (refuse an older
+	// server) or "off".
+	Streaming string `yaml:"streaming"`
 }
+
+// Streaming values.
+const (
+	StreamingAuto = "auto"
+	StreamingOn   = "on"
+	StreamingOff  = "off"
+)
 
 // DefaultConfig returns the defaults documented in the README.
 func DefaultConfig() Config {
@@ -58,6 +71,7 @@ func DefaultConfig() Config {
 		ReconnectMin:      200 * time.Millisecond,
 		ReconnectMax:      30 * time.Second,
 		LagPollInterval:   5 * time.Second,
+		Streaming:         StreamingAuto,
 	}
 }
 
@@ -104,6 +118,11 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.LagPollInterval < 100*time.Millisecond {
 		bad("lag_poll_interval", "%s is too short: use at least 100ms (default 5s)", c.LagPollInterval)
+	}
+	switch c.Streaming {
+	case StreamingAuto, StreamingOn, StreamingOff:
+	default:
+		bad("streaming", "%q is not one of auto, on, off (default auto)", c.Streaming)
 	}
 	return errors.Join(errs...)
 }

@@ -54,9 +54,12 @@ func TestValidate(t *testing.T) {
 		{"reconnect max below min", func(c *Config) { c.ReconnectMax = c.ReconnectMin - 1 }, []string{"postgres.reconnect_max"}},
 		{"reconnect min above max", func(c *Config) { c.ReconnectMin = time.Hour }, []string{"postgres.reconnect_max"}},
 		{"lag poll too short", func(c *Config) { c.LagPollInterval = 99 * time.Millisecond }, []string{"postgres.lag_poll_interval"}},
+		{"streaming unknown", func(c *Config) { c.Streaming = "yes" }, []string{"postgres.streaming"}},
+		{"streaming off", func(c *Config) { c.Streaming = StreamingOff }, nil},
 		{"everything wrong", func(c *Config) { *c = Config{} }, []string{
 			"postgres.url", "postgres.slot", "postgres.publication", "postgres.table",
 			"postgres.status_interval", "postgres.receive_timeout", "postgres.reconnect_min", "postgres.lag_poll_interval",
+			"postgres.streaming",
 		}},
 	}
 	for _, tt := range tests {

@@ -118,6 +118,8 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.Postgres.ReconnectMax })},
 	{"postgres.lag_poll_interval", "OUTBOX_RELAY_LAG_POLL_INTERVAL", "lag-poll-interval", "how often slot lag is read",
 		dur(func(c *Config) *time.Duration { return &c.Postgres.LagPollInterval })},
+	{"postgres.streaming", "OUTBOX_RELAY_STREAMING", "streaming", "stream transactions larger than logical_decoding_work_mem before they commit (PostgreSQL 14+): auto, on or off",
+		str(func(c *Config) *string { return &c.Postgres.Streaming })},
 	{"kafka.brokers", "OUTBOX_RELAY_KAFKA_BROKERS", "kafka-brokers", "comma-separated host:port list",
 		func(c *Config, v string) error {
 			c.Kafka.Brokers = nil
