@@ -48,8 +48,8 @@ type streamResult struct {
 
 func (b *bench) runStream(ctx context.Context) *streamResult {
 	res := &streamResult{Events: streamEvents}
-	for _, mode := range []string{"off", "on"} {
-		r := b.streamOnce(ctx, mode)
+	for i, mode := range []string{"off", "on", "off", "on"} {
+		r := b.streamOnce(ctx, mode, i)
 		logf("stream %s: insert %.1fs, commit->first ack %.2fs, commit->last ack %.2fs, walsender CPU %.2fs, relay CPU %.2fs, relay peak RSS %d MiB; server spill %d txns %d B, stream %d txns %d B; relay spilled %v %s",
 			mode, r.InsertS, r.FirstS, r.LastS, r.Walsender, r.RelayCPU, r.RelayRSS>>20, r.SpillTxns, r.SpillBytes, r.StreamTxns, r.StreamBytes, r.RelaySpilled, r.Err)
 		res.Runs = append(res.Runs, r)
@@ -60,15 +60,15 @@ func (b *bench) runStream(ctx context.Context) *streamResult {
 	return res
 }
 
-func (b *bench) streamOnce(ctx context.Context, mode string) streamRun {
+func (b *bench) streamOnce(ctx context.Context, mode string, rep int) streamRun {
 	r := streamRun{Mode: mode, FirstS: math.NaN(), LastS: math.NaN(), Walsender: math.NaN(), RelayCPU: math.NaN()}
-	slot := b.pg.schema + "_stream_" + mode
+	slot := fmt.Sprintf("%s_stream_%s%d", b.pg.schema, mode, rep)
 	if _, err := b.pg.createSlot(ctx, slot); err != nil {
 		r.Err = err.Error()
 		return r
 	}
 	defer b.pg.dropSlot(context.WithoutCancel(ctx), slot)
-	prefix := b.topicPrefix + "stream" + mode
+	prefix := fmt.Sprintf("%sstream%s%d", b.topicPrefix, mode, rep)
 	topic := prefix + ".big"
 	if err := b.kafka.createTopic(topic); err != nil {
 		r.Err = err.Error()
@@ -79,7 +79,7 @@ func (b *bench) streamOnce(ctx context.Context, mode string) streamRun {
 	if strings.Contains(b.pg.url, "?") {
 		sep = "&"
 	}
-	rp, err := b.startRelayURL("stream-"+mode, b.pg.url+sep+"logical_decoding_work_mem=64kB", slot, prefix+".{aggregate_type}", "--streaming", mode)
+	rp, err := b.startRelayURL(fmt.Sprintf("stream-%s%d", mode, rep), b.pg.url+sep+"logical_decoding_work_mem=64kB", slot, prefix+".{aggregate_type}", "--streaming", mode)
 	if err != nil {
 		r.Err = err.Error()
 		return r
@@ -170,10 +170,10 @@ type binaryResult struct {
 }
 
 // runBinary fills one backlog behind four slots, then drains it with
-// pg_recvlogical, binary off, on, off, on.
+// pg_recvlogical, binary off, on, off, on, off, on.
 func (b *bench) runBinary(ctx context.Context) *binaryResult {
 	res := &binaryResult{Events: streamEvents, PerTxn: 100}
-	modes := []bool{false, true, false, true}
+	modes := []bool{false, true, false, true, false, true}
 	slots := make([]string, len(modes))
 	for i := range modes {
 		slots[i] = fmt.Sprintf("%s_bin%d", b.pg.schema, i)
@@ -255,7 +255,7 @@ func (b *bench) recvlogicalBinary(ctx context.Context, slot string, end int64, b
 
 func (s *streamResult) markdown() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "One transaction of %d outbox rows (INSERT ... SELECT, then COMMIT) while a relay follows a fresh slot, `logical_decoding_work_mem=64kB` for its walsender; `--streaming off`, then `on`. Times from the COMMIT returning; CPU from `/proc/<pid>/stat` from the relay's start to the last ack; server figures from `pg_stat_replication_slots` (reset before the insert).\n\n", s.Events)
+	fmt.Fprintf(&sb, "One transaction of %d outbox rows (INSERT ... SELECT, then COMMIT) while a relay follows a fresh slot, `logical_decoding_work_mem=64kB` for its walsender; `--streaming off` and `on`, alternating. Times from the COMMIT returning; CPU from `/proc/<pid>/stat` from the relay's start to the last ack; server figures from `pg_stat_replication_slots` (reset before the insert).\n\n", s.Events)
 	sb.WriteString("| streaming | insert s | commit -> first ack s | commit -> last ack s | walsender CPU s | relay CPU s | relay peak RSS MiB | server spill txns / bytes | server stream txns / bytes | relay spilled txns |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range s.Runs {
 		fmt.Fprintf(&sb, "| %s | %.1f | %s | %s | %s | %s | %d | %d / %d | %d / %d | %.0f |", r.Mode, r.InsertS, f2(r.FirstS), f2(r.LastS), f2(r.Walsender), f2(r.RelayCPU),
@@ -271,7 +271,7 @@ func (s *streamResult) markdown() string {
 
 func (s *binaryResult) markdown() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "One backlog of %d outbox rows in transactions of %d behind four slots, drained by `pg_recvlogical --option=proto_version=1` without and with `--option=binary=true`, alternating.\n\n", s.Events, s.PerTxn)
+	fmt.Fprintf(&sb, "One backlog of %d outbox rows in transactions of %d behind six slots, drained by `pg_recvlogical --option=proto_version=1` without and with `--option=binary=true`, alternating.\n\n", s.Events, s.PerTxn)
 	sb.WriteString("| binary | seconds | walsender CPU s | pg_recvlogical CPU s | bytes received |\n|---|---:|---:|---:|---:|\n")
 	for _, r := range s.Runs {
 		fmt.Fprintf(&sb, "| %v | %.2f | %s | %s | %d |", r.Binary, r.Seconds, f2(r.Walsender), f2(r.ToolCPU), r.Bytes)

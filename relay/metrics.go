@@ -66,7 +66,7 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 			Help: "Streamed transactions aborted whole: nothing of them was published."},
 			func() float64 { return float64(p.streamAborts.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "outbox_relay_streamed_transactions_spilled_total",
-			Help: "Streamed transactions whose events exceeded the in-memory budget (inflight.max_bytes/2) and went to a temporary file."},
+			Help: "Streamed transactions whose events exceeded the in-memory budget (4 MiB, or inflight.max_bytes/2 if less) and went to a temporary file."},
 			func() float64 { return float64(p.spilledTxns.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_streamed_open_bytes",
 			Help: "Bytes held (memory and temporary files) for streamed transactions not committed yet."},
