@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -88,13 +89,14 @@ func TestStreamingLargeTransactions(t *testing.T) {
 	small := testkit.NewWriter(e.DB, e.Table, rand.New(rand.NewPCG(31, 99)), func(int) string { return "payment" })
 	smallDone := make(chan error, 1)
 	stopSmall := make(chan struct{})
-	t.Cleanup(func() {
-		if stopSmall != nil {
-			close(stopSmall)
-			<-smallDone
-		}
-	})
-	go func() {
+	var stopOnce sync.Once
+	stop := func() error {
+		err := error(nil)
+		stopOnce.Do(func() { close(stopSmall); err = <-smallDone })
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	go func(stopSmall <-chan struct{}) {
 		for i := 0; ; i++ {
 			select {
 			case <-stopSmall:
@@ -107,7 +109,7 @@ func TestStreamingLargeTransactions(t *testing.T) {
 				return
 			}
 		}
-	}()
+	}(stopSmall)
 
 	// Phase 1: A (committed) and B (aborted) interleaved, 2 x 25 000 rows each.
 	txA, txB := begin(), begin()
@@ -134,9 +136,7 @@ func TestStreamingLargeTransactions(t *testing.T) {
 	if err := txB.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	close(stopSmall)
-	stopSmall = nil
-	if err := <-smallDone; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	ws = append(ws, small.Events()...)
