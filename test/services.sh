@@ -362,7 +362,7 @@ ensure_pg_prereqs() {
       apt_install postgresql-15
       PG_BINDIR="$(find_pg_bindir)" || die "postgresql-15 installed but no postgres/initdb/pg_ctl found"
     fi
-    PG_BUILD="debian:$("$PG_BINDIR/postgres" --version | sed 's/^postgres (PostgreSQL) //')"
+    PG_BUILD="debian:$("$PG_BINDIR/postgres" --version | awk "{print \$3}")"
   fi
   if [ "$IS_ROOT" = 1 ]; then
     if ! id -u postgres >/dev/null 2>&1; then
