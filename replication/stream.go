@@ -407,6 +407,12 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 			return fmt.Errorf("slot %q: server error: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.CopyDone:
 			return fmt.Errorf("slot %q: server ended the replication stream", s.cfg.Slot)
+		case *pgproto3.NoticeResponse:
+			// before anything the server sent after it: see noticeError
+			if err := noticeError(s.cfg, m, s.lastConfirmed(), time.Now()); err != nil {
+				return err
+			}
+			s.log.Info().Str("severity", m.Severity).Str("code", m.Code).Str("notice", m.Message).Msg("server notice on the replication connection")
 		default:
 			s.log.Debug().Type("message", msg).Msg("unexpected message ignored")
 		}
