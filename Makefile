@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts
+.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts matrix
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -17,9 +17,19 @@ lint:
 # Everything: lint, the alert rules (make alerts), unit tests with -race,
 # then the end-to-end suite and the short fault-injection suite against a
 # real PostgreSQL 15 and a real Kafka 4.x that test/services.sh starts and
-# stops. Fails (never skips) when a service or promtool cannot start.
+# stops, then the end-to-end smoke subset (delivery, SIGTERM restart,
+# kill -9, broker down, idle slot advance, publication checks) on
+# PostgreSQL 14, 16, 17 and 18 (server builds from Maven Central,
+# test/pg-fetch.sh). Fails (never skips) when a service, a PostgreSQL
+# version or promtool cannot start.
 test: lint build
 	bash test/run-tests.sh
+
+# The whole end-to-end suite on every supported PostgreSQL: 15 (Debian's),
+# then 14, 16, 17 and 18 in turn against the same Kafka; a table of the
+# results at the end. OUTBOX_PG_MATRIX_VERSIONS="17 18" for fewer.
+matrix: build
+	bash test/run-matrix.sh
 
 # The long fault-injection suite (docs/chaos.md): 100k events per scenario
 # under relay and broker kills, broker pauses, PostgreSQL restarts, network

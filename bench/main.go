@@ -161,7 +161,7 @@ func run() int {
 	resultsDir := flag.String("results", getenv("OUTBOX_BENCH_RESULTS", "bench/results"), "where the report, figures and profile summaries go")
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
-	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first")
+	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first; also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 11*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
 	flag.Parse()
@@ -298,6 +298,12 @@ func run() int {
 			logf("first publish to a new topic (%d probes, auto-create flag %v): before COMMIT -> consumer min %s median %s max %s; record timestamp -> consumer median %s",
 				len(f.WallMs), f.AutoCreate, msInt(w.Min), msInt(w.Med), msInt(w.Max), msInt(s.Med))
 		}
+	}
+	if b.parts["stream"] && ctx.Err() == nil {
+		res.Stream = b.runStream(ctx)
+	}
+	if b.parts["binary"] && ctx.Err() == nil {
+		res.Binary = b.runBinary(ctx)
 	}
 	if ctx.Err() != nil {
 		res.Errors = append(res.Errors, "interrupted")

@@ -23,6 +23,8 @@ type results struct {
 	Drains   []*drainShape
 	Latency  *latencyRun
 	First    *firstPublish
+	Stream   *streamResult // the "stream" part
+	Binary   *binaryResult // the "binary" part
 	Errors   []string
 }
 
@@ -386,6 +388,12 @@ func (r *results) markdown(asset string) string {
 			w("| wall: before COMMIT -> consumer | %s | %s | %s |\n", msInt(wl.Min), msInt(wl.Med), msInt(wl.Max))
 			w("| record timestamp -> consumer | %s | %s | %s |\n\n", msInt(st.Min), msInt(st.Med), msInt(st.Max))
 		}
+	}
+	if r.Stream != nil {
+		w("## 5. One large transaction, streaming off and on\n\n%s", r.Stream.markdown())
+	}
+	if r.Binary != nil {
+		w("## 6. pgoutput binary option\n\n%s", r.Binary.markdown())
 	}
 	return sb.String()
 }

@@ -1,7 +1,8 @@
-// Package decoder turns pgoutput (protocol version 1) messages into outbox
-// transactions.
+// Package decoder turns pgoutput (protocol version 1, or 2 with streaming:
+// stream.go) messages into outbox transactions.
 //
-// It is pure: no I/O, no goroutines, no clock. The replication loop hands it
+// It is pure: no goroutines, no clock, and no I/O except the temporary files
+// of streamed transactions too large for memory (SetSpill). The replication loop hands it
 // the walData of every XLogData in log order. On Commit, Decode returns the
 // transaction with its outbox events. The caller adds every transaction to the
 // checkpoint tracker, including those without events, so that checkpoints keep
@@ -88,6 +89,9 @@ type Counts struct {
 	OtherTableRows uint64 // Inserts into tables other than the outbox
 	OtherMessages  uint64 // messages ignored: Update, Delete, Truncate, Type, Origin, Message (not a heartbeat), unknown
 	Heartbeats     uint64 // the relay's own heartbeat Messages (SetHeartbeatPrefix); not events
+	StreamedTxns   uint64 // of Txns: streamed before their commit (Stream Commit)
+	StreamAborts   uint64 // streamed transactions aborted whole (Stream Abort); nothing of them is handed out
+	SpilledTxns    uint64 // streamed transactions whose events went to a temporary file
 }
 
 // Decoder holds the state of one replication stream: the relations seen so
@@ -125,6 +129,17 @@ type Decoder struct {
 	chunkEvents int
 	chunkBytes  int
 	buffered    int // payload bytes in txn.Events
+
+	// Streaming (stream.go): the open streamed transactions by top-level
+	// xid, the one whose block is open, and the committed one being
+	// handed out in chunks.
+	open     map[uint32]*spool
+	cur      *spool
+	replay   *replay
+	spillDir string
+	spillMem int    // in-memory budget of all spools, bytes of records
+	memUsed  int    // bytes of records in memory
+	rec      []byte // scratch record
 
 	hbPrefix []byte    // the heartbeat Message prefix; nil: none
 	hb       Heartbeat // decoded by the last Decode call, if hbOK
@@ -176,21 +191,55 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 	}
 	body := walData[1:]
 	d.hbOK = false
+	if d.replay != nil {
+		return nil, protocolError(walStart, "message", "the chunks of streamed transaction %d were not all taken (Next)", d.replay.txn.Xid)
+	}
+	// Inside a stream block, changes carry their (sub)transaction's xid.
+	var xid uint32
+	if d.cur != nil {
+		switch walData[0] {
+		case 'R', 'Y', 'I', 'U', 'D', 'T', 'M':
+			if len(body) < 4 {
+				return nil, protocolError(walStart, "streamed message", "truncated: %d bytes, no xid", len(body))
+			}
+			c := cursor{b: body}
+			xid = c.u32()
+			body = body[4:]
+		}
+	}
 	switch walData[0] {
 	case 'B':
+		if d.cur != nil {
+			return nil, protocolError(walStart, "Begin", "the stream block of transaction %d is open", d.cur.xid)
+		}
 		return nil, d.begin(walStart, body)
 	case 'C':
 		return d.commit(walStart, body)
 	case 'R':
 		return nil, d.relation(walStart, body)
 	case 'I':
+		if d.cur != nil {
+			return nil, d.streamedInsert(walStart, xid, body)
+		}
 		if err := d.insert(walStart, body); err != nil {
 			return nil, err
 		}
 		return d.maybeChunk(), nil
 	case 'M':
+		if d.cur != nil {
+			d.counts.OtherMessages++ // transactional: never a heartbeat
+			return nil, nil
+		}
 		d.message(body)
 		return nil, nil
+	case 'S':
+		return nil, d.streamStart(walStart, body)
+	case 'E':
+		return nil, d.streamStop(walStart, body)
+	case 'c':
+		return d.streamCommit(walStart, body)
+	case 'A':
+		return nil, d.streamAbort(walStart, body)
 	default:
 		// Update, Delete, Truncate, Type, Origin, and anything newer:
 		// none of them can create an outbox event.
@@ -226,7 +275,11 @@ func (d *Decoder) maybeChunk() *Txn {
 // InTxn reports whether the Decoder is between a Begin and its Commit. The
 // replication loop's goroutine calls it before confirming an idle keepalive
 // position: that is only safe between transactions. It does not block.
-func (d *Decoder) InTxn() bool { return d.inTxn }
+//
+// Between stream blocks it is false although streamed transactions may be
+// open: the server resends in full every transaction that commits after the
+// confirmed position, as PostgreSQL's own subscriber relies on.
+func (d *Decoder) InTxn() bool { return d.inTxn || d.cur != nil || d.replay != nil }
 
 // Counts returns the running totals. Call it from the goroutine that calls
 // Decode (e.g. to update metrics after each message); it does not block.
@@ -295,22 +348,43 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 	if !d.inTxn {
 		return protocolError(lsn, "Insert", "no transaction is open")
 	}
+	ev, ok, err := d.row(lsn, b)
+	if err != nil || !ok {
+		return err
+	}
+	d.txn.Events = append(d.txn.Events, ev)
+	d.buffered += len(ev.Payload)
+	return nil
+}
+
+// streamedInsert handles an Insert inside a stream block, made by
+// (sub)transaction xid: its event goes to the block's spool.
+func (d *Decoder) streamedInsert(lsn pglogrepl.LSN, xid uint32, b []byte) error {
+	ev, ok, err := d.row(lsn, b)
+	if err != nil || !ok {
+		return err
+	}
+	return d.spoolEvent(lsn, xid, &ev)
+}
+
+// row parses an Insert's body; ok is false for another table's row.
+func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error) {
 	c := cursor{b: b}
 	relID := c.u32()
 	marker := c.u8()
 	n := int(c.u16())
 	if c.short {
-		return protocolError(lsn, "Insert", "truncated header")
+		return Event{}, false, protocolError(lsn, "Insert", "truncated header")
 	}
 	if marker != 'N' {
-		return protocolError(lsn, "Insert", "tuple marker %q, want 'N'", marker)
+		return Event{}, false, protocolError(lsn, "Insert", "tuple marker %q, want 'N'", marker)
 	}
 	rel := d.rels[relID]
 	if rel == nil {
-		return protocolError(lsn, "Insert", "relation id %d is unknown: its Relation message was never seen", relID)
+		return Event{}, false, protocolError(lsn, "Insert", "relation id %d is unknown: its Relation message was never seen", relID)
 	}
 	if n != len(rel.roles) {
-		return protocolError(lsn, "Insert", "%d columns, but relation %s has %d", n, rel.table, len(rel.roles))
+		return Event{}, false, protocolError(lsn, "Insert", "%d columns, but relation %s has %d", n, rel.table, len(rel.roles))
 	}
 
 	// Other tables' rows are walked too, so that a malformed one is caught.
@@ -327,31 +401,29 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 			data = c.next(c.u32())
 		default:
 			if !c.short {
-				return protocolError(lsn, "Insert", "column %d of %s: tuple data kind %q", i, rel.table, kind)
+				return Event{}, false, protocolError(lsn, "Insert", "column %d of %s: tuple data kind %q", i, rel.table, kind)
 			}
 		}
 		if c.short {
-			return protocolError(lsn, "Insert", "truncated in column %d of %s", i, rel.table)
+			return Event{}, false, protocolError(lsn, "Insert", "truncated in column %d of %s", i, rel.table)
 		}
 		if outbox && rel.roles[i] != roleNone {
 			d.fields[rel.roles[i]] = field{kind: kind, data: data}
 		}
 	}
 	if c.off != len(b) {
-		return protocolError(lsn, "Insert", "%d bytes after the tuple", len(b)-c.off)
+		return Event{}, false, protocolError(lsn, "Insert", "%d bytes after the tuple", len(b)-c.off)
 	}
 
 	if !outbox {
 		d.counts.OtherTableRows++
-		return nil
+		return Event{}, false, nil
 	}
 	ev, rowErr := d.event(rel, lsn)
 	if rowErr != nil {
 		ev = d.poison(ev, rowErr)
 	}
-	d.txn.Events = append(d.txn.Events, ev)
-	d.buffered += len(ev.Payload)
-	return nil
+	return ev, true, nil
 }
 
 // poison returns the Event of a row that cannot become one: Err, ID and LSN,

@@ -16,6 +16,15 @@ import (
 // tells a broken stream apart from a bad row (RowError, which is no error).
 var ErrProtocol = errors.New("malformed pgoutput stream")
 
+// ErrSpill is wrapped by errors reading or writing the temporary file of a
+// streamed transaction (SetSpill): the stream cannot continue either.
+var ErrSpill = errors.New("cannot spill a streamed transaction")
+
+func (d *Decoder) spillError(lsn pglogrepl.LSN, msg string, xid uint32, err error) error {
+	return fmt.Errorf("decode %s at LSN %s: %w %d in %s: %v; check the space and permissions there (TMPDIR)",
+		msg, lsn, ErrSpill, xid, d.spillDirOrTemp(), err)
+}
+
 func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 	return fmt.Errorf("decode %s at LSN %s: %w: %s", msg, lsn, ErrProtocol, fmt.Sprintf(format, args...))
 }

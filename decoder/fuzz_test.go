@@ -3,6 +3,7 @@ package decoder_test
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
@@ -67,6 +68,14 @@ func FuzzDecode(f *testing.F) {
 	for _, m := range validStream() {
 		f.Add(frame(begin(0x2000, 1), outboxRelation(), m))
 	}
+	// Protocol 2 streaming: blocks, a subtransaction abort, commits.
+	f.Add(frame(
+		streamStart(100, true), streamed(100, outboxRelation()), ev(100, 1), ev(101, 2), streamStop(),
+		begin(0x2000, 5), outboxRelation(), insert(outboxID, row("3", "order", "o-1", "E", `{}`, null)...), commit(0x2000, 0x2030),
+		streamAbort(100, 101), streamStart(100, false), ev(100, 4), streamStop(),
+		streamStart(200, true), ev(200, 5), streamStop(), streamAbort(200, 200),
+		streamCommit(100, 0x3000, 0x3030),
+	))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		msgs := unframe(data)
@@ -79,6 +88,9 @@ func FuzzDecode(f *testing.F) {
 			t.Fatal(err)
 		}
 		d.SetHeartbeatPrefix("app") // the seeds' Messages: some are heartbeats
+		d.SetSpill(t.TempDir(), 256)
+		defer d.Close()
+		streaming := false // once a stream began, only the generic checks apply
 		var (
 			got     []outcome
 			pending []pglogrepl.LSN // LSNs of the outbox Inserts since Begin
@@ -88,6 +100,12 @@ func FuzzDecode(f *testing.F) {
 			buf = append(buf[:0], m...)
 			wasIn, before := d.InTxn(), d.Counts()
 			txn, err := d.Decode(lsnAt(i), buf)
+			if txn != nil && txn.Partial {
+				t.Fatalf("message %d: a chunk without SetChunk", i)
+			}
+			if next, nerr := d.Next(); next != nil || nerr != nil {
+				t.Fatalf("message %d: Next = %v, %v without SetChunk", i, next, nerr)
+			}
 			full := buf[:cap(buf)]
 			for j := range full {
 				full[j] = 0xA5
@@ -100,12 +118,18 @@ func FuzzDecode(f *testing.F) {
 			}
 
 			if err != nil {
-				if !errors.Is(err, decoder.ErrProtocol) {
+				if !errors.Is(err, decoder.ErrProtocol) && !errors.Is(err, decoder.ErrSpill) {
 					t.Fatalf("message %d: error %v does not wrap ErrProtocol", i, err)
 				}
 				if txn != nil || after != before || d.InTxn() != wasIn {
 					t.Fatalf("message %d: failed Decode changed state (txn %v, counts %+v -> %+v)", i, txn != nil, before, after)
 				}
+				continue
+			}
+			if strings.IndexByte("SEcA", m[0]) >= 0 {
+				streaming = true
+			}
+			if streaming {
 				continue
 			}
 			switch m[0] {
@@ -170,6 +194,8 @@ func FuzzDecode(f *testing.F) {
 		// means the first pass kept bytes of a buffer it did not own.
 		d2, _ := decoder.New("public.outbox")
 		d2.SetHeartbeatPrefix("app")
+		d2.SetSpill(t.TempDir(), 256)
+		defer d2.Close()
 		for i, m := range msgs {
 			txn, err := d2.Decode(lsnAt(i), append([]byte(nil), m...))
 			if want := (outcome{txn, errString(err)}); !reflect.DeepEqual(got[i], want) {

@@ -876,3 +876,57 @@ func TestHeartbeatThroughPipeline(t *testing.T) {
 		t.Errorf("watermark %s after another slot's heartbeat, want 0/200", got)
 	}
 }
+
+// A streamed transaction (protocol 2) goes through the pipeline only at its
+// Stream Commit, in order, under the in-flight limits, with the commit LSN
+// as its position; a rolled-back subtransaction's rows never go out, and
+// nothing moves the watermark before the commit's end LSN is acked.
+func TestStreamedTransactionThroughPipeline(t *testing.T) {
+	h := newHarness(t, fastPolicy, func(string, int) error { return nil })
+	feed := func(lsn pglogrepl.LSN, msg []byte) {
+		t.Helper()
+		if err := h.p.Handle(h.ctx, lsn, msg); err != nil {
+			t.Fatalf("Handle at %s: %v", lsn, err)
+		}
+	}
+	feed(1, pg.StreamStart(100, true))
+	feed(2, pg.Streamed(100, pg.OutboxRelation()))
+	lsn := pglogrepl.LSN(10)
+	for i := 1; i <= 30; i++ {
+		xid := uint32(100)
+		if i > 25 {
+			xid = 101 // a savepoint, rolled back below
+		}
+		feed(lsn, pg.Streamed(xid, pg.Insert(pg.OutboxID, order(strconv.Itoa(i), "a")...)))
+		lsn++
+	}
+	feed(lsn, pg.StreamStop())
+	feed(lsn+1, pg.StreamAbort(100, 101))
+	if sent, _ := h.pub.snapshot(); len(sent) != 0 {
+		t.Fatalf("%d events published before the Stream Commit", len(sent))
+	}
+	h.p.AdvanceIdle(lsn + 2) // between blocks, nothing in flight: the server resends the open transaction whole
+	feed(lsn+3, pg.StreamCommit(100, 500, 510))
+	h.waitFlushed(510)
+	sent, _ := h.pub.snapshot()
+	if len(sent) != 25 {
+		t.Fatalf("%d events published, want 25 (the 5 of the rolled-back savepoint dropped)", len(sent))
+	}
+	for i, m := range sent {
+		var id, lsnHdr string
+		for _, hd := range m.Headers {
+			switch string(hd.Key) {
+			case "event_id":
+				id = string(hd.Value)
+			case "pg_lsn":
+				lsnHdr = string(hd.Value)
+			}
+		}
+		if id != strconv.Itoa(i+1) || lsnHdr != pglogrepl.LSN(500).String() {
+			t.Fatalf("event %d: id %s pg_lsn %s, want id %d at the commit LSN 0/1F4", i, id, lsnHdr, i+1)
+		}
+	}
+	if c := h.p.streamed.Load(); c != 1 {
+		t.Fatalf("streamed transactions counted %d, want 1", c)
+	}
+}

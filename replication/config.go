@@ -47,7 +47,20 @@ type Config struct {
 	// Partition is how `migrate` creates a missing outbox table: none,
 	// or partitioned by range of created_at, daily or monthly.
 	Partition string `yaml:"partition"`
+	// Streaming asks the server to stream transactions larger than its
+	// logical_decoding_work_mem before they commit (pgoutput protocol 2,
+	// PostgreSQL 14+), instead of spilling them to disk server-side until
+	// the commit: "auto" (when the server has it), "on" (refuse an older
+	// server) or "off".
+	Streaming string `yaml:"streaming"`
 }
+
+// Streaming values.
+const (
+	StreamingAuto = "auto"
+	StreamingOn   = "on"
+	StreamingOff  = "off"
+)
 
 // DefaultConfig returns the defaults documented in the README.
 func DefaultConfig() Config {
@@ -62,6 +75,7 @@ func DefaultConfig() Config {
 		ReconnectMax:      30 * time.Second,
 		LagPollInterval:   5 * time.Second,
 		Partition:         "none",
+		Streaming:         StreamingAuto,
 	}
 }
 
@@ -113,6 +127,11 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.LagPollInterval < 100*time.Millisecond {
 		bad("lag_poll_interval", "%s is too short: use at least 100ms (default 5s)", c.LagPollInterval)
+	}
+	switch c.Streaming {
+	case StreamingAuto, StreamingOn, StreamingOff:
+	default:
+		bad("streaming", "%q is not one of auto, on, off (default auto)", c.Streaming)
 	}
 	return errors.Join(errs...)
 }

@@ -57,9 +57,12 @@ func TestValidate(t *testing.T) {
 		{"partition daily", func(c *Config) { c.Partition = "daily" }, nil},
 		{"partition monthly", func(c *Config) { c.Partition = "monthly" }, nil},
 		{"lag poll too short", func(c *Config) { c.LagPollInterval = 99 * time.Millisecond }, []string{"postgres.lag_poll_interval"}},
+		{"streaming unknown", func(c *Config) { c.Streaming = "yes" }, []string{"postgres.streaming"}},
+		{"streaming off", func(c *Config) { c.Streaming = StreamingOff }, nil},
 		{"everything wrong", func(c *Config) { *c = Config{} }, []string{
 			"postgres.url", "postgres.slot", "postgres.publication", "postgres.table", "postgres.partition",
 			"postgres.status_interval", "postgres.receive_timeout", "postgres.reconnect_min", "postgres.lag_poll_interval",
+			"postgres.streaming",
 		}},
 	}
 	for _, tt := range tests {

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -48,18 +49,38 @@ const messagesMinVersion = 14
 
 // pluginArgs returns pgoutput's options for a server reporting version
 // (its server_version parameter), asking for Messages when messages is set
-// and the server has the option. ok is false when it was wanted but the
-// server is too old (or its version unknown).
-func pluginArgs(publication, version string, messages bool) (args []string, ok bool) {
-	args = []string{"proto_version '1'", outboxschema.PublicationNamesOption(publication)}
+// and the server has the option, and for streaming of in-progress
+// transactions (protocol 2) as streaming (Config.Streaming) says. ok is
+// false when Messages were wanted but the server is too old (or its
+// version unknown); streamed tells whether streaming is on. An error
+// means streaming "on" on a server without it.
+func pluginArgs(publication, version string, messages bool, streaming string) (args []string, ok, streamed bool, err error) {
+	major := majorVersion(version)
+	streamed = major >= streamingMinVersion && (streaming == StreamingOn || streaming == StreamingAuto)
+	if streaming == StreamingOn && !streamed {
+		return nil, false, false, fault.Fatal.Wrap(fmt.Errorf(
+			"postgres.streaming is on, but PostgreSQL %q cannot stream in-progress transactions (it needs 14 or later): set postgres.streaming to auto or off", version))
+	}
+	proto := "proto_version '1'"
+	if streamed {
+		proto = "proto_version '2'"
+	}
+	args = []string{proto, outboxschema.PublicationNamesOption(publication)}
+	if streamed {
+		args = append(args, "streaming 'on'")
+	}
 	if !messages {
-		return args, true
+		return args, true, streamed, nil
 	}
-	if majorVersion(version) < messagesMinVersion {
-		return args, false
+	if major < messagesMinVersion {
+		return args, false, streamed, nil
 	}
-	return append(args, "messages 'true'"), true
+	return append(args, "messages 'true'"), true, streamed, nil
 }
+
+// streamingMinVersion is the first PostgreSQL whose pgoutput streams
+// in-progress transactions (protocol version 2).
+const streamingMinVersion = 14
 
 // majorVersion reads the leading number of a server_version such as
 // "15.18 (Debian ...)", "17beta1" or "9.6.24" (the major is then 9, older

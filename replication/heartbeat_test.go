@@ -28,9 +28,40 @@ func TestPluginArgs(t *testing.T) {
 		{"15.4", false, []string{"proto_version '1'", pub}},
 	}
 	for _, tt := range tests {
-		got, _ := pluginArgs("outbox_pub", tt.version, tt.messages)
+		got, _, _, _ := pluginArgs("outbox_pub", tt.version, tt.messages, StreamingOff)
 		if !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("pluginArgs(%q, %v) = %q, want %q", tt.version, tt.messages, got, tt.want)
+		}
+	}
+}
+
+// Streaming (protocol 2) is asked for on PostgreSQL 14+ unless off; "on"
+// refuses an older server with the key named.
+func TestPluginArgsStreaming(t *testing.T) {
+	pub := `publication_names '"outbox_pub"'`
+	tests := []struct {
+		version, streaming string
+		want               []string
+		streamed           bool
+		err                string
+	}{
+		{"15.18 (Debian 15.18-0+deb12u1)", StreamingAuto, []string{"proto_version '2'", pub, "streaming 'on'", "messages 'true'"}, true, ""},
+		{"18.1", StreamingOn, []string{"proto_version '2'", pub, "streaming 'on'", "messages 'true'"}, true, ""},
+		{"14.19", StreamingOff, []string{"proto_version '1'", pub, "messages 'true'"}, false, ""},
+		{"13.12", StreamingAuto, []string{"proto_version '1'", pub}, false, ""},
+		{"13.12", StreamingOn, nil, false, "postgres.streaming is on, but PostgreSQL \"13.12\" cannot stream"},
+		{"", StreamingOn, nil, false, "set postgres.streaming to auto or off"},
+	}
+	for _, tt := range tests {
+		got, _, streamed, err := pluginArgs("outbox_pub", tt.version, true, tt.streaming)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%s %s: err %v, want %q", tt.version, tt.streaming, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || streamed != tt.streamed || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s %s: %q streamed=%v err=%v, want %q streamed=%v", tt.version, tt.streaming, got, streamed, err, tt.want, tt.streamed)
 		}
 	}
 }

@@ -21,6 +21,7 @@ type Metrics struct {
 	slotWALStatus  *prometheus.GaugeVec
 	lagPollErrors  prometheus.Counter
 	lastLagSuccess prometheus.Gauge
+	streaming      prometheus.Gauge
 }
 
 // NewMetrics registers the metrics on reg; a nil reg leaves them unregistered
@@ -47,10 +48,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failed reads of slot lag."}),
 		lastLagSuccess: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_slot_lag_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful slot lag read."}),
+		streaming: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_streaming",
+			Help: "1 when the replication session streams in-progress transactions (postgres.streaming; pgoutput protocol 2)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.received, m.confirmed, m.reconnects, m.historyChanges, m.slotLag, m.slotRetained, m.slotActive,
-			m.slotWALStatus, m.lagPollErrors, m.lastLagSuccess)
+			m.slotWALStatus, m.lagPollErrors, m.lastLagSuccess, m.streaming)
 	}
 	return m
 }

@@ -225,7 +225,16 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		return err
 	}
 	version := conn.ParameterStatus("server_version")
-	args, ok := pluginArgs(s.cfg.Publication, version, s.Messages)
+	args, ok, streamed, err := pluginArgs(s.cfg.Publication, version, s.Messages, s.cfg.Streaming)
+	if err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	if streamed {
+		s.metrics.streaming.Set(1)
+	} else {
+		s.metrics.streaming.Set(0)
+	}
 	if !ok && !s.oldWarned {
 		s.oldWarned = true
 		s.log.Warn().Str("server_version", version).
@@ -243,7 +252,8 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		}
 		return fmt.Errorf("start replication on slot %q at %s: %w", s.cfg.Slot, start, err)
 	}
-	s.log.Info().Str("lsn", start.String()).Str("system_id", s.identity.SystemID).Int32("timeline", s.identity.Timeline).Msg("replication started")
+	s.log.Info().Str("lsn", start.String()).Str("system_id", s.identity.SystemID).Int32("timeline", s.identity.Timeline).
+		Bool("streaming", streamed).Msg("replication started")
 	if uint64(start) > s.received.Load() {
 		s.received.Store(uint64(start))
 	}
@@ -397,6 +407,12 @@ func (s *Stream) loop(ctx context.Context, h Handler) error {
 			return fmt.Errorf("slot %q: server error: %w", s.cfg.Slot, pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.CopyDone:
 			return fmt.Errorf("slot %q: server ended the replication stream", s.cfg.Slot)
+		case *pgproto3.NoticeResponse:
+			// before anything the server sent after it: see noticeError
+			if err := noticeError(s.cfg, m, s.lastConfirmed(), time.Now()); err != nil {
+				return err
+			}
+			s.log.Info().Str("severity", m.Severity).Str("code", m.Code).Str("notice", m.Message).Msg("server notice on the replication connection")
 		default:
 			s.log.Debug().Type("message", msg).Msg("unexpected message ignored")
 		}

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # run-tests.sh: what `make test` runs. Checks the alert rules, runs the unit
-# tests, starts ONE PostgreSQL and ONE Kafka, runs the end-to-end suite and
-# the short fault-injection (chaos) suite, stops the services. Any failure,
-# including a service or promtool that cannot start, fails the run.
+# tests, starts ONE PostgreSQL (15) and ONE Kafka, runs the end-to-end suite
+# and the short fault-injection (chaos) suite, then the end-to-end smoke
+# subset on PostgreSQL 14, 16, 17 and 18 in turn against the same Kafka
+# (OUTBOX_PG_SMOKE_VERSIONS, test/lib.sh), stops the services. Any failure,
+# including a service, a PostgreSQL version or promtool that cannot start,
+# fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . test/lib.sh
@@ -31,3 +34,6 @@ if [ "$status" -ne 0 ]; then
   echo "chaos tests failed (full log: $OUTBOX_TEST_RUN_DIR/chaos.log, relay logs: $OUTBOX_TEST_RUN_DIR/chaos-relay-logs)"
   exit "$status"
 fi
+
+echo "== end-to-end smoke subset on the other PostgreSQL versions: $OUTBOX_PG_SMOKE_VERSIONS"
+run_on_versions smoke "$OUTBOX_PG_SMOKE_VERSIONS" -timeout 6m -run "$SMOKE_TESTS" ./test/e2e/

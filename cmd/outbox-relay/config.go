@@ -120,6 +120,8 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.Postgres.LagPollInterval })},
 	{"postgres.partition", "OUTBOX_RELAY_PARTITION", "partition", "migrate creates a missing outbox table partitioned by created_at: none, daily or monthly",
 		str(func(c *Config) *string { return &c.Postgres.Partition })},
+	{"postgres.streaming", "OUTBOX_RELAY_STREAMING", "streaming", "stream transactions larger than logical_decoding_work_mem before they commit (PostgreSQL 14+): auto, on or off",
+		str(func(c *Config) *string { return &c.Postgres.Streaming })},
 	{"kafka.brokers", "OUTBOX_RELAY_KAFKA_BROKERS", "kafka-brokers", "comma-separated host:port list",
 		func(c *Config, v string) error {
 			c.Kafka.Brokers = nil

@@ -286,6 +286,7 @@ var invalidCases = []struct {
 	{key: "postgres.reconnect_min", env: []string{"0s", "-1s"}, flag: []string{"x"}, file: []any{"0s"}},
 	{key: "postgres.reconnect_max", env: []string{"1ms"}, flag: []string{"100ms", "y"}, file: []any{"1ns"}},
 	{key: "postgres.lag_poll_interval", env: []string{"10ms", "soon"}, flag: []string{"0s"}, file: []any{"99ms", 5}},
+	{key: "postgres.streaming", env: []string{"yes", "ON"}, flag: []string{"", "parallel"}, file: []any{"true", 1}},
 	{key: "kafka.brokers", env: []string{",", "nohostport", "k1:9092,:9092", "k1:"}, flag: []string{"", "k1:9092,host"},
 		file: []any{[]string{}, []string{"nohostport"}, "k1:9092"}},
 	{key: "kafka.client_id", flag: []string{""}, file: []any{"", []string{"a"}}},

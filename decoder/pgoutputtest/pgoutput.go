@@ -152,3 +152,45 @@ func OutboxRelation() []byte { return Relation(OutboxID, "public", "outbox", Out
 func Row(id, aggType, aggID, eventType, payload string, headers Col) []Col {
 	return []Col{Text(id), Text(aggType), Text(aggID), Text(eventType), Text(payload), headers}
 }
+
+// Protocol version 2 streaming (PostgreSQL 14+, streaming 'on'): an
+// in-progress transaction comes in blocks between StreamStart and
+// StreamStop, every change inside carrying its (sub)transaction's xid
+// (Streamed), and ends with StreamCommit or StreamAbort.
+
+// StreamStart opens a block of the top-level transaction xid; first marks
+// its first block.
+func StreamStart(xid uint32, first bool) []byte {
+	b := be.AppendUint32([]byte{'S'}, xid)
+	if first {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+// StreamStop closes the current block.
+func StreamStop() []byte { return []byte{'E'} }
+
+// StreamCommit commits the streamed transaction xid.
+func StreamCommit(xid uint32, lsn, end pglogrepl.LSN) []byte {
+	b := be.AppendUint32([]byte{'c'}, xid)
+	b = append(b, 0) // flags
+	b = be.AppendUint64(b, uint64(lsn))
+	b = be.AppendUint64(b, uint64(end))
+	return be.AppendUint64(b, pgTime(CommitTime))
+}
+
+// StreamAbort aborts subxid of the streamed transaction xid; subxid == xid
+// aborts all of it.
+func StreamAbort(xid, subxid uint32) []byte {
+	b := be.AppendUint32([]byte{'A'}, xid)
+	return be.AppendUint32(b, subxid)
+}
+
+// Streamed returns msg (a Relation, Insert, Update, Delete, Truncate, Type
+// or Message built above) as sent inside a stream block: the xid of the
+// (sub)transaction that made the change follows the message type.
+func Streamed(xid uint32, msg []byte) []byte {
+	b := append([]byte{msg[0]}, be.AppendUint32(nil, xid)...)
+	return append(b, msg[1:]...)
+}

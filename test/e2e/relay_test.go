@@ -630,6 +630,50 @@ func TestSlotDroppedWhileRunningStops(t *testing.T) {
 	}
 }
 
+// A publication dropped while the relay streams: PostgreSQL 15 to 17 fail
+// the stream ("publication ... does not exist") and the relay's start check
+// stops it; PostgreSQL 18 only warns ("skipped loading publication") and
+// filters every later change while keepalives move on, so a relay that
+// ignored the warning would confirm the slot past events it never saw. On
+// every version the relay must stop with the recovery, the slot confirmed
+// no further than the first transaction written after the drop.
+func TestPublicationDroppedWhileRunningStops(t *testing.T) {
+	e := newEnv(t, "pubdrop")
+	r := e.startRelay("--reconnect-min", "1s", "--reconnect-max", "2s")
+	w := e.newWriter(16)
+	if err := w.run(context.Background(), 50, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the slot to confirm the first batch", func() bool { return e.slotLSN(t) > w.LastLSN() })
+	mustExec(t, e, "DROP PUBLICATION "+e.Pub)
+	// several transactions, so LastLSN (inside the last one) lies past the
+	// commit of the first one
+	before := len(w.written())
+	if err := w.run(context.Background(), 50, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(w.written()) - before; got < 2 {
+		t.Fatalf("wrote %d events after the drop, want several transactions", got)
+	}
+	select {
+	case <-r.Done():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the relay kept running after its publication was dropped (slot confirmed %s, events written up to %s)", e.slotLSN(t), w.LastLSN())
+	}
+	if code := r.stop(syscall.SIGTERM, time.Second); code != 1 {
+		t.Fatalf("exit code %d, want 1", code)
+	}
+	if confirmed := e.slotLSN(t); confirmed >= w.LastLSN() {
+		t.Fatalf("slot confirmed %s, past events written after the publication was dropped (last at %s): they are lost", confirmed, w.LastLSN())
+	}
+	log := r.log()
+	for _, want := range []string{e.Pub, "CREATE PUBLICATION", "pg_replication_slot_advance", "republish"} {
+		if !strings.Contains(log, want) {
+			t.Fatalf("the log does not name %q:\n%s", want, tail([]byte(log), 3000))
+		}
+	}
+}
+
 // A slot dropped while the relay was down (say, to free WAL disk in an
 // emergency) is not silently recreated at start either: the slot registry
 // remembers it. After the operator clears the registry row, the relay starts
