@@ -36,6 +36,12 @@ var ErrSlotVanished = errors.New("replication slot vanished")
 // to fix it. It is safe to call concurrently with another relay: creation
 // races are tolerated.
 func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error) {
+	return prepare(ctx, cfg, createSlot, Identity{})
+}
+
+// prepare is Prepare for a stream that last streamed on prev's history
+// (zero: unknown): a missing slot is then explained by a failover for sure.
+func prepare(ctx context.Context, cfg Config, createSlot bool, prev Identity) (SlotInfo, error) {
 	conn, err := Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotInfo{}, fmt.Errorf("connect to postgres: %w", err)
@@ -69,12 +75,12 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		return SlotInfo{}, err
 	}
 	if !found && registered {
-		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (dropped?): %w. Events committed while it was missing were not streamed, and the relay will not create a fresh slot silently. Recover: %s",
-			cfg.Slot, created.at, created.lsn, ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (%s): %w. Events committed while it was missing were not streamed, and the relay will not create a fresh slot silently. Recover: %s",
+			cfg.Slot, created.at, created.lsn, vanishedCause(ctx, cfg, prev), ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
 	if !found && !createSlot {
-		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recover: %s",
-			cfg.Slot, ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (%s): %w. Events committed while it was missing may not have been published. Recover: %s",
+			cfg.Slot, vanishedCause(ctx, cfg, prev), ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
 	if !found {
 		if err := createReplicationSlot(ctx, cfg); err != nil {
@@ -95,6 +101,44 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		}
 	}
 	return info, nil
+}
+
+// vanishedCause says why a registered slot is missing, as far as the
+// server's history tells: IDENTIFY_SYSTEM's timeline, and prev, the history
+// the stream last streamed on.
+func vanishedCause(ctx context.Context, cfg Config, prev Identity) string {
+	const noFailoverSlot = "a standby has a logical slot only if it is a failover slot synced to it: PostgreSQL 17+, postgres.slot_failover and the standby settings in docs/failover.md"
+	cur, err := identifySystem(ctx, cfg.URL)
+	if err != nil {
+		return "dropped, or lost in a failover: " + noFailoverSlot
+	}
+	return missingSlotCause(prev, cur) + "; " + noFailoverSlot
+}
+
+// missingSlotCause explains a missing slot on cur's history, prev being the
+// one the relay last streamed on (zero: unknown).
+func missingSlotCause(prev, cur Identity) string {
+	switch {
+	case prev != (Identity{}) && prev != cur:
+		return fmt.Sprintf("the server history changed since the relay last streamed, from %s to %s: a failover to a server without the slot", prev, cur)
+	case cur.Timeline > 1:
+		return fmt.Sprintf("dropped, or lost in a failover: this server is on %s, so it was promoted from a standby (or restored from a backup) at least once", cur)
+	default:
+		return fmt.Sprintf("dropped: this server is on %s, it was never promoted", cur)
+	}
+}
+
+func identifySystem(ctx context.Context, url string) (Identity, error) {
+	conn, err := connectReplication(ctx, url)
+	if err != nil {
+		return Identity{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return Identity{}, err
+	}
+	return Identity{SystemID: sys.SystemID, Timeline: sys.Timeline}, nil
 }
 
 // registryName is the slot registry table beside the outbox table (see

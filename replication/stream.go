@@ -195,7 +195,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	}
 	// Only a process that has never seen its slot may create it; a slot
 	// that disappears mid-run is an operator error worth stopping for.
-	info, err := Prepare(ctx, s.cfg, !s.slotSeen)
+	info, err := prepare(ctx, s.cfg, !s.slotSeen, s.identity)
 	if err != nil {
 		return err
 	}
