@@ -207,4 +207,3 @@ func testFailoverReplay(t *testing.T, f *failover, relayFlags []string) {
 		t.Fatalf("exit code %d, want 0", code)
 	}
 }
-
