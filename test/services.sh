@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test/services.sh - real throwaway services for outbox-relay's integration tests and benchmarks:
-#   one PostgreSQL 15 cluster (wal_level=logical) and one single-node KRaft Apache Kafka 4.x broker,
-#   both on free 127.0.0.1 ports, both in fresh temp dirs.
+#   one PostgreSQL cluster (wal_level=logical; 15 = Debian's postgresql-15 unless OUTBOX_TEST_PG_VERSION says
+#   otherwise) and one single-node KRaft Apache Kafka 4.x broker, both on free 127.0.0.1 ports, in fresh temp dirs.
 #
 # Usage: bash test/services.sh <command>
 #   start                      install missing prerequisites, resolve the Kafka jars (once, cached outside the repo),
@@ -12,6 +12,16 @@
 #   kafka-start                start the broker again: same ports, same data dir (no re-format); wait until ready
 #   kafka-pause | kafka-resume SIGSTOP / SIGCONT the broker (stalled-broker fault tests)
 #   pg-restart [fast|immediate] pg_ctl stop -m MODE, then start on the same port/data dir; wait until ready
+#   start-pg VERSION           an EXTRA PostgreSQL of VERSION (14, 16, 17, 18, 15 or a zonky version like 17.6.0)
+#                              beside the running services, sharing their Kafka. Its run dir <run dir>/pg-VERSION
+#                              holds a complete env file (that PostgreSQL + the running Kafka): point
+#                              OUTBOX_TEST_RUN_DIR at it and load it to run tests there, e.g.
+#                                bash test/services.sh start-pg 17
+#                                export OUTBOX_TEST_RUN_DIR=$PWD/test/.run/pg-17; set -a; . $OUTBOX_TEST_RUN_DIR/env; set +a
+#                                go test -tags e2e -run TestX ./test/e2e/
+#                              With that run dir, pg-restart acts on the extra PostgreSQL and kafka-* on the shared
+#                              broker. stop on the main run dir stops every extra PostgreSQL too.
+#   stop-pg VERSION            stop that extra PostgreSQL (idempotent)
 #
 # Env file ($OUTBOX_TEST_RUN_DIR/env, default <repo>/test/.run/env): plain KEY=value lines, no quoting, e.g.
 #   OUTBOX_TEST_PG_URL=postgres://relay:<pw>@127.0.0.1:<port>/outbox?sslmode=disable
@@ -25,6 +35,10 @@
 #
 # Knobs (all optional):
 #   OUTBOX_TEST_RUN_DIR        run dir (env file, kafka.log, postgres.log copy); default <repo>/test/.run
+#   OUTBOX_TEST_PG_VERSION     PostgreSQL of start: 15 (default: Debian's postgresql-15), 14, 16, 17, 18 or a full
+#                              zonky version (17.6.0): a server build from Maven Central fetched once into a cache
+#                              by test/pg-fetch.sh (which see). Recorded in the env file with the server's
+#                              OUTBOX_TEST_PG_MAJOR, OUTBOX_TEST_PG_SERVER_VERSION_NUM and OUTBOX_TEST_PG_BUILD.
 #   OUTBOX_KAFKA_LIBS          Kafka jar cache; default $HOME/.cache/outbox-relay/kafka-<version>/libs
 #   OUTBOX_KAFKA_HEAP_OPTS     default "-Xms256m -Xmx768m"
 #   OUTBOX_KAFKA_CLUSTER_ID    default 5L6g3nShT-eMCtK--X86sw (fresh data dir every start, so a fixed id is fine)
@@ -66,6 +80,9 @@ JVM_PERF_OPTS="-server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOc
 
 PG_USER=relay
 PG_DB=outbox
+PG_VERSION="${OUTBOX_TEST_PG_VERSION:-15}"
+[[ "$PG_VERSION" =~ ^[0-9]+(\.[0-9]+\.[0-9]+)?$ ]] ||
+  die "OUTBOX_TEST_PG_VERSION must be a major (15, 17) or a full zonky version (17.6.0), not '$PG_VERSION'"
 IS_ROOT=0; [ "$(id -u)" = 0 ] && IS_ROOT=1
 
 # Libpq variables of the caller must not redirect our psql calls.
@@ -187,14 +204,21 @@ apt_install() {
 
 # ----------------------------------------------------------------------------------------------- env file
 
-write_env() { # writes the whole env file atomically from the current shell variables
+# write_env [KAFKA_LINES]: writes the whole env file atomically from the current shell variables. KAFKA_LINES
+# (start-pg) replaces the Kafka part with the lines of the services the extra PostgreSQL shares.
+write_env() {
   mkdir -p "$RUN_DIR"
   local tmp="$ENV_FILE.tmp.$$"
-  cat >"$tmp" <<EOF
+  {
+    cat <<EOF
 # written by $SELF $(date -u +%Y-%m-%dT%H:%M:%SZ); plain KEY=value lines: set -a; . $ENV_FILE; set +a
 OUTBOX_TEST_SERVICES=$SELF
 OUTBOX_TEST_RUN_DIR=$RUN_DIR
 OUTBOX_TEST_ENV_FILE=$ENV_FILE
+OUTBOX_TEST_PG_VERSION=$PG_VERSION
+OUTBOX_TEST_PG_MAJOR=$PG_MAJOR
+OUTBOX_TEST_PG_SERVER_VERSION_NUM=$PG_VERSION_NUM
+OUTBOX_TEST_PG_BUILD=$PG_BUILD
 OUTBOX_TEST_PG_URL=postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable
 OUTBOX_TEST_PG_HOST=127.0.0.1
 OUTBOX_TEST_PG_PORT=$PG_PORT
@@ -207,6 +231,11 @@ OUTBOX_TEST_PG_SOCKET_DIR=$PG_TMP
 OUTBOX_TEST_PG_LOG=$PG_LOG
 OUTBOX_TEST_PG_PID=$PG_PID
 OUTBOX_TEST_PG_TMP=$PG_TMP
+EOF
+    if [ $# -gt 0 ]; then
+      printf '%s\n' "$1"
+    else
+      cat <<EOF
 OUTBOX_TEST_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT
 OUTBOX_TEST_KAFKA_PORT=$KAFKA_PORT
 OUTBOX_TEST_KAFKA_CONTROLLER_PORT=$KAFKA_CONTROLLER_PORT
@@ -225,23 +254,36 @@ OUTBOX_TEST_KAFKA_LOG=$KAFKA_LOG
 OUTBOX_TEST_KAFKA_LIBS=$KAFKA_LIBS
 OUTBOX_TEST_KAFKA_VERSION=$KAFKA_VERSION
 EOF
+    fi
+  } >"$tmp"
   mv -f "$tmp" "$ENV_FILE"
 }
 
-# set_env KEY VALUE: replace one line of the env file, under a lock (fault tests may call us concurrently)
+# set_env KEY VALUE [FILE]: replace one line of an env file (default ours), under a lock (fault tests may call us
+# concurrently)
 set_env() {
-  local key=$1 val=$2
+  local key=$1 val=$2 file=${3:-$ENV_FILE}
   (
-    flock -w 30 9 || die "cannot lock $LOCK_FILE"
-    [ -f "$ENV_FILE" ] || die "$ENV_FILE vanished"
-    local tmp="$ENV_FILE.tmp.$$"
-    if grep -q "^$key=" "$ENV_FILE"; then
-      sed "s|^$key=.*|$key=$val|" "$ENV_FILE" >"$tmp"
+    flock -w 30 9 || die "cannot lock $(dirname "$file")/.env.lock"
+    [ -f "$file" ] || die "$file vanished"
+    local tmp="$file.tmp.$$"
+    if grep -q "^$key=" "$file"; then
+      sed "s|^$key=.*|$key=$val|" "$file" >"$tmp"
     else
-      { cat "$ENV_FILE"; echo "$key=$val"; } >"$tmp"
+      { cat "$file"; echo "$key=$val"; } >"$tmp"
     fi
-    mv -f "$tmp" "$ENV_FILE"
-  ) 9>"$LOCK_FILE"
+    mv -f "$tmp" "$file"
+  ) 9>"$(dirname "$file")/.env.lock"
+}
+
+# extra_env_files: the env files of the extra PostgreSQL servers (start-pg) of this run dir
+extra_env_files() { compgen -G "$RUN_DIR/pg-*/env" || true; }
+
+# set_kafka_pid PID: record the broker's pid in our env file and in every extra PostgreSQL's env file
+set_kafka_pid() {
+  local f
+  set_env OUTBOX_TEST_KAFKA_PID "$1"
+  for f in $(extra_env_files); do set_env OUTBOX_TEST_KAFKA_PID "$1" "$f"; done
 }
 
 load_env() { # load_env: 0 if the env file exists (variables loaded into our own names), 1 otherwise
@@ -266,6 +308,8 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
       OUTBOX_TEST_KAFKA_PID) KAFKA_PID=$v ;;
       OUTBOX_TEST_KAFKA_DIR) KAFKA_DIR=$v ;;
       OUTBOX_TEST_KAFKA_LIBS) KAFKA_LIBS=$v ;;
+      OUTBOX_TEST_KAFKA_RUN_DIR) KAFKA_RUN_DIR=$v ;;
+      OUTBOX_TEST_PG_BUILD) PG_BUILD=$v ;;
     esac
   done <"$ENV_FILE"
   return 0
@@ -274,6 +318,10 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
 PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP=""
 KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
 KAFKA_SASL_PORT="" KAFKA_SASL_PASSWORD="" KAFKA_TLS_PORT="" KAFKA_PROXIED_PORT="" KAFKA_PROXY_PORT=""
+# KAFKA_RUN_DIR: set (OUTBOX_TEST_KAFKA_RUN_DIR) in the env file of an extra PostgreSQL (start-pg): the run dir
+# whose services own the broker; kafka-* commands act there
+KAFKA_RUN_DIR=""
+PG_MAJOR="" PG_VERSION_NUM="" PG_BUILD=""
 KEYTOOL="${JAVA_HOME:+$JAVA_HOME/bin/}keytool"
 
 pg_url() { echo "postgres://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"; }
@@ -291,8 +339,10 @@ find_pg_bindir() {
   return 1
 }
 
-psql_bin() { # the server's psql, else any psql
-  if [ -x "$PG_BINDIR/psql" ]; then echo "$PG_BINDIR/psql"; else command -v psql; fi
+psql_bin() { # the server's psql, else Debian's 15 (the builds of test/pg-fetch.sh have none), else any psql
+  if [ -x "$PG_BINDIR/psql" ]; then echo "$PG_BINDIR/psql"
+  elif [ -x /usr/lib/postgresql/15/bin/psql ]; then echo /usr/lib/postgresql/15/bin/psql
+  else command -v psql; fi
 }
 
 # as_pg CMD...: run as the postgres OS user when we are root (postgres refuses to run as root)
@@ -305,10 +355,14 @@ as_pg() {
 }
 
 ensure_pg_prereqs() {
-  if ! PG_BINDIR="$(find_pg_bindir)"; then
-    log "PostgreSQL server binaries not found: installing postgresql-15"
-    apt_install postgresql-15
-    PG_BINDIR="$(find_pg_bindir)" || die "postgresql-15 installed but no postgres/initdb/pg_ctl found"
+  PG_MAJOR="${PG_VERSION%%.*}"
+  if [ "$PG_VERSION" = 15 ]; then
+    if ! PG_BINDIR="$(find_pg_bindir)"; then
+      log "PostgreSQL server binaries not found: installing postgresql-15"
+      apt_install postgresql-15
+      PG_BINDIR="$(find_pg_bindir)" || die "postgresql-15 installed but no postgres/initdb/pg_ctl found"
+    fi
+    PG_BUILD="debian:$("$PG_BINDIR/postgres" --version | sed 's/^postgres (PostgreSQL) //')"
   fi
   if [ "$IS_ROOT" = 1 ]; then
     if ! id -u postgres >/dev/null 2>&1; then
@@ -317,6 +371,11 @@ ensure_pg_prereqs() {
         || die "cannot create the postgres system user"
     fi
     command -v runuser >/dev/null || die "runuser (util-linux) is required when running as root"
+  fi
+  if [ "$PG_VERSION" != 15 ]; then
+    # a server build from Maven Central (test/pg-fetch.sh): no client programs, Debian's 15 client serves
+    PG_BINDIR="$(bash "$SCRIPT_DIR/pg-fetch.sh" "$PG_VERSION")" || die "test/pg-fetch.sh $PG_VERSION failed"
+    PG_BUILD="zonky:$(cut -d' ' -f1 "$PG_BINDIR/../.complete" | sed 's/.*://')"
   fi
   [ -n "$(psql_bin)" ] || apt_install postgresql-client-15
 }
@@ -440,8 +499,18 @@ EOF
     tail_file "$PG_LOG"
     die "could not create role/database"
   fi
+  # the server's version, and proof that it finds pgoutput (pkglibdir) before any test relies on it
+  if ! PG_VERSION_NUM="$("$(psql_bin)" -X -Atq -v ON_ERROR_STOP=1 -h "$PG_TMP" -p "$PG_PORT" -U postgres -d "$PG_DB" \
+        -c "SELECT current_setting('server_version_num')" \
+        -c "SELECT 'pgoutput ok' FROM pg_create_logical_replication_slot('services_probe', 'pgoutput', true)" 2>&1)"; then
+    tail_file "$PG_LOG"
+    die "postgres $PG_VERSION ($PG_BINDIR) cannot create a pgoutput slot: $PG_VERSION_NUM"
+  fi
+  PG_VERSION_NUM="$(head -n1 <<<"$PG_VERSION_NUM")"
+  [ "$((PG_VERSION_NUM / 10000))" = "$PG_MAJOR" ] ||
+    die "asked for PostgreSQL $PG_VERSION but $PG_BINDIR/postgres is server_version_num $PG_VERSION_NUM"
   pg_wait_ready || { tail_file "$PG_LOG"; die "postgres is not reachable over TCP with the relay password"; }
-  log "postgres ready: pid $PG_PID, 127.0.0.1:$PG_PORT, data $PG_DATA"
+  log "postgres $PG_VERSION ready ($PG_BUILD, server_version_num $PG_VERSION_NUM): pid $PG_PID, 127.0.0.1:$PG_PORT, data $PG_DATA"
 }
 
 # ----------------------------------------------------------------------------------------------- Kafka
@@ -724,11 +793,17 @@ cmd_start() {
 }
 
 cmd_stop() {
+  local f
+  for f in $(extra_env_files); do
+    OUTBOX_TEST_RUN_DIR="$(dirname "$f")" bash "$SELF" stop || log "could not stop the extra PostgreSQL of $f"
+  done
   if ! load_env; then
     log "not running (no $ENV_FILE)"
     return 0
   fi
-  if [ -n "$KAFKA_PID" ] && alive "$KAFKA_PID"; then
+  if [ -n "$KAFKA_RUN_DIR" ] && [ "$KAFKA_RUN_DIR" != "$RUN_DIR" ]; then
+    : # an extra PostgreSQL (start-pg): the broker belongs to the services of $KAFKA_RUN_DIR
+  elif [ -n "$KAFKA_PID" ] && alive "$KAFKA_PID"; then
     if is_our_kafka "$KAFKA_PID" "$KAFKA_DIR"; then
       log "stopping kafka pid $KAFKA_PID"
       kafka_stop_pid "$KAFKA_PID"
@@ -742,26 +817,83 @@ cmd_stop() {
   fi
   [ -n "$PG_LOG" ] && [ -f "$PG_LOG" ] && cp -f "$PG_LOG" "$RUN_DIR/postgres.log" 2>/dev/null || true
   case "$PG_TMP" in */outbox-pg.*) rm -rf "$PG_TMP" ;; esac
-  case "$KAFKA_DIR" in */outbox-kafka.*) rm -rf "$KAFKA_DIR" ;; esac
+  if [ -z "$KAFKA_RUN_DIR" ] || [ "$KAFKA_RUN_DIR" = "$RUN_DIR" ]; then
+    case "$KAFKA_DIR" in */outbox-kafka.*) rm -rf "$KAFKA_DIR" ;; esac
+  fi
   rm -f "$ENV_FILE" "$LOCK_FILE"
   log "stopped"
 }
 
 require_env() { load_env || die "no $ENV_FILE: run '$SELF start' first"; }
 
+# kafka_elsewhere CMD...: in the run dir of an extra PostgreSQL (start-pg) the broker belongs to the main services:
+# run the kafka-* command there (it records the new pid in our env file too) and return 0; 1 in the main run dir
+kafka_elsewhere() {
+  [ -n "$KAFKA_RUN_DIR" ] && [ "$KAFKA_RUN_DIR" != "$RUN_DIR" ] || return 1
+  OUTBOX_TEST_RUN_DIR="$KAFKA_RUN_DIR" bash "$SELF" "$@"
+}
+
+# start-pg VERSION: an extra PostgreSQL beside the running services, in the run dir <run dir>/pg-VERSION
+cmd_start_pg() {
+  local v=${1:-} dir
+  [[ "$v" =~ ^[0-9]+(\.[0-9]+\.[0-9]+)?$ ]] || die "start-pg needs a VERSION: a major (17) or a zonky version (17.6.0)"
+  require_env
+  [ -z "$KAFKA_RUN_DIR" ] || [ "$KAFKA_RUN_DIR" = "$RUN_DIR" ] ||
+    die "$RUN_DIR is an extra PostgreSQL's run dir: run start-pg with the main run dir ($KAFKA_RUN_DIR)"
+  is_our_kafka "$KAFKA_PID" "$KAFKA_DIR" || die "the services of $ENV_FILE have no running broker: restart them first"
+  dir="$RUN_DIR/pg-$v"
+  OUTBOX_TEST_RUN_DIR="$dir" OUTBOX_TEST_PG_VERSION="$v" bash "$SELF" _start-extra-pg "$ENV_FILE"
+}
+
+# _start-extra-pg MAIN_ENV_FILE (internal, run by start-pg with the extra run dir): start PostgreSQL only and
+# write an env file that takes the broker from MAIN_ENV_FILE
+cmd_start_extra_pg() {
+  local main_env=$1 kafka_lines
+  mkdir -p "$RUN_DIR"
+  if [ -f "$ENV_FILE" ]; then
+    if (load_env && alive "$(PG_DATA=$PG_DATA pg_postmaster_pid || true)"); then
+      die "PostgreSQL $PG_VERSION from $ENV_FILE is still running: run '$SELF stop-pg $PG_VERSION' first"
+    fi
+    cmd_stop
+    # the stale file named the shared broker: forget it, so a failed start (on_start_exit) never touches it
+    PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP="" KAFKA_RUN_DIR="" PG_BUILD=""
+    KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
+  fi
+  kafka_lines="$(grep '^OUTBOX_TEST_KAFKA_' "$main_env")" || die "no OUTBOX_TEST_KAFKA_* lines in $main_env"
+  kafka_lines="$kafka_lines"$'\n'"OUTBOX_TEST_KAFKA_RUN_DIR=$(dirname "$main_env")"
+  local t0=$SECONDS
+  trap on_start_exit EXIT
+  ensure_pg_prereqs
+  pg_setup
+  write_env "$kafka_lines"
+  START_OK=1
+  trap - EXIT
+  log "extra PostgreSQL $PG_VERSION ready in $((SECONDS - t0))s; env file: $ENV_FILE"
+  cat "$ENV_FILE"
+}
+
+cmd_stop_pg() {
+  local v=${1:-}
+  [[ "$v" =~ ^[0-9]+(\.[0-9]+\.[0-9]+)?$ ]] || die "stop-pg needs the VERSION given to start-pg"
+  [ -d "$RUN_DIR/pg-$v" ] || { log "no extra PostgreSQL $v (no $RUN_DIR/pg-$v)"; return 0; }
+  OUTBOX_TEST_RUN_DIR="$RUN_DIR/pg-$v" bash "$SELF" stop
+}
+
 cmd_kafka_kill() {
   require_env
+  kafka_elsewhere kafka-kill && return 0
   if is_our_kafka "$KAFKA_PID" "$KAFKA_DIR"; then
     log "kill -9 kafka pid $KAFKA_PID"
     kafka_kill_pid "$KAFKA_PID"
   else
     log "kafka is not running"
   fi
-  set_env OUTBOX_TEST_KAFKA_PID ""
+  set_kafka_pid ""
 }
 
 cmd_kafka_start() {
   require_env
+  kafka_elsewhere kafka-start && return 0
   [ -n "$KAFKA_DIR" ] && [ -f "$KAFKA_DIR/server.properties" ] || die "kafka data dir $KAFKA_DIR is gone"
   if is_our_kafka "$KAFKA_PID" "$KAFKA_DIR" && port_open "$KAFKA_PORT"; then
     log "kafka already running: pid $KAFKA_PID"
@@ -773,16 +905,17 @@ cmd_kafka_start() {
   kafka_launch
   if ! kafka_wait_ready; then
     kafka_kill_pid "$KAFKA_PID"
-    set_env OUTBOX_TEST_KAFKA_PID ""
+    set_kafka_pid ""
     tail_file "$KAFKA_LOG" 80
     die "kafka did not restart (log: $KAFKA_LOG)"
   fi
-  set_env OUTBOX_TEST_KAFKA_PID "$KAFKA_PID"
+  set_kafka_pid "$KAFKA_PID"
   log "kafka restarted: pid $KAFKA_PID on 127.0.0.1:$KAFKA_PORT"
 }
 
 cmd_kafka_signal() { # SIGSTOP/SIGCONT
   require_env
+  if [ "$1" = STOP ]; then kafka_elsewhere kafka-pause && return 0; else kafka_elsewhere kafka-resume && return 0; fi
   if ! is_our_kafka "$KAFKA_PID" "$KAFKA_DIR"; then
     # resuming a broker that is not running is a no-op (e.g. a deferred resume after a kill); pausing one is an error
     [ "$1" = CONT ] && { log "kafka is not running: nothing to resume"; return 0; }
@@ -817,7 +950,7 @@ cmd_status() {
   local ok=0 pm
   pm="$(pg_postmaster_pid || true)"
   if alive "$pm" && PGCONNECT_TIMEOUT=3 "$(psql_bin)" -X -Atq "$(pg_url)" -c 'select 1' >/dev/null 2>&1; then
-    echo "postgres: up   pid=$pm url=$(pg_url) data=$PG_DATA"
+    echo "postgres: up   pid=$pm url=$(pg_url) data=$PG_DATA build=$PG_BUILD"
   else
     echo "postgres: DOWN pid=${pm:-none} port=$PG_PORT data=$PG_DATA"; ok=1
   fi
@@ -844,6 +977,9 @@ case "${1:-}" in
   kafka-pause) cmd_kafka_signal STOP ;;
   kafka-resume) cmd_kafka_signal CONT ;;
   pg-restart) cmd_pg_restart "${2:-fast}" ;;
+  start-pg) cmd_start_pg "${2:-}" ;;
+  stop-pg) cmd_stop_pg "${2:-}" ;;
+  _start-extra-pg) cmd_start_extra_pg "${2:?}" ;;
   -h|--help|help) usage ;;
   *) usage ;;
 esac
