@@ -146,8 +146,11 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		log.Error().Err(err).Msg("migrate: slot and publication check failed")
 		return exitFatal
 	}
+	for _, w := range info.Warnings {
+		log.Warn().Str("slot", cfg.Postgres.Slot).Msg(w)
+	}
 	log.Info().Ints("applied", applied).Str("slot", cfg.Postgres.Slot).Bool("slot_created", info.Created).
-		Str("lsn", info.ConfirmedFlush.String()).Msg("migrate done")
+		Bool("slot_failover", info.Failover).Str("lsn", info.ConfirmedFlush.String()).Msg("migrate done")
 	return exitOK
 }
 

@@ -5,10 +5,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/test/proxy"
 	"github.com/outbox-relay/outbox-relay/test/testkit"
@@ -206,4 +209,126 @@ func testFailoverReplay(t *testing.T, f *failover, relayFlags []string) {
 	if code := r2.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
 	}
+}
+
+// serverVersionNum is server_version_num of the services' PostgreSQL.
+func serverVersionNum(t *testing.T) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Failover slots (postgres.slot_failover) on the services' PostgreSQL. On
+// 17+: the slot is a failover slot (created so by migrate, or turned on by
+// the relay for an existing one), the standby syncs it
+// (sync_replication_slots, hot_standby_feedback, primary_slot_name, dbname
+// in primary_conninfo), the primary waits for the standby's physical slot
+// before decoding (synchronized_standby_slots). After the promotion the relay
+// reconnects through the re-pointed proxy, sees the new timeline, drops its
+// in-memory watermark and continues from the synced slot: nothing lost,
+// duplicates counted. Before 17 the relay and migrate refuse the key,
+// naming the server's version.
+func TestFailoverSlots(t *testing.T) {
+	if n := serverVersionNum(t); n < 170000 {
+		testFailoverSlotsRefused(t, n)
+		return
+	}
+	ctx := context.Background()
+	f := startFailover(t, "fslots", testkit.PGPairOptions{FailoverSlots: true})
+	e := f.e
+	slotFailover := func(slot string) bool {
+		t.Helper()
+		var on bool
+		if err := e.DB.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&on); err != nil {
+			t.Fatalf("read failover of slot %s: %v", slot, err)
+		}
+		return on
+	}
+	// migrate with the key creates a failover slot ...
+	created := e.Slot + "_c"
+	if code, out, err := testkit.Run(ctx, os.Environ(), relayBin, append(append([]string{"migrate"}, e.flags()...), "--slot", created, "--slot-failover")...); err != nil || code != 0 {
+		t.Fatalf("migrate --slot-failover: exit %d %v\n%s", code, err, out)
+	}
+	if !slotFailover(created) {
+		t.Fatalf("migrate --slot-failover created slot %s without failover", created)
+	}
+	if _, err := e.DB.Exec(ctx, "SELECT pg_drop_replication_slot($1)", created); err != nil {
+		t.Fatal(err)
+	}
+	// ... and the relay turns failover on for the slot newEnv's migrate
+	// made without it.
+	if slotFailover(e.Slot) {
+		t.Fatalf("slot %s has failover on before the relay ran with the key", e.Slot)
+	}
+	r := e.startRelay(append(append([]string{}, failoverRelayFlags...), "--slot-failover")...)
+	if !slotFailover(e.Slot) || !strings.Contains(r.log(), "turned failover on") {
+		t.Fatalf("the relay did not turn failover on for slot %s:\n%s", e.Slot, r.LogTail(3000))
+	}
+	f.startLoad(300)
+	waitFor(t, 60*time.Second, "300 events published before the failover", func() bool {
+		return r.metric("outbox_relay_events_published_total") >= 300
+	})
+	var syncedAt string
+	waitFor(t, 90*time.Second, "the slot synced to the standby (synced, not temporary)", func() bool {
+		ok, confirmed, err := f.pair.SlotOnStandby(ctx, e.Slot)
+		syncedAt = confirmed
+		return err == nil && ok
+	})
+	slotAt, _ := e.Confirmed(ctx)
+	promoted := f.failOver()
+	waitFor(t, 90*time.Second, "the relay to see the new server history", func() bool {
+		return r.metric("outbox_relay_server_history_changes_total") >= 1
+	})
+	before := r.metric("outbox_relay_events_published_total")
+	waitFor(t, 90*time.Second, "the relay to publish again", func() bool {
+		if err := r.Exited(); err != nil {
+			t.Fatalf("the relay stopped after the promotion; with a synced failover slot it should continue: %v", err)
+		}
+		return r.metric("outbox_relay_events_published_total") > before
+	})
+	resumed := time.Since(promoted)
+	ws := f.stopLoad()
+	rs := f.consumeAll(ws)
+	rep := check(t, ws, rs, e.partitions(t))
+	f.figures(rep, fmt.Sprintf("publishing again %s after the promotion, from the synced slot (synced confirmed_flush_lsn seen %s, primary's %s before the crash)",
+		resumed.Round(10*time.Millisecond), syncedAt, slotAt))
+	requireClean(t, rep, true)
+	log := r.log()
+	if !strings.Contains(log, "server history changed") {
+		t.Errorf("the relay log does not say the server history changed:\n%s", r.LogTail(3000))
+	}
+	// The promoted server has no synchronized_standby_slots (it has no
+	// standby): the relay says so.
+	if !strings.Contains(log, "synchronized_standby_slots is empty") {
+		t.Errorf("the relay did not warn that the new primary has no synchronized_standby_slots:\n%s", r.LogTail(3000))
+	}
+	if code := r.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+}
+
+// testFailoverSlotsRefused: before PostgreSQL 17 postgres.slot_failover is a
+// start-time error naming the version, for migrate and the relay.
+func testFailoverSlotsRefused(t *testing.T, versionNum int) {
+	e := newEnv(t, "fslots")
+	want := fmt.Sprintf("server_version_num %d) and failover slots need PostgreSQL 17 or later", versionNum)
+	code, out, err := testkit.Run(context.Background(), os.Environ(), relayBin, append(append([]string{"migrate"}, e.flags()...), "--slot-failover")...)
+	if err != nil || code == 0 || !strings.Contains(out, want) {
+		t.Fatalf("migrate --slot-failover on server_version_num %d: exit %d %v, want a refusal containing %q:\n%s", versionNum, code, err, want, testkit.Tail(out, 3000))
+	}
+	code, out = e.runRelayToExit(60*time.Second, "--slot-failover")
+	if code == 0 || !strings.Contains(out, want) || !strings.Contains(out, "postgres.slot_failover") {
+		t.Fatalf("relay --slot-failover on server_version_num %d: exit %d, want a refusal containing %q:\n%s", versionNum, code, want, testkit.Tail(out, 3000))
+	}
+	t.Logf("refused on server_version_num %d", versionNum)
 }
