@@ -352,12 +352,22 @@ func (p *PGPair) LogTail(s *PGServer, n int) string {
 	return fmt.Sprintf("----- %s log %s -----\n%s", s.Name, s.Log, Tail(string(b), n))
 }
 
-// basebackupBin is a pg_basebackup that can copy this server: one of the
-// same major version (pg_basebackup refuses a newer server).
+// basebackupBin is a pg_basebackup that can copy this server: of its major
+// version or a newer one (pg_basebackup refuses a newer server; Debian's 15
+// copies 14). The zonky builds have none.
 func (p *PGPair) basebackupBin() string {
-	for _, d := range []string{p.BinDir, fmt.Sprintf("/usr/lib/postgresql/%d/bin", p.Major)} {
-		if _, err := os.Stat(filepath.Join(d, "pg_basebackup")); err == nil {
-			return filepath.Join(d, "pg_basebackup")
+	dirs := []string{p.BinDir, fmt.Sprintf("/usr/lib/postgresql/%d/bin", p.Major)}
+	more, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	for _, d := range append(dirs, more...) {
+		bb := filepath.Join(d, "pg_basebackup")
+		out, err := exec.Command(bb, "--version").Output()
+		if err != nil {
+			continue
+		}
+		if m := regexp.MustCompile(`\) (\d+)`).FindStringSubmatch(string(out)); m != nil {
+			if v, _ := strconv.Atoi(m[1]); v >= p.Major {
+				return bb
+			}
 		}
 	}
 	return ""
