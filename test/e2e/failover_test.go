@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -116,10 +117,24 @@ func (f *failover) failOver() time.Time {
 }
 
 // figures logs the measured figures of one failover case, one line a test,
-// grep-able ("failover figures:").
-func (f *failover) figures(rep report, extra string) {
-	f.t.Logf("failover figures: PostgreSQL %d, %s: events %d, delivered %d, lost %d, duplicates %d, order violations %d; %s",
-		f.pair.Major, f.t.Name(), rep.Written, rep.Delivered, rep.Lost, rep.Duplicates, rep.OrderViolations, extra)
+// grep-able ("failover figures:"), and returns the number of records of
+// events the writer never committed: published from the old primary's WAL
+// but not in the new primary's history (the standby is synchronous, so
+// only a commit the relay decoded before the standby had it).
+func (f *failover) figures(ws []written, rs []record, rep report, extra string) (foreign int) {
+	f.t.Helper()
+	known := make(map[string]bool, len(ws))
+	for _, w := range ws {
+		known[strconv.FormatInt(w.ID, 10)] = true
+	}
+	for _, r := range rs {
+		if !known[r.Headers["event_id"]] {
+			foreign++
+		}
+	}
+	f.t.Logf("failover figures: PostgreSQL %d, %s: events %d, delivered %d, lost %d, duplicates %d, order violations %d, records of uncommitted events %d; %s",
+		f.pair.Major, f.t.Name(), rep.Written, rep.Delivered, rep.Lost, rep.Duplicates, rep.OrderViolations, foreign, extra)
+	return foreign
 }
 
 // consumeAll waits until the slot confirmed the writer's last event, then
@@ -199,7 +214,7 @@ func testFailoverReplay(t *testing.T, f *failover, relayFlags []string) {
 	ws := f.stopLoad()
 	rs := f.consumeAll(ws)
 	rep := check(t, ws, rs, e.partitions(t))
-	f.figures(rep, fmt.Sprintf("relay stopped %s after the promotion; publishing again %s after it (procedure automated); replay done %s after it; %s",
+	f.figures(ws, rs, rep, fmt.Sprintf("relay stopped %s after the promotion; publishing again %s after it (procedure automated); replay done %s after it; %s",
 		stopped.Round(10*time.Millisecond), resumed.Round(10*time.Millisecond), replayed.Round(10*time.Millisecond), cmd[0]))
 	// Replay republishes the gap after the events the new slot streamed:
 	// order across the gap is not kept, loss and partitioning are checked.
@@ -300,8 +315,12 @@ func TestFailoverSlots(t *testing.T) {
 	ws := f.stopLoad()
 	rs := f.consumeAll(ws)
 	rep := check(t, ws, rs, e.partitions(t))
-	f.figures(rep, fmt.Sprintf("publishing again %s after the promotion, from the synced slot (synced confirmed_flush_lsn seen %s, primary's %s before the crash)",
+	foreign := f.figures(ws, rs, rep, fmt.Sprintf("publishing again %s after the promotion, from the synced slot (synced confirmed_flush_lsn seen %s, primary's %s before the crash)",
 		resumed.Round(10*time.Millisecond), syncedAt, slotAt))
+	// synchronized_standby_slots: nothing reached the relay before the standby.
+	if foreign > 0 {
+		t.Errorf("%d records of events not in the new primary's history: the relay decoded commits the standby did not have", foreign)
+	}
 	requireClean(t, rep, true)
 	log := r.log()
 	if !strings.Contains(log, "server history changed") {

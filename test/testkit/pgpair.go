@@ -36,8 +36,8 @@ type PGPairOptions struct {
 	// primary to the standby's physical slot and sync_replication_slots on
 	// the standby, so slots created with FAILOVER are synced to it.
 	FailoverSlots bool
-	// Dir is the parent of the clusters' temp dir; "" is os.TempDir(). It
-	// must be traversable by the postgres OS user.
+	// Dir is the parent of the clusters' temp dir; "" is $OUTBOX_TEST_TMP,
+	// else os.TempDir(). It must be traversable by the postgres OS user.
 	Dir string
 }
 
@@ -108,6 +108,9 @@ func StartPGPair(ctx context.Context, opts PGPairOptions) (*PGPair, error) {
 	}
 	if opts.FailoverSlots && major < 17 {
 		return nil, fmt.Errorf("pg pair: failover slots need PostgreSQL 17+, %s is %d", bin, major)
+	}
+	if opts.Dir == "" {
+		opts.Dir = os.Getenv("OUTBOX_TEST_TMP") // test/services.sh's knob; "" is os.TempDir()
 	}
 	dir, err := os.MkdirTemp(opts.Dir, "outbox-pgpair.")
 	if err != nil {
