@@ -173,7 +173,11 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		})
 	})()
 	if err := r.Run(ctx); err != nil {
-		log.Error().Err(err).Msg("relay stopped on error; it resumes from the slot on restart")
+		msg := "relay stopped on error; it resumes from the slot on restart"
+		if errors.Is(err, replication.ErrSlotVanished) {
+			msg = "relay stopped: its slot is gone; a restart refuses the same way until the recovery steps in the error are done (docs/failover.md after a failover)"
+		}
+		log.Error().Err(err).Msg(msg)
 		return exitFatal
 	}
 	log.Info().Msg("relay stopped")

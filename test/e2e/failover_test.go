@@ -187,6 +187,9 @@ func testFailoverReplay(t *testing.T, f *failover, relayFlags []string) {
 	if cmd == nil || del == "" {
 		t.Fatalf("the relay's error lacks the recovery steps (DELETE FROM the registry, replay command):\n%s", r.LogTail(4000))
 	}
+	if !strings.Contains(log, "a restart refuses the same way until the recovery steps in the error are done") {
+		t.Errorf("the relay's last words do not say that a restart will not help:\n%s", r.LogTail(2000))
+	}
 	// The relay saw the history change (timeline 1 to 2) and says so.
 	if !strings.Contains(log, "history changed") || !strings.Contains(log, "timeline 2") || !strings.Contains(log, "docs/failover.md") {
 		t.Errorf("the error does not say that the server history changed (a failover) and where the procedure is:\n%s", r.LogTail(3000))
