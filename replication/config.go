@@ -31,6 +31,12 @@ type Config struct {
 	Table string `yaml:"table"`
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool `yaml:"create_publication"`
+	// SlotFailover creates the slot as a failover slot (PostgreSQL 17+:
+	// CREATE_REPLICATION_SLOT ... (FAILOVER)) and turns it on for an
+	// existing one, so standbys with sync_replication_slots keep a copy
+	// the relay continues from after a promotion (docs/failover.md). The
+	// relay refuses to start with it on an older server.
+	SlotFailover bool `yaml:"slot_failover"`
 	// StatusInterval is how often standby status updates are sent. It must
 	// stay below wal_sender_timeout/2, which is checked at start.
 	StatusInterval time.Duration `yaml:"status_interval"`

@@ -23,6 +23,15 @@ type SlotInfo struct {
 	WALStatus      string
 	ActivePID      int32 // 0 when no walsender uses the slot
 	Created        bool  // created by this call
+	// Failover: the slot is a failover slot (PostgreSQL 17+), synced to
+	// standbys that have sync_replication_slots on.
+	Failover bool
+	// FailoverSet: this call turned failover on for an existing slot
+	// (postgres.slot_failover).
+	FailoverSet bool
+	// Warnings are problems with the failover setup seen from this server
+	// (postgres.slot_failover on): the caller logs them.
+	Warnings []string
 }
 
 // ErrSlotVanished is returned (marked fault.Fatal) when a slot that existed
@@ -36,6 +45,12 @@ var ErrSlotVanished = errors.New("replication slot vanished")
 // to fix it. It is safe to call concurrently with another relay: creation
 // races are tolerated.
 func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error) {
+	return prepare(ctx, cfg, createSlot, Identity{})
+}
+
+// prepare is Prepare for a stream that last streamed on prev's history
+// (zero: unknown): a missing slot is then explained by a failover for sure.
+func prepare(ctx context.Context, cfg Config, createSlot bool, prev Identity) (SlotInfo, error) {
 	conn, err := Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotInfo{}, fmt.Errorf("connect to postgres: %w", err)
@@ -49,10 +64,18 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 	if walLevel != "logical" {
 		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("postgres wal_level is %q but logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf) and restart PostgreSQL", walLevel))
 	}
+	var versionNum int
+	var version string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('server_version')").Scan(&versionNum, &version); err != nil {
+		return SlotInfo{}, fmt.Errorf("read server_version_num: %w", err)
+	}
+	if err := checkFailoverVersion(cfg.SlotFailover, versionNum, version); err != nil {
+		return SlotInfo{}, err
+	}
 	if err := checkTable(ctx, conn, cfg.Table); err != nil {
 		return SlotInfo{}, err
 	}
-	info, found, err := readSlot(ctx, conn, cfg.Slot)
+	info, found, err := readSlot(ctx, conn, cfg.Slot, versionNum)
 	if err != nil {
 		return SlotInfo{}, err
 	}
@@ -69,18 +92,18 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		return SlotInfo{}, err
 	}
 	if !found && registered {
-		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (dropped?): %w. Events committed while it was missing were not streamed, and the relay will not create a fresh slot silently. Recover: %s",
-			cfg.Slot, created.at, created.lsn, ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (%s): %w. Events committed while it was missing were not streamed, and the relay will not create a fresh slot silently. Recover: %s",
+			cfg.Slot, created.at, created.lsn, vanishedCause(ctx, cfg, prev), ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
 	if !found && !createSlot {
-		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (dropped?): %w. Events committed while it was missing may not have been published. Recover: %s",
-			cfg.Slot, ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (%s): %w. Events committed while it was missing may not have been published. Recover: %s",
+			cfg.Slot, vanishedCause(ctx, cfg, prev), ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
 	if !found {
 		if err := createReplicationSlot(ctx, cfg); err != nil {
 			return SlotInfo{}, err
 		}
-		info, found, err = readSlot(ctx, conn, cfg.Slot)
+		info, found, err = readSlot(ctx, conn, cfg.Slot, versionNum)
 		if err != nil {
 			return SlotInfo{}, err
 		}
@@ -89,12 +112,61 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool) (SlotInfo, error)
 		}
 		info.Created = true
 	}
+	if cfg.SlotFailover && !info.Failover {
+		if err := alterSlotFailover(ctx, cfg); err != nil {
+			return SlotInfo{}, err
+		}
+		info.Failover, info.FailoverSet = true, true
+	}
+	if cfg.SlotFailover {
+		if info.Warnings, err = standbyWarnings(ctx, conn); err != nil {
+			return SlotInfo{}, err
+		}
+	}
 	if hasRegistry && !registered {
 		if err := register(ctx, conn, registry, cfg.Slot, info.ConfirmedFlush); err != nil {
 			return SlotInfo{}, err
 		}
 	}
 	return info, nil
+}
+
+// vanishedCause says why a registered slot is missing, as far as the
+// server's history tells: IDENTIFY_SYSTEM's timeline, and prev, the history
+// the stream last streamed on.
+func vanishedCause(ctx context.Context, cfg Config, prev Identity) string {
+	const noFailoverSlot = "a standby has a logical slot only if it is a failover slot synced to it: PostgreSQL 17+, postgres.slot_failover and the standby settings in docs/failover.md"
+	cur, err := identifySystem(ctx, cfg.URL)
+	if err != nil {
+		return "dropped, or lost in a failover: " + noFailoverSlot
+	}
+	return missingSlotCause(prev, cur) + "; " + noFailoverSlot
+}
+
+// missingSlotCause explains a missing slot on cur's history, prev being the
+// one the relay last streamed on (zero: unknown).
+func missingSlotCause(prev, cur Identity) string {
+	switch {
+	case prev != (Identity{}) && prev != cur:
+		return fmt.Sprintf("the server history changed since the relay last streamed, from %s to %s: a failover to a server without the slot", prev, cur)
+	case cur.Timeline > 1:
+		return fmt.Sprintf("dropped, or lost in a failover: this server is on %s, so it was promoted from a standby (or restored from a backup) at least once", cur)
+	default:
+		return fmt.Sprintf("dropped: this server is on %s, it was never promoted", cur)
+	}
+}
+
+func identifySystem(ctx context.Context, url string) (Identity, error) {
+	conn, err := connectReplication(ctx, url)
+	if err != nil {
+		return Identity{}, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return Identity{}, err
+	}
+	return Identity{SystemID: sys.SystemID, Timeline: sys.Timeline}, nil
 }
 
 // registryName is the slot registry table beside the outbox table (see
@@ -310,7 +382,88 @@ func CreatePublicationSQL(publication, table string) string {
 		outboxschema.QuoteIdent(publication), t.Quoted())
 }
 
-func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool, error) {
+// failoverVersion is the first server_version_num with failover slots.
+const failoverVersion = 170000
+
+// checkFailoverVersion refuses postgres.slot_failover on a server without
+// failover slots.
+func checkFailoverVersion(slotFailover bool, versionNum int, version string) error {
+	if !slotFailover || versionNum >= failoverVersion {
+		return nil
+	}
+	return fault.Fatal.Wrap(fmt.Errorf("postgres.slot_failover is true, but the server is PostgreSQL %s (server_version_num %d) and failover slots need PostgreSQL 17 or later: set postgres.slot_failover to false (OUTBOX_RELAY_SLOT_FAILOVER=false); after a failover on this version the relay stops and the slot is recovered with `outbox-relay replay` (docs/failover.md)",
+		version, versionNum))
+}
+
+// createSlotCommand is the replication command that creates the slot:
+// without a snapshot, and a failover slot when failover is set (the option
+// list syntax, PostgreSQL 15+, is used only then).
+func createSlotCommand(slot string, failover bool) string {
+	// slot matches [a-z0-9_]{1,63} (Config.Validate): safe unquoted.
+	if failover {
+		return fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)", slot)
+	}
+	return fmt.Sprintf("CREATE_REPLICATION_SLOT %s LOGICAL pgoutput NOEXPORT_SNAPSHOT", slot)
+}
+
+// alterSlotFailover turns failover on for an existing slot (PostgreSQL 17+).
+func alterSlotFailover(ctx context.Context, cfg Config) error {
+	conn, err := connectReplication(ctx, cfg.URL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "ALTER_REPLICATION_SLOT "+cfg.Slot+" (FAILOVER true)").ReadAll()
+	if err != nil {
+		// In use (55006): the walsender of an earlier session has not
+		// exited yet, or another relay streams; retried like a connection error.
+		return fmt.Errorf("turn on failover for slot %q (postgres.slot_failover): %w", cfg.Slot, err)
+	}
+	return nil
+}
+
+// standbyWarnings reads, on the primary, the settings a failover slot
+// needs there: synchronized_standby_slots naming existing physical slots.
+// What the standby needs (sync_replication_slots, hot_standby_feedback,
+// primary_slot_name, dbname in primary_conninfo) is not visible from here.
+func standbyWarnings(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	var setting string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('synchronized_standby_slots')").Scan(&setting); err != nil {
+		return nil, fmt.Errorf("read synchronized_standby_slots: %w", err)
+	}
+	rows, err := conn.Query(ctx, "SELECT slot_name::text FROM pg_replication_slots WHERE slot_type = 'physical'")
+	if err != nil {
+		return nil, fmt.Errorf("read the physical slots: %w", err)
+	}
+	physical, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read the physical slots: %w", err)
+	}
+	return failoverWarnings(setting, physical), nil
+}
+
+// failoverWarnings judges synchronized_standby_slots (setting) against the
+// server's physical slots.
+func failoverWarnings(setting string, physical []string) []string {
+	var names []string
+	for _, n := range strings.Split(setting, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return []string{"postgres.slot_failover is on but synchronized_standby_slots is empty on this server: the relay can receive and publish transactions a standby has not received yet; after a failover to that standby they are not in its history, its synced slot may be behind them, and new rows may reuse their ids (event_id). Set synchronized_standby_slots to the physical slots of the standbys that may be promoted (docs/failover.md)"}
+	}
+	var warns []string
+	for _, n := range names {
+		if !slices.Contains(physical, n) {
+			warns = append(warns, fmt.Sprintf("synchronized_standby_slots names %q, which is not a physical slot on this server: logical decoding waits for it, so the relay stalls until it exists or the setting is fixed (docs/failover.md)", n))
+		}
+	}
+	return warns
+}
+
+func readSlot(ctx context.Context, conn *pgx.Conn, slot string, versionNum int) (SlotInfo, bool, error) {
 	var (
 		info               SlotInfo
 		plugin, slotType   *string
@@ -355,6 +508,11 @@ func readSlot(ctx context.Context, conn *pgx.Conn, slot string) (SlotInfo, bool,
 	if pid != nil {
 		info.ActivePID = *pid
 	}
+	if versionNum >= failoverVersion {
+		if err := conn.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&info.Failover); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return info, false, fmt.Errorf("read failover of slot %q: %w", slot, err)
+		}
+	}
 	return info, true, nil
 }
 
@@ -364,8 +522,7 @@ func createReplicationSlot(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = pglogrepl.CreateReplicationSlot(ctx, conn, cfg.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	_, err = pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx, createSlotCommand(cfg.Slot, cfg.SlotFailover)))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
 		return nil

@@ -87,7 +87,8 @@ type Stream struct {
 	// Messages asks pgoutput for Messages (the relay's heartbeats) on a
 	// server that has the option (PostgreSQL 14+); set before Run.
 	Messages  bool
-	oldWarned bool // the server is too old for Messages; said once
+	oldWarned bool            // the server is too old for Messages; said once
+	warned    map[string]bool // the failover warnings (SlotInfo.Warnings) logged so far
 }
 
 // Fence is what the stream needs from leader election.
@@ -110,7 +111,7 @@ func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*
 		m = NewMetrics(nil)
 	}
 	return &Stream{
-		cfg: cfg, progress: progress, metrics: m,
+		cfg: cfg, progress: progress, metrics: m, warned: map[string]bool{},
 		log: log.With().Str("component", "replication").Logger(), // the caller's logger carries slot
 	}, nil
 }
@@ -195,13 +196,22 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	}
 	// Only a process that has never seen its slot may create it; a slot
 	// that disappears mid-run is an operator error worth stopping for.
-	info, err := Prepare(ctx, s.cfg, !s.slotSeen)
+	info, err := prepare(ctx, s.cfg, !s.slotSeen, s.identity)
 	if err != nil {
 		return err
 	}
 	s.slotSeen = true
 	if info.Created {
-		s.log.Warn().Msg("created replication slot; outbox rows committed before now are not streamed (republish them from the table if needed)")
+		s.log.Warn().Bool("failover", info.Failover).Msg("created replication slot; outbox rows committed before now are not streamed (republish them from the table if needed)")
+	}
+	if info.FailoverSet {
+		s.log.Info().Msg("turned failover on for the slot (postgres.slot_failover): standbys with sync_replication_slots keep a copy of it")
+	}
+	for _, w := range info.Warnings {
+		if !s.warned[w] { // once per process and text: each session prepares again
+			s.warned[w] = true
+			s.log.Warn().Msg(w)
+		}
 	}
 	conn, err := connectReplication(ctx, s.cfg.URL)
 	if err != nil {

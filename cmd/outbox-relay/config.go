@@ -108,6 +108,8 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Postgres.Table })},
 	{"postgres.create_publication", "OUTBOX_RELAY_CREATE_PUBLICATION", "create-publication", "create the publication when missing",
 		boolean(func(c *Config) *bool { return &c.Postgres.CreatePublication })},
+	{"postgres.slot_failover", "OUTBOX_RELAY_SLOT_FAILOVER", "slot-failover", "make the slot a failover slot, synced to standbys (PostgreSQL 17+; docs/failover.md)",
+		boolean(func(c *Config) *bool { return &c.Postgres.SlotFailover })},
 	{"postgres.status_interval", "OUTBOX_RELAY_STATUS_INTERVAL", "status-interval", "standby status update interval (< wal_sender_timeout/2)",
 		dur(func(c *Config) *time.Duration { return &c.Postgres.StatusInterval })},
 	{"postgres.receive_timeout", "OUTBOX_RELAY_RECEIVE_TIMEOUT", "receive-timeout", "reconnect when the server sends nothing this long (dead connection)",
@@ -237,7 +239,7 @@ var keys = []key{
 
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).
 var boolKeys = map[string]bool{
-	"postgres.create_publication": true, "kafka.auto_create_topics": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
+	"postgres.create_publication": true, "postgres.slot_failover": true, "kafka.auto_create_topics": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
 	"leader.enabled": true, "pprof": true, "retention.archive": true,
 }
 

@@ -174,8 +174,11 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		log.Error().Err(err).Msg("migrate: slot and publication check failed")
 		return exitFatal
 	}
+	for _, w := range info.Warnings {
+		log.Warn().Str("slot", cfg.Postgres.Slot).Msg(w)
+	}
 	log.Info().Ints("applied", applied).Str("slot", cfg.Postgres.Slot).Bool("slot_created", info.Created).
-		Str("lsn", info.ConfirmedFlush.String()).Msg("migrate done")
+		Bool("slot_failover", info.Failover).Str("lsn", info.ConfirmedFlush.String()).Msg("migrate done")
 	return exitOK
 }
 
@@ -199,7 +202,11 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		})
 	})()
 	if err := r.Run(ctx); err != nil {
-		log.Error().Err(err).Msg("relay stopped on error; it resumes from the slot on restart")
+		msg := "relay stopped on error; it resumes from the slot on restart"
+		if errors.Is(err, replication.ErrSlotVanished) {
+			msg = "relay stopped: its slot is gone; a restart refuses the same way until the recovery steps in the error are done (docs/failover.md after a failover)"
+		}
+		log.Error().Err(err).Msg(msg)
 		return exitFatal
 	}
 	log.Info().Msg("relay stopped")

@@ -77,22 +77,32 @@ type env struct {
 	t     *testing.T
 	name  string
 	extra []string // extra relay env
+	url   string   // the relay's postgres.url: the services' pgURL unless newEnvAt says
 }
 
 // newEnv makes a test's private outbox and migrates it; configure, when
 // given, changes the outbox's names before the migration.
 func newEnv(t *testing.T, name string, configure ...func(*testkit.Outbox)) *env {
 	t.Helper()
+	return newEnvAt(t, name, pgURL, configure...)
+}
+
+// newEnvAt is newEnv on the PostgreSQL at url (a server the test started)
+// with the shared Kafka.
+func newEnvAt(t *testing.T, name, url string, configure ...func(*testkit.Outbox)) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	o, err := testkit.NewOutbox(ctx, svcs, "e2e", name)
+	s := *svcs
+	s.PGURL = url
+	o, err := testkit.NewOutbox(ctx, &s, "e2e", name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range configure {
 		f(o)
 	}
-	e := &env{Outbox: o, t: t, name: name}
+	e := &env{Outbox: o, t: t, name: name, url: url}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -107,7 +117,7 @@ func newEnv(t *testing.T, name string, configure ...func(*testkit.Outbox)) *env 
 }
 
 func (e *env) flags() []string {
-	return []string{"--postgres-url", pgURL, "--kafka-brokers", strings.Join(brokers, ","),
+	return []string{"--postgres-url", e.url, "--kafka-brokers", strings.Join(brokers, ","),
 		"--slot", e.Slot, "--publication", e.Pub, "--table", e.Table,
 		"--topic-template", e.Prefix + ".{aggregate_type}", "--log-format", "json",
 		// The tests' topics are per test and made by the relay's first

@@ -17,8 +17,8 @@ import (
 // trusts the server: the next session resumes from the slot and republishes
 // what the slot does not have, so a server that went back never makes it
 // skip anything. What a changed IDENTIFY_SYSTEM (a promoted replica) does is
-// unit-tested in replication; a real promotion test belongs to the
-// PostgreSQL versions issue.
+// unit-tested in replication and exercised by a real promotion in
+// failover_test.go.
 func TestSlotBehindWatermarkIsTrusted(t *testing.T) {
 	e := newEnv(t, "slotbehind")
 	ctx := context.Background()

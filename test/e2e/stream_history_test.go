@@ -54,7 +54,7 @@ func (p *progress) Advanced() <-chan struct{}   { return nil }
 // watermark and the session starts from the slot, with a warning naming
 // both identities and outbox_relay_server_history_changes_total counted.
 // One server cannot change its identity, so the earlier identity is made
-// up; a real promotion belongs to the PostgreSQL versions issue.
+// up; a real promotion is in failover_test.go.
 func TestStreamResumesFromSlotOnChangedHistory(t *testing.T) {
 	e := newEnv(t, "history")
 	ctx := context.Background()

@@ -16,6 +16,9 @@
 //     current connections are untouched. Refuse, then Reset, is "host down":
 //     in the other order a client could reconnect in between.
 //   - Heal: forward again (re-listening on the same address after Refuse).
+//   - Retarget: new connections go to another address (a promoted standby,
+//     as a DNS name or virtual IP moves in a failover); current ones are
+//     untouched until Reset.
 //
 // It is used by the chaos suite (test/chaos) and meant for reuse by other
 // tests that need a controllable network path.
@@ -39,10 +42,10 @@ type Stats struct {
 // Proxy forwards TCP connections from Addr() to a target. All methods are
 // safe for concurrent use.
 type Proxy struct {
-	addr   string // listen address, fixed (re-bound after Refuse)
-	target string
+	addr string // listen address, fixed (re-bound after Refuse)
 
 	mu       sync.Mutex
+	target   string
 	ln       net.Listener  // nil while refusing or after Close
 	open     chan struct{} // closed while forwarding; a fresh channel while blackholed
 	links    map[*link]struct{}
@@ -72,8 +75,20 @@ func New(listen, target string) (*Proxy, error) {
 // Addr is the address clients connect to.
 func (p *Proxy) Addr() string { return p.addr }
 
-// Target is the address connections are forwarded to.
-func (p *Proxy) Target() string { return p.target }
+// Target is the address new connections are forwarded to.
+func (p *Proxy) Target() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target
+}
+
+// Retarget forwards connections accepted from now on to target; current
+// connections keep their peer (Reset ends them).
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+}
 
 // Stats returns the connection counts.
 func (p *Proxy) Stats() Stats {
@@ -236,7 +251,7 @@ func (p *Proxy) handle(l *link) {
 	if !p.wait(l) {
 		return
 	}
-	c, err := net.DialTimeout("tcp", p.target, DialTimeout)
+	c, err := net.DialTimeout("tcp", p.Target(), DialTimeout)
 	if err != nil {
 		l.close(true) // the client sees a reset, as from a dead backend
 		return

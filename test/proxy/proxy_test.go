@@ -388,3 +388,44 @@ func TestRefuseThenResetLeavesNothing(t *testing.T) {
 		t.Fatal("no connection was made before the cut: the test proves nothing")
 	}
 }
+
+// Retarget sends new connections to another address (a promoted standby)
+// and leaves the current ones alone; Reset then ends those.
+func TestRetarget(t *testing.T) {
+	a, _ := echoServer(t)
+	b, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// b answers every connection with "B" and closes it.
+	go func() {
+		for {
+			c, err := b.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("B"))
+			c.Close()
+		}
+	}()
+	p := newProxy(t, a)
+	old := dial(t, p.Addr())
+	if got, _ := observe(t, p.Addr(), old, "x"); got != echoes {
+		t.Fatalf("before Retarget: %v, want echoes", got)
+	}
+	p.Retarget(b.Addr().String())
+	if p.Target() != b.Addr().String() {
+		t.Fatalf("Target() = %s, want %s", p.Target(), b.Addr())
+	}
+	if got, _ := observe(t, p.Addr(), old, "y"); got != echoes {
+		t.Fatalf("a connection made before Retarget: %v, want echoes (untouched)", got)
+	}
+	c := dial(t, p.Addr())
+	if got, err := readN(c, 1, 2*time.Second); err != nil || string(got) != "B" {
+		t.Fatalf("a new connection read %q, %v; want B from the new target", got, err)
+	}
+	if n := p.Reset(); n < 1 {
+		t.Fatalf("Reset closed %d connections, want the old one", n)
+	}
+}
