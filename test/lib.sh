@@ -71,14 +71,17 @@ run_on_versions() {
       ) || rc=$?
     else
       rc=$?
-      build="(PostgreSQL $v did not start)"
+      build="(did not start: services.sh start-pg $v said why above)"
     fi
     bash test/services.sh stop-pg "$v" >/dev/null 2>&1 || true
     if [ "$rc" = 0 ]; then
       rows+="| $v | $build | ok | $((SECONDS - t0)) |"$'\n'
-    else
+    elif [ -f "$OUTBOX_TEST_RUN_DIR/pg-$v/$name.log" ]; then
       failed=1
       rows+="| $v | $build | FAILED (log: $OUTBOX_TEST_RUN_DIR/pg-$v/$name.log) | $((SECONDS - t0)) |"$'\n'
+    else
+      failed=1
+      rows+="| $v | $build | FAILED | $((SECONDS - t0)) |"$'\n'
     fi
   done
   echo
