@@ -13,6 +13,7 @@ import (
 // drives outbox_relay_lag_seconds above 30 s, and it falls under 5 s within
 // 30 s of the broker's return. Nothing is lost.
 func TestLagSecondsThroughBrokerStall(t *testing.T) {
+	t.Parallel() // waits on its own relay, outbox and the Kafka proxy (the only parallel test that uses it): runs beside the other waiting tests, after the sequential ones
 	e := newEnv(t, "lagstall")
 	kpx, kafkaAddr := kafkaProxy(t)
 	r := e.startRelay("--kafka-brokers", kafkaAddr)

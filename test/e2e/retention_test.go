@@ -193,6 +193,7 @@ func TestRetentionPausesAndRespectsTheFloor(t *testing.T) {
 // Rows written before the slot existed (an outbox adopted by the relay)
 // are never proven by position: retention keeps them until published_at.
 func TestRetentionKeepsPreSlotRows(t *testing.T) {
+	t.Parallel() // waits on its own relay and outbox (no shared proxy, no service fault): runs beside the other waiting tests, after the sequential ones
 	e := newEnv(t, "retpre")
 	ctx := context.Background()
 	w := e.newWriter(113)
@@ -267,6 +268,7 @@ func (e *env) pausedReason(t *testing.T) string {
 // the floor above every row written until it is right again, so those
 // rows stay until published_at is set.
 func TestRetentionKeepsRowsThePublicationSkipped(t *testing.T) {
+	t.Parallel() // waits on its own relay and outbox (no shared proxy, no service fault): runs beside the other waiting tests, after the sequential ones
 	e := newEnv(t, "retpub")
 	r := e.startRelay("--retention-keep", "3s", "--retention-interval", "1s")
 	ctx := context.Background()
