@@ -12,8 +12,8 @@ start_services
 status=0
 t0=$SECONDS
 echo "== end-to-end suite on PostgreSQL $OUTBOX_TEST_PG_VERSION ($OUTBOX_TEST_PG_BUILD)"
-run_suite e2e "$PROGRESS" -timeout 15m ./test/e2e/ || status=$?
+run_suite e2e "$PROGRESS" -timeout 25m -parallel 3 ./test/e2e/ || status=$?
 main="| $OUTBOX_TEST_PG_VERSION | $OUTBOX_TEST_PG_BUILD | $([ "$status" = 0 ] && echo ok || echo "FAILED (log: $OUTBOX_TEST_RUN_DIR/e2e.log)") | $((SECONDS - t0)) |"
-run_on_versions e2e "$OUTBOX_PG_MATRIX_VERSIONS" -timeout 15m ./test/e2e/ || status=1
+run_on_versions e2e "$OUTBOX_PG_MATRIX_VERSIONS" -timeout 25m -parallel 3 ./test/e2e/ || status=1
 echo "$main (the main PostgreSQL)"
 exit "$status"
