@@ -179,7 +179,11 @@ func (h Horizon) Advance(ctx context.Context, conn *pgx.Conn) (State, Slot, erro
 	if err != nil {
 		return State{}, slot, err
 	}
-	if err := h.ensureRow(ctx, conn); err != nil {
+	reg, err := h.readRegistry(ctx, conn)
+	if err != nil {
+		return State{}, slot, err
+	}
+	if err := h.ensureRow(ctx, conn, reg); err != nil {
 		return State{}, slot, err
 	}
 	st, err := h.ReadState(ctx, conn)
@@ -187,10 +191,6 @@ func (h Horizon) Advance(ctx context.Context, conn *pgx.Conn) (State, Slot, erro
 		return st, slot, err
 	}
 	reason := slot.Healthy()
-	reg, err := h.readRegistry(ctx, conn)
-	if err != nil {
-		return st, slot, err
-	}
 	// The publication must stream every insert of the table: an insert it
 	// skips is passed by the slot all the same, and its position would
 	// prove it delivered. While it does not, pause and raise the floor
@@ -270,16 +270,12 @@ func (h Horizon) Advance(ctx context.Context, conn *pgx.Conn) (State, Slot, erro
 // before migration 0005 (or without a registry) it is the current xmax,
 // later than the slot's start: rows before it stay unproven, never wrongly
 // proven.
-func (h Horizon) ensureRow(ctx context.Context, conn *pgx.Conn) error {
-	floor := "pg_snapshot_xmax(pg_current_snapshot())"
-	var hasRegistry bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", h.registry()).Scan(&hasRegistry); err != nil {
-		return err
+func (h Horizon) ensureRow(ctx context.Context, conn *pgx.Conn, reg registration) error {
+	floor, args := "pg_snapshot_xmax(pg_current_snapshot())", []any{h.Slot}
+	if reg.createdXID != 0 {
+		floor, args = "$2::text::xid8", append(args, xidString(reg.createdXID))
 	}
-	if hasRegistry {
-		floor = "coalesce((SELECT created_xid FROM " + h.registry() + " WHERE slot_name = $1), " + floor + ")"
-	}
-	if _, err := conn.Exec(ctx, "INSERT INTO "+h.delivery()+" (slot_name, floor_xid) VALUES ($1, "+floor+") ON CONFLICT (slot_name) DO NOTHING", h.Slot); err != nil {
+	if _, err := conn.Exec(ctx, "INSERT INTO "+h.delivery()+" (slot_name, floor_xid) VALUES ($1, "+floor+") ON CONFLICT (slot_name) DO NOTHING", args...); err != nil {
 		return fmt.Errorf("create the delivery state of slot %q in %s: %w (run `outbox-relay migrate`: migration 0005 creates the table; the relay's role needs SELECT, INSERT, UPDATE on it)", h.Slot, h.delivery(), err)
 	}
 	return nil
