@@ -58,6 +58,7 @@ func (e *env) insertRow(t *testing.T, aggType, aggID any, eventType, payload, he
 // same topic) are all delivered in order, the slot moves on, and the
 // operator can list, replay and resolve with the CLI.
 func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "poison")
 	ctx := context.Background()
 	dlq := e.Prefix + ".dlq"
@@ -288,6 +289,7 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 // When the dead letter itself cannot be written, the relay halts rather than
 // drop the event.
 func TestDeadLetterWriteFailureHalts(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "dlqfail")
 	dlq := e.Prefix + ".dlq"
 	createTopic(t, dlq, map[string]string{"max.message.bytes": "1500"})

@@ -67,6 +67,7 @@ func TestUnackedAgeTurnsNotReady(t *testing.T) {
 // retrying the mark silently for ever. After the trigger is dropped, a
 // restart dead-letters the row and delivers everything.
 func TestRejectedRowMarkHalts(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "markreject")
 	ctx := context.Background()
 	fn := e.Schema + ".refuse_dead_letters"
