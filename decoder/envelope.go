@@ -104,7 +104,12 @@ func (d *Decoder) messageEvent(walStart pglogrepl.LSN, xid uint32, b []byte) (tx
 	if transactional {
 		ev = d.envelope(walStart, content)
 	} else {
-		ev = d.refuseMessage(Event{LSN: walStart, Source: SourceMessage}, content, "transactional",
+		// Refused whatever it holds; what can be read of it names it.
+		ev = d.envelope(walStart, content)
+		if ev.Payload == nil { // over the limit: not kept
+			content = nil
+		}
+		ev = d.refuseMessage(ev, content, "transactional",
 			"is false: a non-transactional message is decoded even when the transaction that wrote it rolls back, so it is never published as an event",
 			hintMsgTxn)
 	}

@@ -170,6 +170,9 @@ func TestNonTransactionalMessageIsRefused(t *testing.T) {
 	if string(ev.Payload) != content {
 		t.Errorf("payload %q, want the whole message %q", ev.Payload, content)
 	}
+	if ev.MessageID != "m-1" || ev.Err.MessageID != "m-1" || ev.AggregateID != "o-1" || ev.Headers != nil {
+		t.Errorf("event %+v: want what the envelope says read (for the dead letter), no headers", ev)
+	}
 	if counts.Events != 1 || counts.MessageEvents != 1 {
 		t.Errorf("counts %+v", counts)
 	}
