@@ -99,7 +99,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.SetHeartbeatPrefix("app") // the seeds' Messages: some are heartbeats
+		d.SetHeartbeatPrefix("app")    // the seeds' Messages: some are heartbeats
 		d.SetMessagePrefix("ev", 4096) // and some message events
 		d.SetSpill(t.TempDir(), 256)
 		defer d.Close()
