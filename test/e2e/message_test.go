@@ -387,6 +387,35 @@ func TestMessagePoisonHaltHoldsSlot(t *testing.T) {
 	r.stop(syscall.SIGTERM, 30*time.Second)
 }
 
+// Transactions of messages and rows larger than logical_decoding_work_mem
+// (64kB here) streamed before their commit (postgres.streaming, protocol
+// 2): the committed one arrives whole, in WAL order, once; nothing of the
+// rolled back one.
+func TestMessageOutboxStreamed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "msgstream")
+	ctx := context.Background()
+	r := e.startRelay("--postgres-url", streamingURL(), "--messages-prefix", e.msgPrefix(), "--max-inflight-bytes", "1048576")
+	w := e.newWriter(25)
+	rolledBack, err := w.WriteMixed(ctx, 1500, 30, e.msgPrefix(), 0.5, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteMixed(ctx, 2000, 30, e.msgPrefix(), 0.5, false); err != nil {
+		t.Fatal(err)
+	}
+	ws := w.written()
+	rs := consume(t, e.topics(), len(ws), 60*time.Second, 2*time.Second)
+	requireClean(t, check(t, ws, rs, e.partitions(t)), false)
+	neverPublished(t, rs, rolledBack)
+	streamTxns, streamBytes, _ := e.slotStreamStats(t)
+	t.Logf("%d events committed in one transaction, %d rolled back; server: stream_txns %d, stream_bytes %d", len(ws), len(rolledBack), streamTxns, streamBytes)
+	if streamTxns < 2 {
+		t.Fatalf("pg_stat_replication_slots.stream_txns = %d, want both transactions streamed: the test proves nothing", streamTxns)
+	}
+	r.stop(syscall.SIGTERM, 30*time.Second)
+}
+
 func testkitLSN(t *testing.T, s string) pglogrepl.LSN {
 	t.Helper()
 	l, err := pglogrepl.ParseLSN(s)
