@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
@@ -222,5 +223,41 @@ func TestMessagesConfigValidate(t *testing.T) {
 		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
 			t.Errorf("%q: %v, want %q", tt.prefix, err, tt.err)
 		}
+	}
+}
+
+// A Message's walStart is the end of its WAL record (PostgreSQL gives a
+// message the LSN pg_logical_emit_message returns), which is where the next
+// record starts: a row inserted right after a message has the message's LSN.
+// The two events must not be taken for one: a dead-lettered message does not
+// make the row after it count as dead-lettered when a rewind resends them
+// (the row would be acked unpublished: lost).
+func TestMessageAndNextRowShareAnLSN(t *testing.T) {
+	failed := atomic.Bool{}
+	answer := func(topic string, _ int) error {
+		if topic == testTopic && failed.CompareAndSwap(false, true) {
+			return sarama.ErrNotEnoughReplicas // once: a rewind resends the transaction
+		}
+		return nil
+	}
+	h := newHarnessWith(t, fastPolicy, answer, &downMarker{}, func(c *PipelineConfig) { c.MessagePrefix = testPrefix })
+	done := make(chan error, 1)
+	h.in <- walReq{h.ctx, walTxn{commit: 100, end: 110, at: []pglogrepl.LSN{80, 90, 90, 100}, msgs: [][]byte{
+		pg.Begin(100, 7),
+		pg.Message(true, 90, testPrefix, `{"not": "an envelope"}`), // dead-lettered at once
+		pg.Insert(pg.OutboxID, order("5", "o-1")...),               // the same LSN, fails once
+		pg.Commit(100, 110),
+	}}, done}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	h.waitFlushed(110)
+	sent, _ := h.pub.snapshot()
+	var got []string
+	for _, m := range sent {
+		got = append(got, m.Topic+":"+headerMap(m)["event_id"]+headerMap(m)["dlq.reason"])
+	}
+	if n := strings.Count(strings.Join(got, " "), testTopic+":5"); n != 2 {
+		t.Fatalf("records %q: want row 5 sent twice (failed, then resent after the rewind)", got)
 	}
 }

@@ -195,12 +195,13 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: at, size: int64(len(ev.Payload)),
-			attempts: p.rewind.attemptsOf(ev.LSN), message: ev.Source == decoder.SourceMessage, msgID: ev.MessageID}
+		pos := position(ev)
+		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, pos: pos, commit: at, size: int64(len(ev.Payload)),
+			attempts: p.rewind.attemptsOf(pos), message: ev.Source == decoder.SourceMessage, msgID: ev.MessageID}
 		d.msg = Record(ev, commitLSN, at)
 		d.msg.Done = d.done
 		bytes += d.size
-		if p.rewind.deadLettered(ev.LSN) {
+		if p.rewind.deadLettered(pos) {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
@@ -265,7 +266,8 @@ type delivery struct {
 	pend     *checkpoint.Pending
 	msg      sink.Message
 	id       int64
-	lsn      pglogrepl.LSN
+	lsn      pglogrepl.LSN // of the Insert or Message, for errors and the dead letter
+	pos      pglogrepl.LSN // the event's place in the WAL, unique: rewind and order keys (position)
 	commit   time.Time
 	size     int64
 	attempts int                // failed publish attempts so far
@@ -273,6 +275,20 @@ type delivery struct {
 	finished bool               // dead-lettered before a rewind: acked without a record
 	message  bool               // a message event (decoder.SourceMessage): no outbox row to mark
 	msgID    string             // its envelope id
+}
+
+// position is ev's place in the WAL as the rewind and the order watch key
+// events: unique per event, in WAL order. A row's is its LSN, the start of
+// its Insert's record. A Message's LSN is the END of its record (what
+// pg_logical_emit_message returns), which is where the next record starts,
+// so a row written right after a message has the message's LSN: the
+// message's position is one less, inside its own record, where no record
+// starts (records start 8-aligned), and still after every earlier event.
+func position(ev *decoder.Event) pglogrepl.LSN {
+	if ev.Source == decoder.SourceMessage {
+		return ev.LSN - 1
+	}
+	return ev.LSN
 }
 
 // name names d's event in errors and logs: its outbox row, or its message.
@@ -285,8 +301,8 @@ func (d *delivery) name() string {
 
 // deadLettered acks d's dead letter, in Kafka now: the slot may pass it.
 func (d *delivery) deadLettered() {
-	d.p.rewind.settled(d.lsn)
-	d.p.rewind.markDead(d.lsn)
+	d.p.rewind.settled(d.pos)
+	d.p.rewind.markDead(d.pos)
 	d.pend.Ack(d.size)
 }
 
@@ -297,8 +313,8 @@ func (d *delivery) done(err error) {
 	if err == nil {
 		if d.letter == nil {
 			p.m.commitToAck.Observe(time.Since(d.commit).Seconds())
-			p.order.ack(d.msg.Topic, d.msg.Partition, d.lsn)
-			p.rewind.settled(d.lsn)
+			p.order.ack(d.msg.Topic, d.msg.Partition, d.pos)
+			p.rewind.settled(d.pos)
 			d.pend.Ack(d.size)
 			return
 		}
@@ -330,8 +346,8 @@ func (d *delivery) done(err error) {
 			p.retries.push(d, p.policy.delay(action, d.attempts))
 			return
 		}
-		p.order.fail(d.msg.Topic, d.msg.Partition, d.lsn)
-		if p.rewind.park(d.lsn, d.attempts, p.policy.delay(action, d.attempts)) {
+		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")
 		}
