@@ -236,7 +236,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Str("event", d.name()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+			p.log.Debug().Func(d.logID).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
@@ -299,6 +299,16 @@ func (d *delivery) name() string {
 	return fmt.Sprintf("outbox row %s id=%d", d.p.table, d.id)
 }
 
+// logID adds d's identity to a log line: the row id, or the message's id
+// (message_id).
+func (d *delivery) logID(e *zerolog.Event) {
+	if d.message {
+		e.Str("message_id", d.msgID)
+	} else {
+		e.Int64("id", d.id)
+	}
+}
+
 // deadLettered acks d's dead letter, in Kafka now: the slot may pass it.
 func (d *delivery) deadLettered() {
 	d.p.rewind.settled(d.pos)
@@ -331,7 +341,13 @@ func (d *delivery) done(err error) {
 	d.attempts++
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
-	ev := p.log.With().Str("event", d.name()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+	logCtx := p.log.With()
+	if d.message {
+		logCtx = logCtx.Str("message_id", d.msgID)
+	} else {
+		logCtx = logCtx.Int64("id", d.id)
+	}
+	ev := logCtx.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	switch action {
 	case RetryTransient, RetryPoison:
@@ -387,7 +403,7 @@ func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
 	}
 	d.msg, d.letter = deadLetterRecord(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.msg.Done = d.done
-	p.log.Error().Err(cause).Str("event", d.name()).Str("lsn", d.lsn.String()).Str("reason", reason).
+	p.log.Error().Err(cause).Func(d.logID).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
@@ -461,7 +477,12 @@ func (p *Pipeline) halt(d *delivery, err error) {
 		return
 	}
 	p.m.halted.Set(1)
-	p.log.Error().Err(err).Str("event", d.name()).Str("lsn", d.lsn.String()).
+	p.log.Error().Err(err).Func(func(e *zerolog.Event) {
+		if !d.message {
+			e.Str("table", p.table)
+		}
+		d.logID(e)
+	}).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
 	if !d.message { // a message has no row to record it on
 		p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
