@@ -45,8 +45,16 @@ type Event struct {
 	// the column is NULL or the table has no headers column, and empty but
 	// non-nil for {}.
 	Headers []Header
-	// LSN is the WAL position of the Insert: the walStart passed to Decode.
+	// LSN is the WAL position of the Insert (or of the Message): the
+	// walStart passed to Decode.
 	LSN pglogrepl.LSN
+	// Source is where the event comes from: an outbox row (SourceRow, the
+	// zero value) or a logical decoding message (SourceMessage, see
+	// SetMessagePrefix; ID is then 0 and MessageID is the event id).
+	Source Source
+	// MessageID is the "id" of a SourceMessage event's envelope: its
+	// event_id. "" for rows.
+	MessageID string
 	// Err is set when the row cannot become an event (a poison row): a
 	// required column NULL, empty, missing or not text, an id that is not
 	// an integer, headers that are not a JSON object or hold a reserved key
@@ -89,6 +97,7 @@ type Counts struct {
 	OtherTableRows uint64 // Inserts into tables other than the outbox
 	OtherMessages  uint64 // messages ignored: Update, Delete, Truncate, Type, Origin, Message (not a heartbeat), unknown
 	Heartbeats     uint64 // the relay's own heartbeat Messages (SetHeartbeatPrefix); not events
+	MessageEvents  uint64 // of Events: from Messages with the message-event prefix (SetMessagePrefix)
 	StreamedTxns   uint64 // of Txns: streamed before their commit (Stream Commit)
 	StreamAborts   uint64 // streamed transactions aborted whole (Stream Abort); nothing of them is handed out
 	SpilledTxns    uint64 // streamed transactions whose events went to a temporary file
@@ -142,6 +151,7 @@ type Decoder struct {
 	rec      []byte // scratch record
 
 	hbPrefix []byte    // the heartbeat Message prefix; nil: none
+	msg      msgState  // message events (envelope.go)
 	hb       Heartbeat // decoded by the last Decode call, if hbOK
 	hbOK     bool
 }
@@ -227,11 +237,14 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 		return d.maybeChunk(), nil
 	case 'M':
 		if d.cur != nil {
-			d.counts.OtherMessages++ // transactional: never a heartbeat
+			// Transactional: never a heartbeat; maybe a message event.
+			if _, ok, err := d.messageEvent(walStart, xid, body); ok {
+				return nil, err
+			}
+			d.counts.OtherMessages++
 			return nil, nil
 		}
-		d.message(body)
-		return nil, nil
+		return d.message(walStart, body)
 	case 'S':
 		return nil, d.streamStart(walStart, body)
 	case 'E':

@@ -46,7 +46,13 @@ type RowError struct {
 	// the relay (outboxschema.ReservedHeader), as the row spelled it; ""
 	// for every other bad row. The first such key in document order.
 	ReservedHeader string
-	hint           string // what to do about it
+	// Prefix is set (the message-event prefix) when the event is a
+	// message (Event.Source SourceMessage): Table and ID are then unset,
+	// MessageID is the envelope's id if it could be read, and Column names
+	// the envelope field ("content" for the message as a whole).
+	Prefix    string
+	MessageID string
+	hint      string // what to do about it
 }
 
 // Hints that end a RowError's text.
@@ -64,6 +70,9 @@ const (
 //
 //	outbox row public.outbox id=42 at LSN 0/16B3F28: column "aggregate_id": is NULL; fix the producer ...
 func (e *RowError) Error() string {
+	if e.Prefix != "" {
+		return e.messageError()
+	}
 	id := "?"
 	if e.ID != 0 {
 		id = strconv.FormatInt(e.ID, 10)

@@ -185,7 +185,11 @@ func encodeEvent(b []byte, ev *Event) []byte {
 		b = appendString(b, e.Reason)
 		b = appendString(b, e.ReservedHeader)
 		b = appendString(b, e.hint)
+		b = appendString(b, e.Prefix)
+		b = appendString(b, e.MessageID)
 	}
+	b = append(b, byte(ev.Source))
+	b = appendString(b, ev.MessageID)
 	// Move the body right behind its actual length prefix.
 	n := len(b) - body
 	var lenBuf [binary.MaxVarintLen64]byte
@@ -250,8 +254,12 @@ func readEvent(r *bufio.Reader, buf []byte) (Event, []byte, error) {
 		e.Reason = string(c.bytes(false))
 		e.ReservedHeader = string(c.bytes(false))
 		e.hint = string(c.bytes(false))
+		e.Prefix = string(c.bytes(false))
+		e.MessageID = string(c.bytes(false))
 		ev.Err = e
 	}
+	ev.Source = Source(c.u8())
+	ev.MessageID = string(c.bytes(false))
 	if c.bad || c.off != len(buf) {
 		return Event{}, buf, errRecord
 	}

@@ -95,7 +95,11 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 	}
 	role := outboxschema.QuoteIdent(p.Role)
 	major := p.VersionNum / 10000
-	if major >= MinPGVersion && major <= MaxPGVersion {
+	if o.MessagesPrefix != "" && major < MinPGVersion {
+		// The relay refuses to start: pgoutput sends no messages.
+		add("server_version", Fail, fmt.Sprintf("PostgreSQL %s: messages.prefix needs PostgreSQL 14 or later (pgoutput's messages option)", p.Version),
+			"upgrade PostgreSQL, or unset messages.prefix and write events into the outbox table")
+	} else if major >= MinPGVersion && major <= MaxPGVersion {
 		add("server_version", OK, "PostgreSQL "+p.Version, "")
 	} else {
 		add("server_version", Warn, fmt.Sprintf("PostgreSQL %s: supported are %d to %d", p.Version, MinPGVersion, MaxPGVersion),

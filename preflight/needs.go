@@ -29,6 +29,7 @@ type Options struct {
 	RetentionArchive  bool
 	Kafka             sink.Config
 	DeadLetterTopic   string
+	MessagesPrefix    string // messages.prefix; "" when off
 }
 
 // Need is one privilege the relay's role needs on a table.

@@ -55,6 +55,9 @@ type PipelineConfig struct {
 	// HeartbeatPrefix is the prefix of the relay's heartbeat Messages
 	// (replication.HeartbeatPrefix); "" when heartbeats are off.
 	HeartbeatPrefix string
+	// MessagePrefix is messages.prefix: transactional Messages with it are
+	// events (decoder.SetMessagePrefix); "" when off.
+	MessagePrefix string
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -67,17 +70,18 @@ type PipelineConfig struct {
 // NewPipeline allocates; Run works off retries and row marks until its ctx
 // ends; Handle runs on the replication loop goroutine.
 type Pipeline struct {
-	table    string
-	router   *sink.Router // owned by the replication loop goroutine
-	policy   Policy
-	tracker  *checkpoint.Tracker
-	pub      Publisher
-	marker   RowMarker
-	log      zerolog.Logger
-	dec      *decoder.Decoder // owned by the replication loop goroutine
-	prevDec  decoder.Counts
-	hbPrefix string
-	beats    *beats // the lag clock: heartbeats emitted and not yet passed by the watermark
+	table     string
+	router    *sink.Router // owned by the replication loop goroutine
+	policy    Policy
+	tracker   *checkpoint.Tracker
+	pub       Publisher
+	marker    RowMarker
+	log       zerolog.Logger
+	dec       *decoder.Decoder // owned by the replication loop goroutine
+	prevDec   decoder.Counts
+	hbPrefix  string
+	msgPrefix string
+	beats     *beats // the lag clock: heartbeats emitted and not yet passed by the watermark
 
 	retries *queue[*delivery] // failed dead letters, republished in the order they failed
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
@@ -110,7 +114,7 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
-		hbPrefix: cfg.HeartbeatPrefix, beats: newBeats(0, time.Now)}
+		hbPrefix: cfg.HeartbeatPrefix, msgPrefix: cfg.MessagePrefix, beats: newBeats(0, time.Now)}
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
@@ -184,15 +188,20 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	ds := make([]delivery, len(txn.Events))
 	var bytes int64
 	commitLSN := txn.CommitLSN.String()
+	at := txn.CommitTime
+	if at.IsZero() { // a refused non-transactional message has no commit
+		at = time.Now()
+	}
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload)),
-			attempts: p.rewind.attemptsOf(ev.LSN)}
-		d.msg = Record(ev, commitLSN, txn.CommitTime)
+		pos := position(ev)
+		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, pos: pos, commit: at, size: int64(len(ev.Payload)),
+			attempts: p.rewind.attemptsOf(pos), message: ev.Source == decoder.SourceMessage, msgID: ev.MessageID}
+		d.msg = Record(ev, commitLSN, at)
 		d.msg.Done = d.done
 		bytes += d.size
-		if p.rewind.deadLettered(ev.LSN) {
+		if p.rewind.deadLettered(pos) {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
@@ -227,10 +236,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+			p.log.Debug().Func(d.logID).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
-			return fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+			return fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
 		}
 	}
 	return nil
@@ -257,12 +266,54 @@ type delivery struct {
 	pend     *checkpoint.Pending
 	msg      sink.Message
 	id       int64
-	lsn      pglogrepl.LSN
+	lsn      pglogrepl.LSN // of the Insert or Message, for errors and the dead letter
+	pos      pglogrepl.LSN // the event's place in the WAL, unique: rewind and order keys (position)
 	commit   time.Time
 	size     int64
 	attempts int                // failed publish attempts so far
 	letter   *deadletter.Letter // set once the event is being dead-lettered
 	finished bool               // dead-lettered before a rewind: acked without a record
+	message  bool               // a message event (decoder.SourceMessage): no outbox row to mark
+	msgID    string             // its envelope id
+}
+
+// position is ev's place in the WAL as the rewind and the order watch key
+// events: unique per event, in WAL order. A row's is its LSN, the start of
+// its Insert's record. A Message's LSN is the END of its record (what
+// pg_logical_emit_message returns), which is where the next record starts,
+// so a row written right after a message has the message's LSN: the
+// message's position is one less, inside its own record, where no record
+// starts (records start 8-aligned), and still after every earlier event.
+func position(ev *decoder.Event) pglogrepl.LSN {
+	if ev.Source == decoder.SourceMessage {
+		return ev.LSN - 1
+	}
+	return ev.LSN
+}
+
+// name names d's event in errors and logs: its outbox row, or its message.
+func (d *delivery) name() string {
+	if d.message {
+		return fmt.Sprintf("outbox message id=%q", d.msgID)
+	}
+	return fmt.Sprintf("outbox row %s id=%d", d.p.table, d.id)
+}
+
+// logID adds d's identity to a log line: the row id, or the message's id
+// (message_id).
+func (d *delivery) logID(e *zerolog.Event) {
+	if d.message {
+		e.Str("message_id", d.msgID)
+	} else {
+		e.Int64("id", d.id)
+	}
+}
+
+// deadLettered acks d's dead letter, in Kafka now: the slot may pass it.
+func (d *delivery) deadLettered() {
+	d.p.rewind.settled(d.pos)
+	d.p.rewind.markDead(d.pos)
+	d.pend.Ack(d.size)
 }
 
 // done is the broker's verdict on d.msg. It runs on the producer's
@@ -272,19 +323,31 @@ func (d *delivery) done(err error) {
 	if err == nil {
 		if d.letter == nil {
 			p.m.commitToAck.Observe(time.Since(d.commit).Seconds())
-			p.order.ack(d.msg.Topic, d.msg.Partition, d.lsn)
-			p.rewind.settled(d.lsn)
+			p.order.ack(d.msg.Topic, d.msg.Partition, d.pos)
+			p.rewind.settled(d.pos)
 			d.pend.Ack(d.size)
 			return
 		}
 		p.m.deadLettered.WithLabelValues(d.letter.Reason).Inc()
+		if d.message {
+			// No row to mark: the dead letter is the only copy (the slot
+			// was the other), so it is acked once Kafka has it.
+			d.deadLettered()
+			return
+		}
 		p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
 		return
 	}
 	d.attempts++
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
-	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+	logCtx := p.log.With()
+	if d.message {
+		logCtx = logCtx.Str("message_id", d.msgID)
+	} else {
+		logCtx = logCtx.Int64("id", d.id)
+	}
+	ev := logCtx.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	switch action {
 	case RetryTransient, RetryPoison:
@@ -299,8 +362,8 @@ func (d *delivery) done(err error) {
 			p.retries.push(d, p.policy.delay(action, d.attempts))
 			return
 		}
-		p.order.fail(d.msg.Topic, d.msg.Partition, d.lsn)
-		if p.rewind.park(d.lsn, d.attempts, p.policy.delay(action, d.attempts)) {
+		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")
 		}
@@ -310,11 +373,11 @@ func (d *delivery) done(err error) {
 	case Halt:
 		switch {
 		case d.letter != nil:
-			err = fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err)
+			err = fmt.Errorf("write dead letter of %s to topic %s: %w", d.name(), d.msg.Topic, err)
 		case kind == fault.Refused:
-			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err)
+			err = fmt.Errorf("publish %s at LSN %s: %w; grant the relay's Kafka user write access to the topic", d.name(), d.lsn, err)
 		default:
-			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+			err = fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
 		}
 		p.halt(d, err)
 	}
@@ -324,7 +387,7 @@ func (d *delivery) done(err error) {
 // is stopped, so the event stays unacked and the slot keeps it.
 func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 	if err := p.pub.Publish(ctx, &d.msg); err != nil {
-		return fmt.Errorf("resend outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+		return fmt.Errorf("resend %s at LSN %s: %w", d.name(), d.lsn, err)
 	}
 	return nil
 }
@@ -334,9 +397,13 @@ func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 // large or they would not fit kafka.max_message_bytes, and the dlq.*
 // headers (deadletter.Letter.Record). The caller publishes it.
 func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
-	d.msg, d.letter = DeadLetterRecord(p.table, p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
+	l := &deadletter.Letter{Table: p.table, ID: d.id}
+	if d.message {
+		l = &deadletter.Letter{EventID: d.msgID, Prefix: p.msgPrefix}
+	}
+	d.msg, d.letter = deadLetterRecord(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.msg.Done = d.done
-	p.log.Error().Err(cause).Int64("id", d.id).Str("lsn", d.lsn.String()).Str("reason", reason).
+	p.log.Error().Err(cause).Func(d.logID).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
@@ -356,7 +423,7 @@ type rowMark struct {
 // slot never moves past an event nobody can find.
 func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 	d := m.d
-	for attempt := 1; d.id != 0; attempt++ {
+	for attempt := 1; d.id != 0 && !d.message; attempt++ {
 		var err error
 		if m.dead {
 			var found bool
@@ -398,9 +465,7 @@ func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 		}
 	}
 	if m.dead {
-		p.rewind.settled(d.lsn)
-		p.rewind.markDead(d.lsn)
-		d.pend.Ack(d.size)
+		d.deadLettered()
 	}
 	return nil
 }
@@ -412,9 +477,16 @@ func (p *Pipeline) halt(d *delivery, err error) {
 		return
 	}
 	p.m.halted.Set(1)
-	p.log.Error().Err(err).Str("table", p.table).Int64("id", d.id).Str("lsn", d.lsn.String()).
+	p.log.Error().Err(err).Func(func(e *zerolog.Event) {
+		if !d.message {
+			e.Str("table", p.table)
+		}
+		d.logID(e)
+	}).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
-	p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
+	if !d.message { // a message has no row to record it on
+		p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
+	}
 }
 
 // Halted returns why publishing stopped, or nil. Any goroutine.
@@ -482,6 +554,7 @@ func (p *Pipeline) resetDecoder() error {
 	dec.SetChunk(min(1000, max(1, events/2)), int(max(1, bytes/2)))
 	dec.SetSpill("", int(min(max(1, bytes/2), spoolMemory)))
 	dec.SetHeartbeatPrefix(p.hbPrefix)
+	dec.SetMessagePrefix(p.msgPrefix, p.policy.MaxMessageBytes)
 	if p.dec != nil {
 		p.dec.Close()
 	}

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -28,16 +29,24 @@ func Record(ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
 // router's goroutine only.
 func Route(router *sink.Router, table string, ev *decoder.Event) (topic, reason string, err error) {
 	if ev.Err != nil {
-		if ev.Err.ReservedHeader != "" {
+		switch {
+		case ev.Err.ReservedHeader != "":
 			return "", deadletter.ReasonReservedHeader, ev.Err
+		case ev.Source == decoder.SourceMessage:
+			return "", deadletter.ReasonBadMessage, ev.Err
 		}
 		return "", deadletter.ReasonBadRow, ev.Err
 	}
 	topic, err = router.Route(ev.AggregateType, ev.EventType)
 	if err != nil {
 		reason, fix := routeReason(err)
-		return topic, reason, fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w%s",
-			table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err, fix)
+		what := fmt.Sprintf("outbox row %s id=%d", table, ev.ID)
+		if ev.Source == decoder.SourceMessage {
+			what = fmt.Sprintf("outbox message id=%q", ev.MessageID)
+			fix = strings.Replace(fix, "or the row", "or the message", 1)
+		}
+		return topic, reason, fmt.Errorf("route %s at LSN %s (aggregate_type %q, event_type %q): %w%s",
+			what, ev.LSN, ev.AggregateType, ev.EventType, err, fix)
 	}
 	return topic, "", nil
 }
@@ -49,10 +58,16 @@ func Route(router *sink.Router, table string, ev *decoder.Event) (topic, reason 
 // the dlq.* headers (deadletter.Letter.Record). m's Done is not copied.
 // Any goroutine; it does not block.
 func DeadLetterRecord(table string, pol Policy, id int64, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
+	return deadLetterRecord(&deadletter.Letter{Table: table, ID: id}, pol, lsn, m, reason, attempts, cause, now)
+}
+
+// deadLetterRecord is DeadLetterRecord for the event l names (Table and ID
+// of a row, or EventID and Prefix of a message).
+func deadLetterRecord(l *deadletter.Letter, pol Policy, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
 	n := min(ownHeaders, len(m.Headers))
-	l := &deadletter.Letter{Table: table, ID: id, LSN: lsn, Topic: m.Topic, Key: m.Key,
-		Value: m.Value, Headers: m.Headers[:n], RowHeaders: m.Headers[n:], Reason: reason,
-		Err: cause.Error(), Attempts: attempts, TooLarge: reason == "message_too_large", MaxBytes: pol.MaxMessageBytes}
+	l.LSN, l.Topic, l.Key, l.Value = lsn, m.Topic, m.Key, m.Value
+	l.Headers, l.RowHeaders, l.Reason = m.Headers[:n], m.Headers[n:], reason
+	l.Err, l.Attempts, l.TooLarge, l.MaxBytes = cause.Error(), attempts, reason == "message_too_large", pol.MaxMessageBytes
 	key, value, headers := l.Record(now)
 	return sink.Message{Topic: pol.Topic, Key: key, Value: value, Headers: headers, Timestamp: m.Timestamp}, l
 }

@@ -83,7 +83,8 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	}
 	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Start: r.acked,
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
-		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
+		MessagePrefix: cfg.Messages.Prefix,
+		Limits:        checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
 		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
 			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
 	}, t.producer, store, t.log, reg)
@@ -95,7 +96,8 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.stream.Fence = t.fence
-	t.stream.Messages = cfg.Heartbeat.Interval > 0
+	t.stream.Messages = cfg.Heartbeat.Interval > 0 || cfg.Messages.Prefix != ""
+	t.stream.MessagePrefix = cfg.Messages.Prefix
 	// The stream compares the server it streams from with this history and
 	// discards the carried watermark if they differ (failover between terms).
 	t.stream.SetIdentity(r.history)

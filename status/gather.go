@@ -38,20 +38,26 @@ type Options struct {
 	ScanTimeout time.Duration
 	// EventID > 0 asks only "is row EventID delivered?".
 	EventID int64
+	// MessagesPrefix is messages.prefix ("" when off): message events are
+	// in no table, so the row counts do not see them.
+	MessagesPrefix string
 }
 
 // Facts are the raw readings; JSON field names are stable (README).
 type Facts struct {
-	At        time.Time       `json:"at"` // the server's clock; every age is against it
-	Table     string          `json:"table"`
-	Slot      string          `json:"slot"`
-	Leader    *LeaderFacts    `json:"leader,omitempty"`
-	SlotInfo  *SlotFacts      `json:"replication_slot,omitempty"`
-	Delivery  *DeliveryFacts  `json:"delivery,omitempty"`
-	DLQ       *DLQFacts       `json:"dlq,omitempty"`
-	Oldest    *OldestFacts    `json:"oldest_row,omitempty"`
-	Retention *RetentionFacts `json:"retention,omitempty"`
-	Event     *EventFacts     `json:"event,omitempty"`
+	At    time.Time `json:"at"` // the server's clock; every age is against it
+	Table string    `json:"table"`
+	Slot  string    `json:"slot"`
+	// MessagesPrefix is messages.prefix when set: undelivered and
+	// oldest_row count outbox rows only, never message events.
+	MessagesPrefix string          `json:"messages_prefix,omitempty"`
+	Leader         *LeaderFacts    `json:"leader,omitempty"`
+	SlotInfo       *SlotFacts      `json:"replication_slot,omitempty"`
+	Delivery       *DeliveryFacts  `json:"delivery,omitempty"`
+	DLQ            *DLQFacts       `json:"dlq,omitempty"`
+	Oldest         *OldestFacts    `json:"oldest_row,omitempty"`
+	Retention      *RetentionFacts `json:"retention,omitempty"`
+	Event          *EventFacts     `json:"event,omitempty"`
 	// ConnectError is set when PostgreSQL could not be reached (no secret
 	// in it: see Report's caller).
 	ConnectError string `json:"connect_error,omitempty"`
@@ -172,7 +178,7 @@ func Gather(ctx context.Context, q Querier, o Options) Facts {
 	if o.ScanTimeout <= 0 {
 		o.ScanTimeout = defaultScanTimout
 	}
-	f := Facts{Table: o.Table.String(), Slot: o.Slot}
+	f := Facts{Table: o.Table.String(), Slot: o.Slot, MessagesPrefix: o.MessagesPrefix}
 	if err := q.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&f.At); err != nil {
 		f.ConnectError = err.Error()
 		return f

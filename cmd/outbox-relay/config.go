@@ -215,6 +215,8 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Leader.InstanceID })},
 	{"heartbeat.interval", "OUTBOX_RELAY_HEARTBEAT_INTERVAL", "heartbeat-interval", "how often the leader writes a heartbeat through the slot to time outbox_relay_lag_seconds (0 = off)",
 		dur(func(c *Config) *time.Duration { return &c.Heartbeat.Interval })},
+	{"messages.prefix", "OUTBOX_RELAY_MESSAGES_PREFIX", "messages-prefix", "publish transactional pg_logical_emit_message messages with exactly this prefix as events (table-less outbox, PostgreSQL 14+; empty = off)",
+		str(func(c *Config) *string { return &c.Messages.Prefix })},
 	{"retention.keep", "OUTBOX_RELAY_RETENTION_KEEP", "retention-keep", "delete delivered rows older than this (0 = keep rows for ever)",
 		dur(func(c *Config) *time.Duration { return &c.Retention.Keep })},
 	{"retention.interval", "OUTBOX_RELAY_RETENTION_INTERVAL", "retention-interval", "how often the leader deletes delivered rows older than retention.keep",

@@ -329,6 +329,7 @@ var invalidCases = []struct {
 	{key: "leader.poll_interval", env: []string{"1ms", "x"}, flag: []string{"2m"}, file: []any{"0s"}},
 	{key: "leader.instance_id", env: []string{"a\tb"}, flag: []string{strings.Repeat("x", 129)}, file: []any{"line\nbreak"}},
 	{key: "heartbeat.interval", env: []string{"50ms", "often"}, flag: []string{"-1s", "2m"}, file: []any{"1ns", 5}},
+	{key: "messages.prefix", env: []string{"outbox-relay/outbox_relay", "outbox-relay"}, flag: []string{"outbox-relay/other_slot", "a\x00b"}, file: []any{"tab\there", []string{"x"}}},
 	{key: "pprof", env: []string{"on"}, flag: []string{"2"}, file: []any{"enabled"}},
 	{key: "metrics_addr", env: []string{"9187"}, flag: []string{"localhost"}, file: []any{"metrics", []string{":1"}}},
 	{key: "log.level", env: []string{"loud", "INFO"}, flag: []string{""}, file: []any{"verbose"}},
