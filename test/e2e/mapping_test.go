@@ -187,6 +187,30 @@ func TestCompatDebeziumRecords(t *testing.T) {
 	if !strings.Contains(r.log(), `"compat":"debezium"`) {
 		t.Error("the start log does not say compat debezium")
 	}
+
+	// The other commands on a table that is not the relay's own: status
+	// and check work, those that need its bookkeeping columns refuse.
+	cmd := func(args ...string) (int, string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		code, out, err := testkit.Run(ctx, os.Environ(), relayBin, append(args, e.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code, out
+	}
+	if code, out := cmd("status", "--json"); code != 0 || !strings.Contains(out, `"mapped": true`) || !strings.Contains(out, `"name": "delivery"`) {
+		t.Errorf("status: exit %d, want 0 with mapped and the delivery check off:\n%s", code, testkit.Tail(out, 3000))
+	}
+	if code, out := cmd("check", "--json"); code == 3 || !strings.Contains(out, "columns fit the mapping") {
+		t.Errorf("check: exit %d, want no failure and the mapping checked:\n%s", code, testkit.Tail(out, 3000))
+	}
+	for _, c := range [][]string{{"replay", "--since", "2020-01-01"}, {"dlq", "list"}, {"cleanup", "--dry-run"}} {
+		if code, out := cmd(c...); code != 2 || !strings.Contains(out, "works only on the relay's own outbox table") {
+			t.Errorf("%v: exit %d, want 2 saying why:\n%s", c, code, testkit.Tail(out, 2000))
+		}
+	}
 }
 
 // writeConfig writes a YAML config file for the relay and returns its path.
