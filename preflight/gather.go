@@ -32,28 +32,24 @@ type PGFacts struct {
 	Addr         string // host:port of postgres.url, never the password
 	ConnectError string // password removed
 
-	Role            string // current_user
-	Super           bool
-	Replication     bool
-	Version         string // server_version
-	VersionNum      int    // server_version_num
-	WalLevel        string
-	MaxSlots        int
-	UsedSlots       int
-	MaxSenders      int
-	ActiveSenders   int
-	MaxSlotWALKeep  string // SHOW max_slot_wal_keep_size: "-1" = unlimited
-	SchemaUsage     bool
-	SettingsErr     string
-	TableExists     bool
-	Partitioned     bool
-	OwnsTable       bool     // has the privileges of the outbox's owner
-	MissingRequired []string // required columns absent
-	MissingBookkeep []string // bookkeeping columns absent (migration 0003)
-	// MappingErrs say why mapped tables (Options.Mappings) do not fit
-	// their mapping; PubMissing are mapped tables the publication lacks.
-	MappingErrs       []string
-	PubMissing        []string
+	Role              string // current_user
+	Super             bool
+	Replication       bool
+	Version           string // server_version
+	VersionNum        int    // server_version_num
+	WalLevel          string
+	MaxSlots          int
+	UsedSlots         int
+	MaxSenders        int
+	ActiveSenders     int
+	MaxSlotWALKeep    string // SHOW max_slot_wal_keep_size: "-1" = unlimited
+	SchemaUsage       bool
+	SettingsErr       string
+	TableExists       bool
+	Partitioned       bool
+	OwnsTable         bool     // has the privileges of the outbox's owner
+	MissingRequired   []string // required columns absent
+	MissingBookkeep   []string // bookkeeping columns absent (migration 0003)
 	TableErr          string
 	Privs             []PrivFact
 	Fence             *leader.FenceRights
@@ -64,6 +60,11 @@ type PGFacts struct {
 	CanCreateInDB     bool // CREATE on the database (CREATE PUBLICATION needs it)
 	AggregateTopics   []string
 	AggregateTopicErr string
+
+	// MappingErrs say why mapped tables (Options.Mappings) do not fit
+	// their mapping; PubMissing are mapped tables the publication lacks.
+	MappingErrs []string
+	PubMissing  []string
 }
 
 // PrivFact is one Need and whether the role has it.
