@@ -42,13 +42,8 @@ type RowMarker interface {
 type PipelineConfig struct {
 	Table    string // the outbox table, schema.name, when Outboxes is empty
 	Template sink.Template
-	// Outboxes are the outbox tables with their mappings and templates
-	// (Config.Outboxes); empty: Table with Template, the relay's own way.
-	Outboxes []Outbox
-	// Format is the record format: FormatOwn or FormatDebezium (compat).
-	Format string
-	Limits checkpoint.Limits
-	Policy Policy
+	Limits   checkpoint.Limits
+	Policy   Policy
 	// Start is the watermark earlier terms of this process got acked (0
 	// at first); each replication session sets it to the slot's confirmed
 	// position before streaming (raised, or reset when the slot is behind
@@ -61,6 +56,11 @@ type PipelineConfig struct {
 	// HeartbeatPrefix is the prefix of the relay's heartbeat Messages
 	// (replication.HeartbeatPrefix); "" when heartbeats are off.
 	HeartbeatPrefix string
+	// Outboxes are the outbox tables with their mappings and templates
+	// (Config.Outboxes); empty: Table with Template, the relay's own way.
+	Outboxes []Outbox
+	// Format is the record format: FormatOwn or FormatDebezium (compat).
+	Format string
 }
 
 // Pipeline is the data path between the replication stream and the sink:
