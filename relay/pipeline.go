@@ -210,10 +210,15 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		ob := &p.outboxes[ev.TableIndex]
-		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own, lsn: ev.LSN, commit: txn.CommitTime,
+		// An event from no table (Table "") is routed with the plain
+		// kafka.topic_template, where {schema} and {table} render empty.
+		ob, tmpl, fromTable := &p.outboxes[ev.TableIndex], p.router.Template(), ev.Table != ""
+		if fromTable {
+			tmpl = ob.Template
+			p.decodedBy[ev.TableIndex].Add(1)
+		}
+		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own && fromTable, lsn: ev.LSN, commit: txn.CommitTime,
 			size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(ev.LSN)}
-		p.decodedBy[ev.TableIndex].Add(1)
 		if p.format == FormatDebezium {
 			d.msg = DebeziumRecord(ev, txn.CommitTime)
 		} else {
@@ -225,7 +230,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		topic, reason, err := RouteWith(p.router, ob.Template, p.tables[ev.TableIndex], ev)
+		topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
 		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 		if err != nil {
 			if err := p.poisonRow(ctx, d, reason, err); err != nil {

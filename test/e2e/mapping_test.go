@@ -311,7 +311,13 @@ func TestTwoOutboxTablesOneSlot(t *testing.T) {
 `, e.Schema, e.Prefix))
 			return append(e.baseArgs(), "--config", cfg)
 		})
-	t.Cleanup(func() { _, _ = e.DB.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+e.Schema+"_b CASCADE") })
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = e.DB.Exec(ctx, "DROP SCHEMA IF EXISTS "+e.Schema+"_b CASCADE")
+		// With tables, the helper tables are beside postgres.table's default, in public.
+		_, _ = e.DB.Exec(ctx, "DELETE FROM public.outbox_relay_slots WHERE slot_name = $1", e.Slot)
+		_, _ = e.DB.Exec(ctx, "DELETE FROM public.outbox_relay_leader WHERE slot_name = $1", e.Slot)
+	})
 	r := e.startRelay()
 	ctx := context.Background()
 	const txns, perTxn = 40, 5
