@@ -261,7 +261,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Str("row", d.row()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+			d.logID(p.log.Debug()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish outbox row %s at LSN %s: %w", d.row(), d.lsn, err)
@@ -302,6 +302,15 @@ type delivery struct {
 	finished bool               // dead-lettered before a rewind: acked without a record
 }
 
+// logID adds d's id to a log line: an integer, or the text of a uuid or
+// text id.
+func (d *delivery) logID(e *zerolog.Event) *zerolog.Event {
+	if d.idText != "" {
+		return e.Str("id", d.idText)
+	}
+	return e.Int64("id", d.id)
+}
+
 // row names d's outbox row in messages: schema.table id=N.
 func (d *delivery) row() string {
 	if d.idText != "" {
@@ -329,7 +338,13 @@ func (d *delivery) done(err error) {
 	d.attempts++
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
-	ev := p.log.With().Str("row", d.row()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+	lc := p.log.With()
+	if d.idText != "" {
+		lc = lc.Str("id", d.idText)
+	} else {
+		lc = lc.Int64("id", d.id)
+	}
+	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	switch action {
 	case RetryTransient, RetryPoison:
@@ -382,7 +397,7 @@ func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
 	d.msg, d.letter = DeadLetterRecord(p.tables[d.table], p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.letter.IDText = d.idText
 	d.msg.Done = d.done
-	p.log.Error().Err(cause).Str("row", d.row()).Str("lsn", d.lsn.String()).Str("reason", reason).
+	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
@@ -461,7 +476,7 @@ func (p *Pipeline) halt(d *delivery, err error) {
 		return
 	}
 	p.m.halted.Set(1)
-	p.log.Error().Err(err).Str("row", d.row()).Str("lsn", d.lsn.String()).
+	d.logID(p.log.Error().Err(err).Str("table", p.tables[d.table])).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
 	p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
 }
