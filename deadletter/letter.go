@@ -56,8 +56,9 @@ const maxErrorText = 2000
 
 // Letter is one poison event on its way to the dead-letter topic.
 type Letter struct {
-	Table string
-	ID    int64 // 0 if the row's id could not be read
+	Table  string
+	ID     int64  // 0 if the row's id could not be read
+	IDText string // the id of a table whose id is not an integer (uuid, text); then ID is 0
 	// EventID and Prefix are set instead of Table and ID for a message
 	// event (messages.prefix): its envelope id ("" if unreadable) and
 	// prefix. There is no row to mark: the dead letter is the only copy.
@@ -174,10 +175,13 @@ func (l *Letter) Record(now time.Time) (key, value []byte, headers []sarama.Reco
 		add(HeaderAttempts, strconv.Itoa(l.Attempts))
 		add(HeaderSourceLSN, l.LSN.String())
 		add(HeaderTable, l.Table)
-		if l.Prefix != "" {
+		switch {
+		case l.Prefix != "":
 			add(HeaderEventID, string(BoundField([]byte(l.EventID))))
 			add(HeaderMessagePrefix, l.Prefix)
-		} else {
+		case l.IDText != "":
+			add(HeaderEventID, string(BoundField([]byte(l.IDText))))
+		default:
 			add(HeaderEventID, strconv.FormatInt(l.ID, 10))
 		}
 		add(HeaderFailedAt, now.UTC().Format(time.RFC3339Nano))

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -39,7 +40,7 @@ type RowMarker interface {
 
 // PipelineConfig is what a pipeline needs to know.
 type PipelineConfig struct {
-	Table    string // the outbox table, schema.name
+	Table    string // the outbox table, schema.name, when Outboxes is empty
 	Template sink.Template
 	Limits   checkpoint.Limits
 	Policy   Policy
@@ -58,6 +59,11 @@ type PipelineConfig struct {
 	// MessagePrefix is messages.prefix: transactional Messages with it are
 	// events (decoder.SetMessagePrefix); "" when off.
 	MessagePrefix string
+	// Outboxes are the outbox tables with their mappings and templates
+	// (Config.Outboxes); empty: Table with Template, the relay's own way.
+	Outboxes []Outbox
+	// Format is the record format: FormatOwn or FormatDebezium (compat).
+	Format string
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -70,7 +76,10 @@ type PipelineConfig struct {
 // NewPipeline allocates; Run works off retries and row marks until its ctx
 // ends; Handle runs on the replication loop goroutine.
 type Pipeline struct {
-	table     string
+	table     string // the first outbox table, for messages about the whole pipeline
+	outboxes  []Outbox
+	format    string
+	tables    []string     // schema.name of each outbox, for messages and the table label
 	router    *sink.Router // owned by the replication loop goroutine
 	policy    Policy
 	tracker   *checkpoint.Tracker
@@ -97,6 +106,7 @@ type Pipeline struct {
 	spilledTxns  atomic.Uint64
 	streamOpen   atomic.Int64 // bytes held for streamed transactions not committed yet
 	decoded      atomic.Uint64
+	decodedBy    []atomic.Uint64 // events decoded per outbox table
 	resent       atomic.Uint64
 	m            pipelineMetrics
 }
@@ -110,11 +120,24 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
-	p := &Pipeline{table: cfg.Table, router: router, policy: cfg.Policy, pub: pub, marker: marker,
+	if len(cfg.Outboxes) == 0 {
+		t, err := outboxschema.ParseTable(cfg.Table)
+		if err != nil {
+			return nil, fmt.Errorf("relay: %w", err)
+		}
+		cfg.Outboxes = []Outbox{{Mapping: outboxschema.DefaultMapping(t), Template: cfg.Template, Own: true}}
+	}
+	cfg.Policy.Format = cfg.Format
+	p := &Pipeline{table: cfg.Outboxes[0].Mapping.Table.String(), outboxes: cfg.Outboxes, format: cfg.Format,
+		router: router, policy: cfg.Policy, pub: pub, marker: marker,
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
 		hbPrefix: cfg.HeartbeatPrefix, msgPrefix: cfg.MessagePrefix, beats: newBeats(0, time.Now)}
+	for _, o := range p.outboxes {
+		p.tables = append(p.tables, o.Mapping.Table.String())
+	}
+	p.decodedBy = make([]atomic.Uint64, len(p.outboxes))
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
@@ -195,17 +218,29 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		pos := position(ev)
-		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, pos: pos, commit: at, size: int64(len(ev.Payload)),
-			attempts: p.rewind.attemptsOf(pos), message: ev.Source == decoder.SourceMessage, msgID: ev.MessageID}
-		d.msg = Record(ev, commitLSN, at)
+		// An event from no table (Table "": a message) is routed with the
+		// plain kafka.topic_template, where {schema} and {table} render empty.
+		pos, message := position(ev), ev.Source == decoder.SourceMessage
+		ob, tmpl, fromTable := &p.outboxes[ev.TableIndex], p.router.Template(), ev.Table != ""
+		if fromTable {
+			tmpl = ob.Template
+			p.decodedBy[ev.TableIndex].Add(1)
+		}
+		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own && fromTable && !message,
+			lsn: ev.LSN, pos: pos, commit: at, size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(pos),
+			message: message, msgID: ev.MessageID}
+		if p.format == FormatDebezium {
+			d.msg = DebeziumRecord(ev, at)
+		} else {
+			d.msg = Record(ev, commitLSN, at)
+		}
 		d.msg.Done = d.done
 		bytes += d.size
 		if p.rewind.deadLettered(pos) {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		topic, reason, err := Route(p.router, p.table, ev)
+		topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
 		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 		if err != nil {
 			if err := p.poisonRow(ctx, d, reason, err); err != nil {
@@ -236,7 +271,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Func(d.logID).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+			d.logID(p.log.Debug()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
@@ -266,6 +301,9 @@ type delivery struct {
 	pend     *checkpoint.Pending
 	msg      sink.Message
 	id       int64
+	idText   string        // the id of a table whose id is not an integer
+	table    int           // index of the outbox table in Pipeline.outboxes
+	mark     bool          // dead letters and halts are recorded on the row (Outbox.Own)
 	lsn      pglogrepl.LSN // of the Insert or Message, for errors and the dead letter
 	pos      pglogrepl.LSN // the event's place in the WAL, unique: rewind and order keys (position)
 	commit   time.Time
@@ -291,22 +329,37 @@ func position(ev *decoder.Event) pglogrepl.LSN {
 	return ev.LSN
 }
 
-// name names d's event in errors and logs: its outbox row, or its message.
+// name names d's event in errors and logs: its outbox row (schema.table and
+// id), or its message.
 func (d *delivery) name() string {
-	if d.message {
+	switch {
+	case d.message:
 		return fmt.Sprintf("outbox message id=%q", d.msgID)
+	case d.idText != "":
+		return fmt.Sprintf("outbox row %s id=%q", d.p.tables[d.table], d.idText)
 	}
-	return fmt.Sprintf("outbox row %s id=%d", d.p.table, d.id)
+	return fmt.Sprintf("outbox row %s id=%d", d.p.tables[d.table], d.id)
 }
 
-// logID adds d's identity to a log line: the row id, or the message's id
-// (message_id).
-func (d *delivery) logID(e *zerolog.Event) {
-	if d.message {
-		e.Str("message_id", d.msgID)
-	} else {
-		e.Int64("id", d.id)
+// logID adds d's identity to a log line: the row's id (an integer, or the
+// text of a uuid or text id), or the message's id (message_id).
+func (d *delivery) logID(e *zerolog.Event) *zerolog.Event {
+	switch {
+	case d.message:
+		return e.Str("message_id", d.msgID)
+	case d.idText != "":
+		return e.Str("id", d.idText)
 	}
+	return e.Int64("id", d.id)
+}
+
+// tableLabel is the table label of d's metrics: its outbox table, or
+// "message:<prefix>" for a message event.
+func (d *delivery) tableLabel() string {
+	if d.message {
+		return "message:" + d.p.msgPrefix
+	}
+	return d.p.tables[d.table]
 }
 
 // deadLettered acks d's dead letter, in Kafka now: the slot may pass it.
@@ -328,7 +381,7 @@ func (d *delivery) done(err error) {
 			d.pend.Ack(d.size)
 			return
 		}
-		p.m.deadLettered.WithLabelValues(d.letter.Reason).Inc()
+		p.m.deadLettered.WithLabelValues(d.letter.Reason, d.tableLabel()).Inc()
 		if d.message {
 			// No row to mark: the dead letter is the only copy (the slot
 			// was the other), so it is acked once Kafka has it.
@@ -341,13 +394,16 @@ func (d *delivery) done(err error) {
 	d.attempts++
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
-	logCtx := p.log.With()
-	if d.message {
-		logCtx = logCtx.Str("message_id", d.msgID)
-	} else {
-		logCtx = logCtx.Int64("id", d.id)
+	lc := p.log.With()
+	switch {
+	case d.message:
+		lc = lc.Str("message_id", d.msgID)
+	case d.idText != "":
+		lc = lc.Str("id", d.idText)
+	default:
+		lc = lc.Int64("id", d.id)
 	}
-	ev := logCtx.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	switch action {
 	case RetryTransient, RetryPoison:
@@ -397,13 +453,13 @@ func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 // large or they would not fit kafka.max_message_bytes, and the dlq.*
 // headers (deadletter.Letter.Record). The caller publishes it.
 func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
-	l := &deadletter.Letter{Table: p.table, ID: d.id}
+	l := &deadletter.Letter{Table: p.tables[d.table], ID: d.id, IDText: d.idText}
 	if d.message {
 		l = &deadletter.Letter{EventID: d.msgID, Prefix: p.msgPrefix}
 	}
 	d.msg, d.letter = deadLetterRecord(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.msg.Done = d.done
-	p.log.Error().Err(cause).Func(d.logID).Str("lsn", d.lsn.String()).Str("reason", reason).
+	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
@@ -423,7 +479,10 @@ type rowMark struct {
 // slot never moves past an event nobody can find.
 func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 	d := m.d
-	for attempt := 1; d.id != 0 && !d.message; attempt++ {
+	// A table other than the relay's own has no bookkeeping columns (and
+	// maybe no integer id), and a message has no row at all: its dead
+	// letter is in the topic only, and a halt is in the log and /readyz.
+	for attempt := 1; d.mark && d.id != 0; attempt++ {
 		var err error
 		if m.dead {
 			var found bool
@@ -477,12 +536,11 @@ func (p *Pipeline) halt(d *delivery, err error) {
 		return
 	}
 	p.m.halted.Set(1)
-	p.log.Error().Err(err).Func(func(e *zerolog.Event) {
-		if !d.message {
-			e.Str("table", p.table)
-		}
-		d.logID(e)
-	}).Str("lsn", d.lsn.String()).
+	e := p.log.Error().Err(err)
+	if !d.message {
+		e = e.Str("table", p.tables[d.table])
+	}
+	d.logID(e).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
 	if !d.message { // a message has no row to record it on
 		p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
@@ -546,7 +604,11 @@ func (p *Pipeline) Lag() time.Duration {
 // half inflight.max_bytes if less) altogether, then go to unlinked files in
 // TMPDIR.
 func (p *Pipeline) resetDecoder() error {
-	dec, err := decoder.New(p.table)
+	ms := make([]outboxschema.Mapping, len(p.outboxes))
+	for i, o := range p.outboxes {
+		ms[i] = o.Mapping
+	}
+	dec, err := decoder.NewMapped(ms, reservedExtra(p.format))
 	if err != nil {
 		return err
 	}

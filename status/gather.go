@@ -41,6 +41,10 @@ type Options struct {
 	// MessagesPrefix is messages.prefix ("" when off): message events are
 	// in no table, so the row counts do not see them.
 	MessagesPrefix string
+	// Mapped: the relay reads its tables through a column mapping
+	// (compat, columns, tables): they have no delivery horizon, dead-letter
+	// columns or created_at, so only the leader and the slot are read.
+	Mapped bool
 }
 
 // Facts are the raw readings; JSON field names are stable (README).
@@ -51,6 +55,7 @@ type Facts struct {
 	// MessagesPrefix is messages.prefix when set: undelivered and
 	// oldest_row count outbox rows only, never message events.
 	MessagesPrefix string          `json:"messages_prefix,omitempty"`
+	Mapped         bool            `json:"mapped,omitempty"` // Options.Mapped: no delivery, DLQ, oldest row or retention facts
 	Leader         *LeaderFacts    `json:"leader,omitempty"`
 	SlotInfo       *SlotFacts      `json:"replication_slot,omitempty"`
 	Delivery       *DeliveryFacts  `json:"delivery,omitempty"`
@@ -181,6 +186,12 @@ func Gather(ctx context.Context, q Querier, o Options) Facts {
 	f := Facts{Table: o.Table.String(), Slot: o.Slot, MessagesPrefix: o.MessagesPrefix}
 	if err := q.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&f.At); err != nil {
 		f.ConnectError = err.Error()
+		return f
+	}
+	if o.Mapped {
+		f.Mapped = true
+		f.Leader = gatherLeader(ctx, q, o, f.At)
+		f.SlotInfo = gatherSlot(ctx, q, o)
 		return f
 	}
 	h := retention.Horizon{Table: o.Table, Slot: o.Slot}
