@@ -199,14 +199,15 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 		}
 	}
 	if o.HeartbeatInterval > 0 {
+		fn := EmitMessageFunc(p.VersionNum)
 		switch {
 		case p.EmitMessage == nil:
-			add("privileges.heartbeat", Skip, "could not read EXECUTE on "+EmitMessageFunc, "")
+			add("privileges.heartbeat", Skip, "could not read EXECUTE on "+fn, "")
 		case *p.EmitMessage:
-			add("privileges.heartbeat", OK, "EXECUTE on "+EmitMessageFunc, "")
+			add("privileges.heartbeat", OK, "EXECUTE on "+fn, "")
 		default:
-			add("privileges.heartbeat", Warn, "no EXECUTE on "+EmitMessageFunc+": outbox_relay_lag_seconds sees only events already read",
-				fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s;", EmitMessageFunc, role))
+			add("privileges.heartbeat", Warn, "no EXECUTE on "+fn+": outbox_relay_lag_seconds sees only events already read",
+				fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s;", fn, role))
 		}
 	}
 	pubCheck(p, o, add)

@@ -109,7 +109,11 @@ func TestEvaluate(t *testing.T) {
 			f.PG.Fence = &leader.FenceRights{Problem: "this standby cannot fence a stalled leader", Role: "relay"}
 		}, "privileges.fence", Fail, ExitFail, []string{`GRANT pg_signal_backend TO "relay"`}},
 		{"no heartbeat EXECUTE", func(f *Facts) { no := false; f.PG.EmitMessage = &no }, "privileges.heartbeat", Warn, ExitWarn,
-			[]string{"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text)"}},
+			[]string{"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO"}},
+		{"no heartbeat EXECUTE on 17", func(f *Facts) {
+			no := false
+			f.PG.EmitMessage, f.PG.VersionNum, f.PG.Version = &no, 170002, "17.2"
+		}, "privileges.heartbeat", Warn, ExitWarn, []string{"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text, boolean) TO"}},
 		{"publication missing, creation off", func(f *Facts) {
 			f.Options.CreatePublication = false
 			f.PG.Publication, f.PG.Slot = PubFacts{}, SlotFacts{}
@@ -181,7 +185,7 @@ func TestGrantsOddNames(t *testing.T) {
 		`GRANT SELECT, INSERT, UPDATE ON "Events"."outbox_relay_leader" TO "Relay ""Role""";`,
 		`GRANT SELECT, INSERT, UPDATE ON "Events"."outbox_relay_delivery" TO "Relay ""Role""";`,
 		`GRANT pg_signal_backend TO "Relay ""Role""";`,
-		`GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO "Relay ""Role""";`,
+		`THEN 'pg_logical_emit_message(boolean, text, text, boolean)' ELSE 'pg_logical_emit_message(boolean, text, text)' END, 'Relay "Role"');`,
 		`CREATE PUBLICATION "Pub ""x""" FOR TABLE "Events"."Outbox$1" WITH (publish = 'insert'`,
 	} {
 		if !strings.Contains(g, want) {

@@ -228,7 +228,7 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 	}
 	if o.HeartbeatInterval > 0 {
 		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT has_function_privilege($1, 'EXECUTE')", EmitMessageFunc).Scan(&ok); err == nil {
+		if err := conn.QueryRow(ctx, "SELECT has_function_privilege($1, 'EXECUTE')", EmitMessageFunc(f.VersionNum)).Scan(&ok); err == nil {
 			f.EmitMessage = &ok
 		}
 	}

@@ -149,8 +149,26 @@ func grantsByTable(ns []Need, role string) []string {
 	return out
 }
 
-// EmitMessageFunc is the function heartbeats call.
-const EmitMessageFunc = "pg_logical_emit_message(boolean, text, text)"
+// EmitMessageFunc is the function heartbeats call, as a GRANT names it on
+// a server of versionNum (server_version_num): PostgreSQL 17 added a fourth
+// argument (flush boolean DEFAULT false), so the three-argument signature no
+// longer exists there.
+func EmitMessageFunc(versionNum int) string {
+	if versionNum >= 170000 {
+		return "pg_logical_emit_message(boolean, text, text, boolean)"
+	}
+	return "pg_logical_emit_message(boolean, text, text)"
+}
+
+// grantEmitMessage is a GRANT of EXECUTE on the heartbeat function to role
+// that runs on every supported version: the block connects to nothing, so
+// the server picks the signature.
+func grantEmitMessage(role string) string {
+	lit := "'" + strings.ReplaceAll(role, "'", "''") + "'"
+	return "DO $outbox_relay$ BEGIN EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', CASE WHEN " +
+		"current_setting('server_version_num')::int >= 170000 THEN '" + EmitMessageFunc(170000) + "' ELSE '" +
+		EmitMessageFunc(0) + "' END, " + lit + "); END $outbox_relay$;"
+}
 
 // Grants is the ready-to-paste block that gives role everything this
 // config's relay needs (`outbox-relay check --print-grants ROLE`). Every
@@ -174,8 +192,9 @@ func Grants(o Options, role string) string {
 		w("GRANT pg_signal_backend TO %s;", r)
 	}
 	if o.HeartbeatInterval > 0 {
-		w("-- Heartbeats (PUBLIC has it by default; needed only if it was revoked):")
-		w("GRANT EXECUTE ON FUNCTION %s TO %s;", EmitMessageFunc, r)
+		w("-- Heartbeats (PUBLIC has it by default; needed only if it was revoked). The signature is")
+		w("-- %s on PostgreSQL 17+, %s before:", EmitMessageFunc(170000), EmitMessageFunc(0))
+		w("%s", grantEmitMessage(role))
 	}
 	if o.RetentionKeep > 0 {
 		w("-- A partitioned outbox: retention drops whole partitions, which only the table owner may do;")

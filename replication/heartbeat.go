@@ -253,6 +253,7 @@ func heartbeatHint(err error) string {
 	switch pgErr.Code {
 	case "42501": // insufficient_privilege: EXECUTE was revoked from PUBLIC
 		return "grant it: GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO <the relay's role> " +
+			"(PostgreSQL 17+: pg_logical_emit_message(boolean, text, text, boolean)) " +
 			"(PUBLIC may execute it by default; someone revoked that), or set heartbeat.interval: 0"
 	case "25006": // read_only_sql_transaction: a standby in recovery
 		return "postgres.url must reach the primary: a server in recovery writes no WAL"
