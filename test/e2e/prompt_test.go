@@ -57,11 +57,14 @@ func TestPromptConfirmAndFirstPublish(t *testing.T) {
 	}
 	t.Logf("commit -> slot confirmed: %v (median %s); commit -> first event to a new topic acked: %v (median %s)",
 		confirm, median(confirm), first, median(first))
-	if m := median(confirm); m > 300*time.Millisecond {
-		t.Errorf("median commit -> confirmed %s, want <= 300 ms", m)
+	// Bounds that separate prompt from periodic (the 1 s status interval,
+	// sarama's metadata retry backoff) with room for a loaded machine;
+	// the figures themselves belong to make bench.
+	if m := median(confirm); m > 600*time.Millisecond {
+		t.Errorf("median commit -> confirmed %s, want <= 600 ms (the status interval is 1 s)", m)
 	}
-	if m := median(first); m > 500*time.Millisecond {
-		t.Errorf("median commit -> first event to a new topic acked %s, want <= 500 ms", m)
+	if m := median(first); m > time.Second {
+		t.Errorf("median commit -> first event to a new topic acked %s, want <= 1 s", m)
 	}
 	rs := consume(t, []string{e.Prefix + ".fresha", e.Prefix + ".freshb", e.Prefix + ".freshc"}, 3, 30*time.Second, time.Second)
 	if len(rs) != 3 {
