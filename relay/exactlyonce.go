@@ -35,7 +35,10 @@ import (
 // every method takes mu, so a commit never interleaves with a publish.
 type exactlyOnce struct {
 	cfg   Config
-	prod  *sink.TxnProducer
+	prod  txnSink
+	// prepare makes the checkpoint topic and learns the server's system
+	// id (tests swap it).
+	prepare func(ctx context.Context) error
 	log   zerolog.Logger
 	m     eosMetrics
 	valid func() bool // the lease is still ours; nil without election
@@ -53,6 +56,22 @@ type exactlyOnce struct {
 	b       batcher
 	msgs    []*sink.Message // records of the open Kafka transaction, checkpoint excluded
 	discard bool            // aborted: refuse records until the pipeline rewound
+}
+
+// txnSink is what exactlyOnce needs of the transactional producer
+// (*sink.TxnProducer; tests use a fake).
+type txnSink interface {
+	Open(ctx context.Context) error
+	Opened() bool
+	Begin() error
+	Send(ctx context.Context, m *sink.Message) error
+	Commit(ctx context.Context) (error, map[*sink.Message]error)
+	Abort(ctx context.Context) (error, map[*sink.Message]error)
+	Fatal() bool
+	Close()
+	ReadCheckpoint(ctx context.Context, topic string, key []byte) ([]byte, error)
+	Connected() bool
+	SetConnected(ok bool)
 }
 
 // errAborted is what the records of an aborted Kafka transaction fail
@@ -115,6 +134,7 @@ func newExactlyOnce(cfg Config, log zerolog.Logger, reg prometheus.Registerer, v
 		ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1),
 		b: batcher{maxEvents: cfg.ExactlyOnce.MaxBatchEvents, inflightEvents: cfg.InFlight.MaxEvents,
 			inflightBytes: cfg.InFlight.MaxBytes, interval: cfg.ExactlyOnce.MaxBatchInterval}}
+	e.prepare = e.prepareKafkaAndPostgres
 	return e, nil
 }
 
@@ -181,6 +201,15 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 // start makes the checkpoint topic, learns the server's system id, opens
 // the producer and reads the checkpoint; network errors are retried.
 func (e *exactlyOnce) start(ctx context.Context) error {
+	if err := e.prepare(ctx); err != nil {
+		return err
+	}
+	return e.open(ctx)
+}
+
+// prepareKafkaAndPostgres creates or checks the checkpoint topic and reads
+// the server's system identifier, retrying what may heal.
+func (e *exactlyOnce) prepareKafkaAndPostgres(ctx context.Context) error {
 	b := backoff.Backoff{Policy: backoff.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
 	for {
 		err := sink.EnsureCheckpointTopic(e.cfg.Kafka, e.cfg.ExactlyOnce.CheckpointTopic)
@@ -206,7 +235,7 @@ func (e *exactlyOnce) start(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	return e.open(ctx)
+	return nil
 }
 
 // open initialises a new producer (fencing older ones) and reads the
