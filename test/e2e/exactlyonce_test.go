@@ -323,3 +323,39 @@ func TestExactlyOnceCheckpointSkipsCommitted(t *testing.T) {
 	t.Logf("%v events re-read and skipped, %d published after the restart, 0 duplicates", skipped, len(ws)-first)
 	r2.stop(syscall.SIGTERM, 30*time.Second)
 }
+
+// A broker outage longer than the transaction timeout (the coordinator
+// aborts the open Kafka transaction and bumps the producer epoch): the
+// relay aborts, builds a new producer if it was fenced, resumes from the
+// checkpoint, and delivers everything exactly once. Not parallel: it
+// stalls the shared broker.
+func TestExactlyOnceBrokerStallLongerThanTransactionTimeout(t *testing.T) {
+	e := newEnv(t, "eosstall")
+	r := e.startRelay(e.eosFlags("--exactly-once-transaction-timeout", "2s")...)
+	w := e.newWriter(145)
+	errc := make(chan error, 1)
+	go func() { errc <- w.run(context.Background(), 2000, 10, 40, 8*time.Second, "") }()
+	waitFor(t, 30*time.Second, "first transactions committed", func() bool { return r.metric("outbox_relay_events_published_total") > 200 })
+	svc(t, "kafka-pause")
+	paused := time.Now()
+	resumed := false
+	defer func() {
+		if !resumed {
+			svc(t, "kafka-resume")
+		}
+	}()
+	// The fault's length, not a synchronisation: well past the 2 s timeout.
+	waitFor(t, 30*time.Second, "the stall to outlast the transaction timeout", func() bool { return time.Since(paused) > 5*time.Second })
+	svc(t, "kafka-resume")
+	resumed = true
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	ws := w.written()
+	rs := consumeCommitted(t, e.topics(), len(ws), 90*time.Second, 3*time.Second)
+	rep := check(t, ws, rs, e.partitions(t))
+	requireClean(t, rep, false)
+	t.Logf("broker stalled %s with a 2s transaction timeout: %d events, 0 lost, 0 duplicates; %v Kafka transactions aborted",
+		5*time.Second, len(ws), abortedTxns(t, r))
+	r.stop(syscall.SIGTERM, 30*time.Second)
+}
