@@ -324,11 +324,13 @@ func TestExactlyOnceCheckpointSkipsCommitted(t *testing.T) {
 	r2.stop(syscall.SIGTERM, 30*time.Second)
 }
 
-// A broker outage longer than the transaction timeout (the coordinator
-// aborts the open Kafka transaction and bumps the producer epoch): the
-// relay aborts, builds a new producer if it was fenced, resumes from the
-// checkpoint, and delivers everything exactly once. Not parallel: it
-// stalls the shared broker.
+// A broker stall longer than the transaction timeout, mid-load. When the
+// coordinator aborts the open Kafka transaction first (it scans for timed
+// out transactions every transaction.abort.timed.out.transaction.cleanup.interval.ms,
+// 10 s by default, so it races the relay's commit after the stall), the
+// relay's commit fails: it aborts, builds a new producer, reads the
+// checkpoint and rewinds. Either way everything arrives exactly once. Not
+// parallel: it stalls the shared broker.
 func TestExactlyOnceBrokerStallLongerThanTransactionTimeout(t *testing.T) {
 	e := newEnv(t, "eosstall")
 	r := e.startRelay(e.eosFlags("--exactly-once-transaction-timeout", "2s")...)
