@@ -41,7 +41,10 @@ type exactlyOnce struct {
 	prepare func(ctx context.Context) error
 	log   zerolog.Logger
 	m     eosMetrics
-	valid func() bool // the lease is still ours; nil without election
+	// valid checks with a round trip that the lease is still ours (nil
+	// without election): a deposed leader must not fence the new one's
+	// producer.
+	valid func(ctx context.Context) error
 
 	ready     chan struct{}
 	closing   chan struct{}
@@ -117,7 +120,7 @@ func newEOSMetrics(reg prometheus.Registerer) eosMetrics {
 	return m
 }
 
-func newExactlyOnce(cfg Config, log zerolog.Logger, reg prometheus.Registerer, valid func() bool) (*exactlyOnce, error) {
+func newExactlyOnce(cfg Config, log zerolog.Logger, reg prometheus.Registerer, valid func(ctx context.Context) error) (*exactlyOnce, error) {
 	prod, err := sink.NewTxn(cfg.Kafka, cfg.TxnID(), cfg.ExactlyOnce.TransactionTimeout, log)
 	if err != nil {
 		return nil, err
@@ -174,6 +177,9 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, context.Canceled) {
+			e.log.Warn().Err(err).Msg("term ends")
+		}
 		return err
 	}
 	close(e.ready)
@@ -187,6 +193,9 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 		case <-e.closing:
 			return nil
 		case err := <-e.fatal:
+			if errors.Is(err, context.Canceled) {
+				e.log.Warn().Err(err).Msg("term ends")
+			}
 			return err
 		case now := <-tick.C:
 			e.mu.Lock()
@@ -243,8 +252,11 @@ func (e *exactlyOnce) prepareKafkaAndPostgres(ctx context.Context) error {
 func (e *exactlyOnce) open(ctx context.Context) error {
 	b := backoff.Backoff{Policy: backoff.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
 	for {
-		if e.valid != nil && !e.valid() {
-			return errors.New("exactly_once: leadership lost: not initialising a producer that would fence the new leader's")
+		if e.valid != nil {
+			if err := e.valid(ctx); err != nil {
+				// Ends the term like a lost lease (context.Canceled), not the relay.
+				return fmt.Errorf("exactly_once: not the leader any more (%v), so not initialising a producer that would fence the new leader's: %w", err, context.Canceled)
+			}
 		}
 		if err := e.prod.Open(ctx); err != nil {
 			return err

@@ -257,3 +257,45 @@ func TestExactlyOnceFailuresDeliverOnce(t *testing.T) {
 		})
 	}
 }
+
+// The exactly_once keys are checked by name; the batch bound by
+// inflight.max_events only under delivery: exactly_once.
+func TestExactlyOnceConfigValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		set  func(c *Config)
+		want string // "" = valid
+	}{
+		{"defaults, at least once", func(c *Config) {}, ""},
+		{"defaults, exactly once", func(c *Config) { c.Delivery = ExactlyOnce }, ""},
+		{"batch above inflight under exactly once", func(c *Config) {
+			c.Delivery, c.InFlight.MaxEvents = ExactlyOnce, 1000
+		}, "exactly_once.max_batch_events: 5000 must be between 1 and inflight.max_events (1000)"},
+		{"batch above inflight is fine at least once", func(c *Config) { c.InFlight.MaxEvents = 1000 }, ""},
+		{"unknown delivery", func(c *Config) { c.Delivery = "exactly-once" }, "delivery: \"exactly-once\""},
+		{"timeout above the brokers' default maximum", func(c *Config) { c.ExactlyOnce.TransactionTimeout = 16 * time.Minute }, "exactly_once.transaction_timeout"},
+		{"checkpoint topic", func(c *Config) { c.ExactlyOnce.CheckpointTopic = "a b" }, "exactly_once.checkpoint_topic"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Postgres.URL, c.Postgres.Slot, c.Kafka.Brokers = "postgres://u@h/db", "orders", []string{"k:9092"}
+			tc.set(&c)
+			err := c.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+	c := DefaultConfig()
+	c.Postgres.Slot = "orders"
+	if got := c.TxnID(); got != "outbox-relay-orders" {
+		t.Errorf("default transactional id %q, want outbox-relay-orders", got)
+	}
+}
