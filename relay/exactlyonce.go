@@ -34,13 +34,13 @@ import (
 // age. Publish, before, after, flush and rewound come from the pipeline;
 // every method takes mu, so a commit never interleaves with a publish.
 type exactlyOnce struct {
-	cfg   Config
-	prod  txnSink
+	cfg  Config
+	prod txnSink
 	// prepare makes the checkpoint topic and learns the server's system
 	// id (tests swap it).
 	prepare func(ctx context.Context) error
-	log   zerolog.Logger
-	m     eosMetrics
+	log     zerolog.Logger
+	m       eosMetrics
 	// valid checks with a round trip that the lease is still ours (nil
 	// without election): a deposed leader must not fence the new one's
 	// producer.

@@ -98,7 +98,7 @@ func (f *fakeTxn) ReadCheckpoint(_ context.Context, topic string, key []byte) ([
 	}
 	return last, nil
 }
-func (f *fakeTxn) Connected() bool  { return true }
+func (f *fakeTxn) Connected() bool   { return true }
 func (f *fakeTxn) SetConnected(bool) {}
 
 // events returns the event ids visible, in order (checkpoints left out),
