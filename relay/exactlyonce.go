@@ -382,7 +382,10 @@ func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
 	if e.discard {
 		return
 	}
-	if e.b.after(commit, end) {
+	// The age check here too, not only on the timer: under load the loop
+	// goes from one PostgreSQL transaction to the next and the timer would
+	// rarely find the boundary.
+	if full := e.b.after(commit, end); full || e.b.due(time.Now()) {
 		e.commitLocked()
 	}
 }
