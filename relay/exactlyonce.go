@@ -353,6 +353,9 @@ func (e *exactlyOnce) Publish(ctx context.Context, m *sink.Message) error {
 		}
 		e.b.opening(time.Now())
 	}
+	// The term's context, not the caller's (which never ends once a
+	// transaction is registered): a stuck send must not outlive the term.
+	ctx = e.context()
 	if err := e.prod.Send(ctx, m); err != nil {
 		return err
 	}

@@ -355,3 +355,46 @@ func TestExactlyOncePoisonIsolated(t *testing.T) {
 		t.Fatalf("halted: %v", h.p.Halted())
 	}
 }
+
+// A checkpoint written for another PostgreSQL server (another system_id)
+// is refused at start with the fix; a valid one raises the skip filter.
+func TestExactlyOnceCheckpointOnStart(t *testing.T) {
+	cases := []struct {
+		name, value string
+		err         string
+		skip        pglogrepl.LSN
+	}{
+		{"none", "", "", 0},
+		{"ours", `{"slot":"s","system_id":"sys","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "", 0x16B3748},
+		{"another server", `{"slot":"s","system_id":"other","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "system_id other", 0},
+		{"not JSON", `{`, "not valid JSON", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Postgres.Slot = "s"
+			f := &fakeTxn{}
+			if tc.value != "" {
+				f.visible = []sink.Message{{Topic: cfg.ExactlyOnce.CheckpointTopic, Key: []byte(cfg.TxnID()), Value: []byte(tc.value)}}
+			}
+			e := &exactlyOnce{cfg: cfg, prod: f, m: newEOSMetrics(nil), log: zerolog.Nop(),
+				ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1)}
+			e.prepare = func(context.Context) error { e.systemID = "sys"; return nil }
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := e.start(ctx)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "exactly_once.") {
+					t.Fatalf("start = %v, want an error with %q naming the key", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.skipThrough() != tc.skip {
+				t.Fatalf("skip filter at %s, want %s", e.skipThrough(), tc.skip)
+			}
+		})
+	}
+}
