@@ -96,6 +96,7 @@ type Pipeline struct {
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
 	rewind  rewind            // failed events: the stream restarts from the watermark
 	order   orderWatch
+	eos     *exactlyOnce // delivery: exactly_once (the publisher); nil at least once
 
 	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
 	otherRows atomic.Uint64
@@ -140,6 +141,9 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	p.decodedBy = make([]atomic.Uint64, len(p.outboxes))
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
+	}
+	if e, ok := pub.(*exactlyOnce); ok {
+		p.eos = e
 	}
 	p.m = newPipelineMetrics(p, reg)
 	return p, nil
@@ -208,6 +212,16 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		}
 		return nil
 	}
+	if p.eos != nil && txn.CommitLSN <= p.eos.skipThrough() {
+		// Exactly once: committed to Kafka in an earlier session or term
+		// (the checkpoint), not yet confirmed to the slot. The watermark
+		// passes it like a heartbeat, so the slot is confirmed past it.
+		if !txn.Partial {
+			p.tracker.Mark(txn.EndLSN)
+		}
+		p.eos.skipped(len(txn.Events))
+		return nil
+	}
 	ds := make([]delivery, len(txn.Events))
 	var bytes int64
 	commitLSN := txn.CommitLSN.String()
@@ -248,6 +262,20 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			}
 			continue
 		}
+		if p.eos != nil {
+			if reason, cause, ok := p.rewind.deadNext(pos); ok {
+				// Exactly once: the broker refused it until on_poison applied;
+				// its dead letter goes into this Kafka transaction instead.
+				p.toDeadLetter(d, reason, cause)
+			}
+		}
+	}
+	if p.eos != nil {
+		// Closes the Kafka transaction first when this PostgreSQL
+		// transaction would not fit in it (never splits one).
+		if err := p.eos.before(&eosTxn{commit: txn.CommitLSN, events: len(ds), bytes: bytes, partial: txn.Partial}); err != nil {
+			return err
+		}
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.
 	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(ds), bytes)
@@ -276,6 +304,9 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
 		}
+	}
+	if p.eos != nil && !txn.Partial {
+		p.eos.after(txn.CommitLSN, txn.EndLSN)
 	}
 	return nil
 }
@@ -391,7 +422,9 @@ func (d *delivery) done(err error) {
 		p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
 		return
 	}
-	d.attempts++
+	if p.eos == nil || !errors.Is(err, errAborted) {
+		d.attempts++ // not for an abort another record caused
+	}
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
 	lc := p.log.With()
@@ -405,6 +438,22 @@ func (d *delivery) done(err error) {
 	}
 	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
+	if p.eos != nil && action != Halt {
+		// Exactly once: the Kafka transaction is aborted; the event (or its
+		// dead letter, now due) goes into a later one after the rewind.
+		switch {
+		case action == DeadLetter:
+			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
+		case d.letter != nil:
+			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err))
+		}
+		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
+			p.m.rewinds.Inc()
+			ev.Warn().Err(err).Msg("kafka transaction failed: rewinding to the ack watermark; committed transactions are skipped on the way back")
+		}
+		return
+	}
 	switch action {
 	case RetryTransient, RetryPoison:
 		if action == RetryPoison {
@@ -691,6 +740,9 @@ func (p *Pipeline) Reset(lsn pglogrepl.LSN) error { return p.tracker.Reset(lsn) 
 // tracker: the next session publishes them again. Called on the loop
 // goroutine.
 func (p *Pipeline) Drain(ctx context.Context) error {
+	if p.eos != nil {
+		p.eos.flush() // the acks come with the commit
+	}
 	if p.halted.Load() != nil {
 		// The halted event never acks; wait briefly for the others only.
 		var cancel context.CancelFunc
@@ -715,6 +767,9 @@ func (p *Pipeline) Drain(ctx context.Context) error {
 				return err
 			}
 			p.countDecoder()
+			if p.eos != nil {
+				p.eos.rewound()
+			}
 			return p.resetDecoder()
 		case <-poll.C:
 		case <-warn.C:
@@ -735,6 +790,9 @@ func (p *Pipeline) finishRewind(ctx context.Context) error {
 	p.tracker.Abandon()
 	p.order.reset()
 	p.rewind.reset()
+	if p.eos != nil {
+		p.eos.rewound()
+	}
 	p.countDecoder()
 	return p.resetDecoder()
 }
