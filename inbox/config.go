@@ -100,13 +100,18 @@ func DefaultConfig() Config {
 }
 
 // SaramaConfig is the Kafka config a Consumer uses by default: protocol
-// 3.6, a new group starts at the oldest offset (so events published before
-// its first start are handled), marked offsets are committed every second,
-// and errors are returned to the consumer, which logs them.
+// 3.6, read_committed (records of aborted Kafka transactions, which the
+// relay's delivery: exactly_once writes before a crash or a rewind, are
+// skipped; on topics written without transactions it reads the same as
+// read_uncommitted), a new group starts at the oldest offset (so events
+// published before its first start are handled), marked offsets are
+// committed every second, and errors are returned to the consumer, which
+// logs them.
 func SaramaConfig() *sarama.Config {
 	c := sarama.NewConfig()
 	c.Version = sarama.V3_6_0_0
 	c.ClientID = "outbox-inbox"
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Offsets.AutoCommit.Enable = true
 	c.Consumer.Offsets.AutoCommit.Interval = time.Second

@@ -147,3 +147,12 @@ func TestFailedErrorSaysWhatToDo(t *testing.T) {
 		t.Errorf("%v", err)
 	}
 }
+
+// The default consumer skips what aborted Kafka transactions wrote
+// (delivery: exactly_once): read_uncommitted would hand it the relay's
+// aborted copies.
+func TestSaramaConfigReadsCommitted(t *testing.T) {
+	if got := SaramaConfig().Consumer.IsolationLevel; got != sarama.ReadCommitted {
+		t.Fatalf("Consumer.IsolationLevel = %v, want sarama.ReadCommitted", got)
+	}
+}
