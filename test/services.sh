@@ -922,7 +922,25 @@ cmd_kafka_signal() { # SIGSTOP/SIGCONT
     die "kafka is not running"
   fi
   kill "-$1" "$KAFKA_PID"
+  if [ "$1" = STOP ] && ! wait_stopped 10 "$KAFKA_PID"; then
+    die "kafka pid $KAFKA_PID: not every thread stopped within 10s of SIGSTOP"
+  fi
   log "sent SIG$1 to kafka pid $KAFKA_PID"
+}
+
+# wait_stopped SECONDS PID: 0 once every thread of PID is stopped (state T), 1 on timeout. kill -STOP returns
+# before the group stop is done: until one of its threads gets a CPU and takes the signal, the others go on
+# running (a broker answers produce requests), which on a loaded machine takes tens of milliseconds.
+wait_stopped() {
+  local deadline=$((SECONDS + $1)) states
+  while :; do
+    # one sed for every thread; a thread that exits meanwhile has no stat file left (ignored)
+    states="$(sed -E 's/^[0-9]+ \(.*\) ([A-Za-z]).*/\1/' /proc/"$2"/task/*/stat 2>/dev/null || true)"
+    [ -n "$states" ] || return 1
+    grep -qv '^[TtXZ]$' <<<"$states" || return 0
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.01
+  done
 }
 
 cmd_pg_restart() {
