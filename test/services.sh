@@ -10,7 +10,8 @@
 #   status                     show state; exit 0 only if both serve
 #   kafka-kill                 kill -9 the broker and wait until it is gone
 #   kafka-start                start the broker again: same ports, same data dir (no re-format); wait until ready
-#   kafka-pause | kafka-resume SIGSTOP / SIGCONT the broker (stalled-broker fault tests)
+#   kafka-pause | kafka-resume SIGSTOP / SIGCONT the broker (stalled-broker fault tests); kafka-pause returns once
+#                              every broker thread is stopped (kill -STOP alone returns before that)
 #   pg-restart [fast|immediate] pg_ctl stop -m MODE, then start on the same port/data dir; wait until ready
 #   start-pg VERSION           an EXTRA PostgreSQL of VERSION (14, 16, 17, 18, 15 or a zonky version like 17.6.0)
 #                              beside the running services, sharing their Kafka. Its run dir <run dir>/pg-VERSION
