@@ -10,7 +10,8 @@
 #   status                     show state; exit 0 only if both serve
 #   kafka-kill                 kill -9 the broker and wait until it is gone
 #   kafka-start                start the broker again: same ports, same data dir (no re-format); wait until ready
-#   kafka-pause | kafka-resume SIGSTOP / SIGCONT the broker (stalled-broker fault tests)
+#   kafka-pause | kafka-resume SIGSTOP / SIGCONT the broker (stalled-broker fault tests); kafka-pause returns once
+#                              every broker thread is stopped (kill -STOP alone returns before that)
 #   pg-restart [fast|immediate] pg_ctl stop -m MODE, then start on the same port/data dir; wait until ready
 #   start-pg VERSION           an EXTRA PostgreSQL of VERSION (14, 16, 17, 18, 15 or a zonky version like 17.6.0)
 #                              beside the running services, sharing their Kafka. Its run dir <run dir>/pg-VERSION
@@ -922,7 +923,25 @@ cmd_kafka_signal() { # SIGSTOP/SIGCONT
     die "kafka is not running"
   fi
   kill "-$1" "$KAFKA_PID"
+  if [ "$1" = STOP ] && ! wait_stopped 10 "$KAFKA_PID"; then
+    die "kafka pid $KAFKA_PID: not every thread stopped within 10s of SIGSTOP"
+  fi
   log "sent SIG$1 to kafka pid $KAFKA_PID"
+}
+
+# wait_stopped SECONDS PID: 0 once every thread of PID is stopped (state T), 1 on timeout. kill -STOP returns
+# before the group stop is done: until one of its threads gets a CPU and takes the signal, the others go on
+# running (a broker answers produce requests), which on a loaded machine takes tens of milliseconds.
+wait_stopped() {
+  local deadline=$((SECONDS + $1)) states
+  while :; do
+    # one sed for every thread; a thread that exits meanwhile has no stat file left (ignored)
+    states="$(sed -E 's/^[0-9]+ \(.*\) ([A-Za-z]).*/\1/' /proc/"$2"/task/*/stat 2>/dev/null || true)"
+    [ -n "$states" ] || return 1
+    grep -qv '^[TtXZ]$' <<<"$states" || return 0
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.01
+  done
 }
 
 cmd_pg_restart() {
