@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts matrix
+.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts matrix compat
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -43,6 +43,16 @@ chaos: build
 # package, fetched when missing). The first step of `make test`.
 alerts:
 	bash test/alerts.sh
+
+# The relay's `compat: debezium` against Debezium 3.6.1.Final (PostgreSQL
+# connector + Outbox Event Router on Kafka Connect 4.3.0 standalone, jars
+# from Maven Central, test/compat/pom.xml) on the same 20,000-event backlog
+# and broker, record by record: topic, partition, offset, key, value and
+# headers (test/run-compat.sh, docs/migrating-from-debezium.md). Fails on
+# any difference outside the documented allow-list, and (never skips) when
+# a service, Kafka Connect or Debezium cannot start. About 3 minutes.
+compat:
+	bash test/run-compat.sh
 
 unit:
 	$(GO) test -race -count=1 $(PKGS)
