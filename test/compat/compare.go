@@ -4,9 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"math/big"
 	"flag"
 	"fmt"
+	"math/big"
 	"os"
 	"regexp"
 	"slices"
@@ -296,157 +296,9 @@ func cmdCompare(args []string) error {
 	if err != nil {
 		return err
 	}
-	var fd findings
-	pair := func(a, b Rec) string {
-		return fmt.Sprintf("%s: %s | %s: %s", *aName, showRec(a), *bName, showRec(b))
-	}
-
-	// per-partition record counts and topic sets
-	countA, countB := map[tp]int{}, map[tp]int{}
-	for _, r := range A {
-		countA[tp{r.Topic, r.Partition}]++
-	}
-	for _, r := range B {
-		countB[tp{r.Topic, r.Partition}]++
-	}
-
-	index := func(rs []Rec, side string) (map[string]int, []int) {
-		m := map[string]int{}
-		var noID []int
-		for i, r := range rs {
-			id, ok := idOf(r)
-			if !ok {
-				noID = append(noID, i)
-				continue
-			}
-			if j, dup := m[id]; dup {
-				fd.add("duplicate_in_"+side, fmt.Sprintf("id %s at %s and %s", id, showRec(rs[j]), showRec(r)))
-				continue
-			}
-			m[id] = i
-		}
-		return m, noID
-	}
-	ia, noA := index(A, *aName)
-	ib, noB := index(B, *bName)
-	identical, matched := 0, 0
-	compareOne := func(a, b Rec) {
-		matched++
-		same := true
-		if a.Topic != b.Topic {
-			fd.add("topic", pair(a, b))
-			same = false
-		} else if a.Partition != b.Partition {
-			fd.add("partition", pair(a, b))
-			same = false
-		} else if a.Offset != b.Offset {
-			fd.add("offset", pair(a, b))
-			same = false
-		}
-		if (a.Key == nil) != (b.Key == nil) {
-			fd.add("key_null", pair(a, b))
-			same = false
-		} else if !bytes.Equal(a.Key, b.Key) {
-			fd.add("key", pair(a, b))
-			same = false
-		}
-		if (a.Value == nil) != (b.Value == nil) {
-			fd.add("value_null", pair(a, b))
-			same = false
-		} else if !bytes.Equal(a.Value, b.Value) {
-			fd.add("value", pair(a, b))
-			same = false
-		}
-		if !headersEqual(a.Headers, b.Headers) {
-			same = false
-			na, nb := headerNames(a.Headers), headerNames(b.Headers)
-			for _, n := range na {
-				if !slices.Contains(nb, n) {
-					fd.add("header_missing_in_"+*bName+":"+n, pair(a, b))
-				}
-			}
-			for _, n := range nb {
-				if !slices.Contains(na, n) {
-					fd.add("header_extra_in_"+*bName+":"+n, pair(a, b))
-				}
-			}
-			for _, n := range na {
-				if slices.Contains(nb, n) && !bytes.Equal(headerValue(a.Headers, n), headerValue(b.Headers, n)) {
-					fd.add("header_value:"+n, pair(a, b))
-				}
-			}
-			common := func(x, y []string) []string {
-				var c []string
-				for _, n := range x {
-					if slices.Contains(y, n) {
-						c = append(c, n)
-					}
-				}
-				return c
-			}
-			if !slices.Equal(common(na, nb), common(nb, na)) || len(na) != len(slices.Compact(slices.Clone(na))) {
-				fd.add("header_order", pair(a, b))
-			}
-		}
-		if same {
-			identical++
-		}
-	}
-	for _, a := range A {
-		id, ok := idOf(a)
-		if !ok {
-			continue
-		}
-		j, ok := ib[id]
-		if !ok {
-			fd.add("missing_in_"+*bName, showRec(a))
-			continue
-		}
-		compareOne(a, B[j])
-	}
-	for _, b := range B {
-		id, ok := idOf(b)
-		if !ok {
-			continue
-		}
-		if _, ok := ia[id]; !ok {
-			fd.add("extra_in_"+*bName, showRec(b))
-		}
-	}
-	// records without an id header: by position within their partition
-	for k := 0; k < len(noA) || k < len(noB); k++ {
-		switch {
-		case k >= len(noA):
-			fd.add("extra_in_"+*bName+"(no id header)", showRec(B[noB[k]]))
-		case k >= len(noB):
-			fd.add("missing_in_"+*bName+"(no id header)", showRec(A[noA[k]]))
-		default:
-			fd.add("no_id_header", pair(A[noA[k]], B[noB[k]]))
-			compareOne(A[noA[k]], B[noB[k]])
-		}
-	}
-	// per-key order: for each key, the sequence of ids must be the same on both sides
-	seqA, seqB := keySeqs(A), keySeqs(B)
-	for k, sa := range seqA {
-		if sb, ok := seqB[k]; ok && !slices.Equal(sa, sb) && len(sa) == len(sb) {
-			fd.add("order_within_key", fmt.Sprintf("key %q: %s %v | %s %v", k, *aName, head(sa), *bName, head(sb)))
-		}
-	}
-
-	// timestamps: informational
-	var tsDiff, tsSame int
-	for _, a := range A {
-		if id, ok := idOf(a); ok {
-			if j, ok := ib[id]; ok {
-				if a.TSMillis == B[j].TSMillis {
-					tsSame++
-				} else {
-					tsDiff++
-				}
-			}
-		}
-	}
-
+	d := diffDumps(A, B, *aName, *bName)
+	fd, countA, countB := d.fd, d.countA, d.countB
+	matched, identical, tsSame, tsDiff := d.matched, d.identical, d.tsSame, d.tsDiff
 	// summary table
 	fmt.Printf("\n## compare: %s (%s) vs %s (%s)\n\n", *aName, *aPath, *bName, *bPath)
 	fmt.Printf("| topic | partition | %s records | %s records |\n|---|---|---|---|\n", *aName, *bName)
@@ -509,8 +361,10 @@ func head(s []string) []string {
 
 func keySeqs(rs []Rec) map[string][]string {
 	m := map[string][]string{}
+	seen := map[string]bool{} // a duplicate is its own class: first occurrence only
 	for _, r := range rs {
-		if id, ok := idOf(r); ok {
+		if id, ok := idOf(r); ok && !seen[id] {
+			seen[id] = true
 			k := r.Topic + "|" + string(r.Key)
 			m[k] = append(m[k], id)
 		}
@@ -545,4 +399,179 @@ func headersEqual(a, b []Header) bool {
 		}
 	}
 	return true
+}
+
+// diffResult is what diffDumps found.
+type diffResult struct {
+	fd                 findings
+	countA, countB     map[tp]int
+	matched, identical int
+	tsSame, tsDiff     int
+}
+
+// diffDumps compares A (the reference) with B record by record (see cmdCompare).
+func diffDumps(A, B []Rec, aName, bName string) diffResult {
+	var fd findings
+	pair := func(a, b Rec) string {
+		return fmt.Sprintf("%s: %s | %s: %s", aName, showRec(a), bName, showRec(b))
+	}
+
+	// per-partition record counts and topic sets
+	countA, countB := map[tp]int{}, map[tp]int{}
+	for _, r := range A {
+		countA[tp{r.Topic, r.Partition}]++
+	}
+	for _, r := range B {
+		countB[tp{r.Topic, r.Partition}]++
+	}
+
+	index := func(rs []Rec, side string) (map[string]int, []int) {
+		m := map[string]int{}
+		var noID []int
+		for i, r := range rs {
+			id, ok := idOf(r)
+			if !ok {
+				noID = append(noID, i)
+				continue
+			}
+			if j, dup := m[id]; dup {
+				fd.add("duplicate_in_"+side, fmt.Sprintf("id %s at %s and %s", id, showRec(rs[j]), showRec(r)))
+				continue
+			}
+			m[id] = i
+		}
+		return m, noID
+	}
+	ia, noA := index(A, aName)
+	ib, noB := index(B, bName)
+	identical, matched := 0, 0
+	compareOne := func(a, b Rec) {
+		matched++
+		same := true
+		if a.Topic != b.Topic {
+			fd.add("topic", pair(a, b))
+			same = false
+		} else if a.Partition != b.Partition {
+			fd.add("partition", pair(a, b))
+			same = false
+		} else if a.Offset != b.Offset {
+			fd.add("offset", pair(a, b))
+			same = false
+		}
+		if (a.Key == nil) != (b.Key == nil) {
+			fd.add("key_null", pair(a, b))
+			same = false
+		} else if !bytes.Equal(a.Key, b.Key) {
+			fd.add("key", pair(a, b))
+			same = false
+		}
+		if (a.Value == nil) != (b.Value == nil) {
+			fd.add("value_null", pair(a, b))
+			same = false
+		} else if !bytes.Equal(a.Value, b.Value) {
+			fd.add("value", pair(a, b))
+			same = false
+		}
+		if !headersEqual(a.Headers, b.Headers) {
+			same = false
+			na, nb := headerNames(a.Headers), headerNames(b.Headers)
+			for _, n := range na {
+				if !slices.Contains(nb, n) {
+					fd.add("header_missing_in_"+bName+":"+n, pair(a, b))
+				}
+			}
+			for _, n := range nb {
+				if !slices.Contains(na, n) {
+					fd.add("header_extra_in_"+bName+":"+n, pair(a, b))
+				}
+			}
+			for _, n := range na {
+				if slices.Contains(nb, n) && !bytes.Equal(headerValue(a.Headers, n), headerValue(b.Headers, n)) {
+					fd.add("header_value:"+n, pair(a, b))
+				}
+			}
+			common := func(x, y []string) []string {
+				var c []string
+				for _, n := range x {
+					if slices.Contains(y, n) {
+						c = append(c, n)
+					}
+				}
+				return c
+			}
+			if !slices.Equal(common(na, nb), common(nb, na)) || len(na) != len(slices.Compact(slices.Clone(na))) {
+				fd.add("header_order", pair(a, b))
+			}
+		}
+		if same {
+			identical++
+		}
+	}
+	for _, a := range A {
+		id, ok := idOf(a)
+		if !ok {
+			continue
+		}
+		j, ok := ib[id]
+		if !ok {
+			fd.add("missing_in_"+bName, showRec(a))
+			continue
+		}
+		compareOne(a, B[j])
+	}
+	for _, b := range B {
+		id, ok := idOf(b)
+		if !ok {
+			continue
+		}
+		if _, ok := ia[id]; !ok {
+			fd.add("extra_in_"+bName, showRec(b))
+		}
+	}
+	// records without an id header: by position within their partition
+	for k := 0; k < len(noA) || k < len(noB); k++ {
+		switch {
+		case k >= len(noA):
+			fd.add("extra_in_"+bName+"(no id header)", showRec(B[noB[k]]))
+		case k >= len(noB):
+			fd.add("missing_in_"+bName+"(no id header)", showRec(A[noA[k]]))
+		default:
+			fd.add("no_id_header", pair(A[noA[k]], B[noB[k]]))
+			compareOne(A[noA[k]], B[noB[k]])
+		}
+	}
+	// per-key order: for each key, the sequence of ids must be the same on both sides
+	seqA, seqB := keySeqs(A), keySeqs(B)
+	for k, sa := range seqA {
+		sb := seqB[k]
+		// only the events both sides have: a missing or extra one is its own class
+		inB, inA := map[string]bool{}, map[string]bool{}
+		for _, id := range sb {
+			inB[id] = true
+		}
+		for _, id := range sa {
+			inA[id] = true
+		}
+		sa = slices.DeleteFunc(slices.Clone(sa), func(id string) bool { return !inB[id] })
+		sb = slices.DeleteFunc(slices.Clone(sb), func(id string) bool { return !inA[id] })
+		if !slices.Equal(sa, sb) {
+			fd.add("order_within_key", fmt.Sprintf("key %q: %s %v | %s %v", k, aName, head(sa), bName, head(sb)))
+		}
+	}
+
+	// timestamps: informational
+	var tsDiff, tsSame int
+	for _, a := range A {
+		if id, ok := idOf(a); ok {
+			if j, ok := ib[id]; ok {
+				if a.TSMillis == B[j].TSMillis {
+					tsSame++
+				} else {
+					tsDiff++
+				}
+			}
+		}
+	}
+
+	return diffResult{fd: fd, countA: countA, countB: countB, matched: matched, identical: identical, tsSame: tsSame, tsDiff: tsDiff}
 }
