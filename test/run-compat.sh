@@ -21,91 +21,61 @@
 #
 # Fails (never skips) when a service, Kafka Connect or Debezium cannot start or a step times out.
 # Knobs: OUTBOX_COMPAT_EVENTS, OUTBOX_COMPAT_AGGREGATES, OUTBOX_COMPAT_RUN_DIR (default test/.run/compat),
-#   OUTBOX_COMPAT_KEEP=1 (leave the services running afterwards), OUTBOX_COMPAT_TIMEOUT (per contender, 10m).
+#   OUTBOX_COMPAT_KEEP=1 (leave the services running afterwards), PEER_TIMEOUT (per contender, 10m),
+#   OUTBOX_COMPAT_B=debezium (the harness's self-check: Debezium against a second Debezium run instead of the
+#   relay; everything must be identical but the per-run header __debezium.context.runId).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
 RUN="${OUTBOX_COMPAT_RUN_DIR:-$REPO/test/.run/compat}"
 EVENTS="${OUTBOX_COMPAT_EVENTS:-20000}"
 AGGS="${OUTBOX_COMPAT_AGGREGATES:-300}"
-TIMEOUT="${OUTBOX_COMPAT_TIMEOUT:-10m}"
+B="${OUTBOX_COMPAT_B:-relay}"
 ALLOW_DOC="$REPO/docs/migrating-from-debezium.md"
-export OUTBOX_TEST_RUN_DIR="$RUN"
 T0=$SECONDS
+. test/compat/lib.sh
 
-say() { printf '\n== [%(%H:%M:%S)T +%ss] %s\n' -1 "$((SECONDS - T0))" "$*"; }
-
-RELAY_PID=""
-cleanup() {
+on_exit() {
   local rc=$?
   set +e
-  bash test/compat/debezium.sh stop "$RUN/debezium" >/dev/null 2>&1
-  if [ -n "$RELAY_PID" ] && kill -0 "$RELAY_PID" 2>/dev/null; then kill -KILL "$RELAY_PID"; fi
-  if [ "${OUTBOX_COMPAT_KEEP:-0}" != 1 ]; then bash test/services.sh stop >/dev/null 2>&1; fi
+  peer_cleanup
   echo "make compat: $([ $rc = 0 ] && echo PASSED || echo FAILED) in $((SECONDS - T0))s (run dir $RUN)"
   exit $rc
 }
-trap cleanup EXIT
+trap on_exit EXIT
 trap 'exit 130' INT TERM
 
-mkdir -p "$RUN"
-say "build the relay and test/compat"
-go build -o "$RUN/outbox-relay" ./cmd/outbox-relay
-go build -o "$RUN/outbox-compat" ./test/compat
-C="$RUN/outbox-compat"
-
-say "Kafka Connect + Debezium jars"
-bash test/compat/debezium.sh fetch
-
-say "PostgreSQL 15 + Kafka"
-bash test/services.sh start >/dev/null
-set -a; . "$RUN/env"; set +a
+case "$B" in relay|debezium) ;; *) echo "OUTBOX_COMPAT_B must be relay or debezium, not '$B'"; exit 2 ;; esac
+peer_setup
 
 say "outbox table, slots and publications (before the backlog), backlog of $EVENTS events"
-"$C" prepare -table public.outbox -slot debezium_compat:debezium_compat_pub -slot relay_compat:relay_compat_pub
+"$C" prepare -table public.outbox -slot debezium_compat:debezium_compat_pub -slot relay_compat:relay_compat_pub \
+  -slot debezium_compat2:debezium_compat2_pub
 "$C" write -table public.outbox -events "$EVENTS" -aggregates "$AGGS" -manifest "$RUN/manifest.jsonl"
 "$C" topics -manifest "$RUN/manifest.jsonl" -recreate -partitions 4
 
 say "Debezium: start, stream the backlog, stop"
-rm -rf "$RUN/debezium"
-t_dbz=$(date +%s.%N)
-DBZ_SLOT=debezium_compat DBZ_PUBLICATION=debezium_compat_pub bash test/compat/debezium.sh start "$RUN/debezium"
-"$C" wait -records "$EVENTS" -pid "$(cat "$RUN/debezium/connect.pid")" -since "$t_dbz" -timeout "$TIMEOUT" \
-  -out "$RUN/debezium-wait.json"
-bash test/compat/debezium.sh stop "$RUN/debezium"
-"$C" dump -out "$RUN/debezium.jsonl"
-"$C" verify -manifest "$RUN/manifest.jsonl" -dump "$RUN/debezium.jsonl" -name debezium
+peer_debezium debezium "$EVENTS"
 
-say "the relay (--compat debezium): fresh topics, start, stream the backlog, stop"
+say "fresh topics (same names, offsets from 0), then $B"
 "$C" topics -manifest "$RUN/manifest.jsonl" -recreate -partitions 4
-metrics="127.0.0.1:$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-relay_args=(run --compat debezium --postgres-url "$OUTBOX_TEST_PG_URL" --kafka-brokers "$OUTBOX_TEST_KAFKA_BROKERS"
-  --slot relay_compat --publication relay_compat_pub --create-publication=false --leader-election=false
-  --metrics-addr "$metrics" --log-format json)
-echo "$RUN/outbox-relay ${relay_args[*]}" | sed 's|://[^@]*@|://***@|' >"$RUN/relay.cmd"
-cat "$RUN/relay.cmd"
-t_rel=$(date +%s.%N)
-# Only the settings above: no OUTBOX_RELAY_* variable of the caller's shell.
-env $(env | sed -n 's/^\(OUTBOX_RELAY_[A-Z0-9_]*\)=.*/-u \1/p') "$RUN/outbox-relay" "${relay_args[@]}" >"$RUN/relay.log" 2>&1 &
-RELAY_PID=$!
-if ! "$C" wait -records "$EVENTS" -pid "$RELAY_PID" -since "$t_rel" -timeout "$TIMEOUT" -out "$RUN/relay-wait.json"; then
-  tail -n 40 "$RUN/relay.log"
-  echo "the relay did not publish the backlog (log: $RUN/relay.log)"
-  exit 1
+if [ "$B" = relay ]; then
+  peer_relay relay "$EVENTS" relay_compat relay_compat_pub
+else
+  DBZ_SLOT=debezium_compat2 DBZ_PUBLICATION=debezium_compat2_pub peer_debezium debezium2 "$EVENTS"
+  B=debezium2
+  # Debezium against itself: only the per-run id may differ.
+  ALLOW_DOC="$RUN/self-check-allow.md"
+  printf '%s\n' '<!-- compat-allow-list:begin -->' \
+    '- `header_value:__debezium.context.runId`: a random id per Debezium run' '<!-- compat-allow-list:end -->' >"$ALLOW_DOC"
 fi
-kill -TERM "$RELAY_PID"
-wait "$RELAY_PID" || echo "relay exited with status $? after SIGTERM (log: $RUN/relay.log)"
-RELAY_PID=""
-"$C" dump -out "$RUN/relay.jsonl"
-relay_ok=0
-"$C" verify -manifest "$RUN/manifest.jsonl" -dump "$RUN/relay.jsonl" -name relay || relay_ok=1
 
-say "compare record by record (allow-list: docs/migrating-from-debezium.md)"
+say "compare record by record (allow-list: ${ALLOW_DOC#$REPO/})"
 status=0
-"$C" compare -a "$RUN/debezium.jsonl" -b "$RUN/relay.jsonl" -a-name debezium -b-name relay -allow "$ALLOW_DOC" \
+"$C" compare -a "$RUN/debezium.jsonl" -b "$RUN/$B.jsonl" -a-name debezium -b-name "$B" -allow "$ALLOW_DOC" \
   | tee "$RUN/compare.md" || status=1
 echo
 echo "debezium: $(cat "$RUN/debezium-wait.json")"
-echo "relay:    $(cat "$RUN/relay-wait.json")"
-[ "$relay_ok" = 0 ] || { echo "the relay's output does not match the backlog (see verify above)"; status=1; }
+echo "$B: $(cat "$RUN/$B-wait.json")"
+[ "$PEER_VERIFY_FAILED" = 0 ] || { echo "the $B output does not match the backlog (see verify above)"; status=1; }
 exit "$status"
