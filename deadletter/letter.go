@@ -55,7 +55,8 @@ const maxErrorText = 2000
 // Letter is one poison event on its way to the dead-letter topic.
 type Letter struct {
 	Table      string
-	ID         int64 // 0 if the row's id could not be read
+	ID         int64  // 0 if the row's id could not be read
+	IDText     string // the id of a table whose id is not an integer (uuid, text); then ID is 0
 	LSN        pglogrepl.LSN
 	Topic      string // the topic it was meant for; "" if it could not be routed
 	Key        []byte
@@ -167,7 +168,11 @@ func (l *Letter) Record(now time.Time) (key, value []byte, headers []sarama.Reco
 		add(HeaderAttempts, strconv.Itoa(l.Attempts))
 		add(HeaderSourceLSN, l.LSN.String())
 		add(HeaderTable, l.Table)
-		add(HeaderEventID, strconv.FormatInt(l.ID, 10))
+		if l.IDText != "" {
+			add(HeaderEventID, l.IDText)
+		} else {
+			add(HeaderEventID, strconv.FormatInt(l.ID, 10))
+		}
 		add(HeaderFailedAt, now.UTC().Format(time.RFC3339Nano))
 		if omitValue {
 			add(HeaderPayloadOmitted, "true")

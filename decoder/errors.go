@@ -38,7 +38,8 @@ func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 // what to do.
 type RowError struct {
 	Table  string        // schema.name
-	ID     int64         // outbox.id; 0 if unknown
+	ID     int64         // outbox.id; 0 if unknown or not an integer
+	IDText string        // the id's text when the id column is not an integer (columns.id)
 	LSN    pglogrepl.LSN // of the Insert
 	Column string
 	Reason string // what is wrong with the column, e.g. "is NULL"
@@ -67,6 +68,8 @@ func (e *RowError) Error() string {
 	id := "?"
 	if e.ID != 0 {
 		id = strconv.FormatInt(e.ID, 10)
+	} else if e.IDText != "" {
+		id = quoteKey(e.IDText)
 	}
 	s := fmt.Sprintf("outbox row %s id=%s at LSN %s: column %q: %s", e.Table, id, e.LSN, e.Column, e.Reason)
 	if e.hint != "" {

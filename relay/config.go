@@ -31,6 +31,14 @@ type Config struct {
 	// MaxUnackedAge makes the leader not ready (/readyz 503) while its
 	// oldest event published and not yet acked by Kafka is older than this.
 	MaxUnackedAge time.Duration `yaml:"max_unacked_age"`
+	// Compat is the record format and the default column mapping:
+	// FormatOwn ("") or FormatDebezium ("debezium").
+	Compat string `yaml:"compat"`
+	// Columns maps the columns of postgres.table (ColumnsConfig).
+	Columns ColumnsConfig `yaml:"columns"`
+	// Tables lists several outbox tables instead of postgres.table and
+	// columns (file only).
+	Tables []TableConfig `yaml:"tables"`
 }
 
 // InFlightConfig bounds events published but not yet acked by Kafka.
@@ -115,6 +123,11 @@ func (c Config) Validate() error {
 	}
 	if c.MaxUnackedAge < time.Second || c.MaxUnackedAge > time.Hour {
 		errs = append(errs, fmt.Errorf("max_unacked_age: %s is out of range: use 1s..1h (default 30s)", c.MaxUnackedAge))
+	}
+	if errs[0] == nil { // postgres.table parsed: resolve the tables and their mappings
+		if _, err := c.Outboxes(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -39,10 +40,15 @@ type RowMarker interface {
 
 // PipelineConfig is what a pipeline needs to know.
 type PipelineConfig struct {
-	Table    string // the outbox table, schema.name
+	Table    string // the outbox table, schema.name, when Outboxes is empty
 	Template sink.Template
-	Limits   checkpoint.Limits
-	Policy   Policy
+	// Outboxes are the outbox tables with their mappings and templates
+	// (Config.Outboxes); empty: Table with Template, the relay's own way.
+	Outboxes []Outbox
+	// Format is the record format: FormatOwn or FormatDebezium (compat).
+	Format string
+	Limits checkpoint.Limits
+	Policy Policy
 	// Start is the watermark earlier terms of this process got acked (0
 	// at first); each replication session sets it to the slot's confirmed
 	// position before streaming (raised, or reset when the slot is behind
@@ -67,7 +73,10 @@ type PipelineConfig struct {
 // NewPipeline allocates; Run works off retries and row marks until its ctx
 // ends; Handle runs on the replication loop goroutine.
 type Pipeline struct {
-	table    string
+	table    string // the first outbox table, for messages about the whole pipeline
+	outboxes []Outbox
+	format   string
+	tables   []string     // schema.name of each outbox, for messages and the table label
 	router   *sink.Router // owned by the replication loop goroutine
 	policy   Policy
 	tracker  *checkpoint.Tracker
@@ -93,6 +102,7 @@ type Pipeline struct {
 	spilledTxns  atomic.Uint64
 	streamOpen   atomic.Int64 // bytes held for streamed transactions not committed yet
 	decoded      atomic.Uint64
+	decodedBy    []atomic.Uint64 // events decoded per outbox table
 	resent       atomic.Uint64
 	m            pipelineMetrics
 }
@@ -106,11 +116,24 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
-	p := &Pipeline{table: cfg.Table, router: router, policy: cfg.Policy, pub: pub, marker: marker,
+	if len(cfg.Outboxes) == 0 {
+		t, err := outboxschema.ParseTable(cfg.Table)
+		if err != nil {
+			return nil, fmt.Errorf("relay: %w", err)
+		}
+		cfg.Outboxes = []Outbox{{Mapping: outboxschema.DefaultMapping(t), Template: cfg.Template, Own: true}}
+	}
+	cfg.Policy.Format = cfg.Format
+	p := &Pipeline{table: cfg.Outboxes[0].Mapping.Table.String(), outboxes: cfg.Outboxes, format: cfg.Format,
+		router: router, policy: cfg.Policy, pub: pub, marker: marker,
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
 		hbPrefix: cfg.HeartbeatPrefix, beats: newBeats(0, time.Now)}
+	for _, o := range p.outboxes {
+		p.tables = append(p.tables, o.Mapping.Table.String())
+	}
+	p.decodedBy = make([]atomic.Uint64, len(p.outboxes))
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
@@ -187,16 +210,22 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload)),
-			attempts: p.rewind.attemptsOf(ev.LSN)}
-		d.msg = Record(ev, commitLSN, txn.CommitTime)
+		ob := &p.outboxes[ev.TableIndex]
+		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own, lsn: ev.LSN, commit: txn.CommitTime,
+			size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(ev.LSN)}
+		p.decodedBy[ev.TableIndex].Add(1)
+		if p.format == FormatDebezium {
+			d.msg = DebeziumRecord(ev, txn.CommitTime)
+		} else {
+			d.msg = Record(ev, commitLSN, txn.CommitTime)
+		}
 		d.msg.Done = d.done
 		bytes += d.size
 		if p.rewind.deadLettered(ev.LSN) {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		topic, reason, err := Route(p.router, p.table, ev)
+		topic, reason, err := RouteWith(p.router, ob.Template, p.tables[ev.TableIndex], ev)
 		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 		if err != nil {
 			if err := p.poisonRow(ctx, d, reason, err); err != nil {
@@ -227,10 +256,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+			p.log.Debug().Str("row", d.row()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
-			return fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+			return fmt.Errorf("publish outbox row %s at LSN %s: %w", d.row(), d.lsn, err)
 		}
 	}
 	return nil
@@ -257,12 +286,23 @@ type delivery struct {
 	pend     *checkpoint.Pending
 	msg      sink.Message
 	id       int64
+	idText   string // the id of a table whose id is not an integer
+	table    int    // index of the outbox table in Pipeline.outboxes
+	mark     bool   // dead letters and halts are recorded on the row (Outbox.Own)
 	lsn      pglogrepl.LSN
 	commit   time.Time
 	size     int64
 	attempts int                // failed publish attempts so far
 	letter   *deadletter.Letter // set once the event is being dead-lettered
 	finished bool               // dead-lettered before a rewind: acked without a record
+}
+
+// row names d's outbox row in messages: schema.table id=N.
+func (d *delivery) row() string {
+	if d.idText != "" {
+		return fmt.Sprintf("%s id=%q", d.p.tables[d.table], d.idText)
+	}
+	return fmt.Sprintf("%s id=%d", d.p.tables[d.table], d.id)
 }
 
 // done is the broker's verdict on d.msg. It runs on the producer's
@@ -277,14 +317,14 @@ func (d *delivery) done(err error) {
 			d.pend.Ack(d.size)
 			return
 		}
-		p.m.deadLettered.WithLabelValues(d.letter.Reason).Inc()
+		p.m.deadLettered.WithLabelValues(d.letter.Reason, p.tables[d.table]).Inc()
 		p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
 		return
 	}
 	d.attempts++
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
-	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+	ev := p.log.With().Str("row", d.row()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	switch action {
 	case RetryTransient, RetryPoison:
@@ -310,11 +350,11 @@ func (d *delivery) done(err error) {
 	case Halt:
 		switch {
 		case d.letter != nil:
-			err = fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err)
+			err = fmt.Errorf("write dead letter of outbox row %s to topic %s: %w", d.row(), d.msg.Topic, err)
 		case kind == fault.Refused:
-			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err)
+			err = fmt.Errorf("publish outbox row %s at LSN %s: %w; grant the relay's Kafka user write access to the topic", d.row(), d.lsn, err)
 		default:
-			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+			err = fmt.Errorf("publish outbox row %s at LSN %s: %w", d.row(), d.lsn, err)
 		}
 		p.halt(d, err)
 	}
@@ -324,7 +364,7 @@ func (d *delivery) done(err error) {
 // is stopped, so the event stays unacked and the slot keeps it.
 func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 	if err := p.pub.Publish(ctx, &d.msg); err != nil {
-		return fmt.Errorf("resend outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+		return fmt.Errorf("resend outbox row %s at LSN %s: %w", d.row(), d.lsn, err)
 	}
 	return nil
 }
@@ -334,9 +374,10 @@ func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 // large or they would not fit kafka.max_message_bytes, and the dlq.*
 // headers (deadletter.Letter.Record). The caller publishes it.
 func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
-	d.msg, d.letter = DeadLetterRecord(p.table, p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
+	d.msg, d.letter = DeadLetterRecord(p.tables[d.table], p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
+	d.letter.IDText = d.idText
 	d.msg.Done = d.done
-	p.log.Error().Err(cause).Int64("id", d.id).Str("lsn", d.lsn.String()).Str("reason", reason).
+	p.log.Error().Err(cause).Str("row", d.row()).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
@@ -356,7 +397,10 @@ type rowMark struct {
 // slot never moves past an event nobody can find.
 func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 	d := m.d
-	for attempt := 1; d.id != 0; attempt++ {
+	// A table other than the relay's own has no bookkeeping columns (and
+	// maybe no integer id): its dead letters are in the topic only, and a
+	// halt is in the log and /readyz.
+	for attempt := 1; d.mark && d.id != 0; attempt++ {
 		var err error
 		if m.dead {
 			var found bool
@@ -412,7 +456,7 @@ func (p *Pipeline) halt(d *delivery, err error) {
 		return
 	}
 	p.m.halted.Set(1)
-	p.log.Error().Err(err).Str("table", p.table).Int64("id", d.id).Str("lsn", d.lsn.String()).
+	p.log.Error().Err(err).Str("row", d.row()).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
 	p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
 }
@@ -474,7 +518,11 @@ func (p *Pipeline) Lag() time.Duration {
 // half inflight.max_bytes if less) altogether, then go to unlinked files in
 // TMPDIR.
 func (p *Pipeline) resetDecoder() error {
-	dec, err := decoder.New(p.table)
+	ms := make([]outboxschema.Mapping, len(p.outboxes))
+	for i, o := range p.outboxes {
+		ms[i] = o.Mapping
+	}
+	dec, err := decoder.NewMapped(ms, reservedExtra(p.format))
 	if err != nil {
 		return err
 	}

@@ -335,6 +335,15 @@ var invalidCases = []struct {
 	{key: "log.format", env: []string{"xml"}, flag: []string{"", "text"}, file: []any{"logfmt"}},
 	{key: "shutdown_timeout", env: []string{"100ms", "forever"}, flag: []string{"0s"}, file: []any{"999ms", 30}},
 	{key: "max_unacked_age", env: []string{"999ms", "soon"}, flag: []string{"2h"}, file: []any{"0s", 30}},
+	{key: "compat", env: []string{"DEBEZIUM", "kafka-connect"}, flag: []string{"dbz"}, file: []any{"yes", []string{"debezium"}}},
+	{key: "columns.id", env: []string{strings.Repeat("i", 64)}, flag: []string{strings.Repeat("i", 64)}, file: []any{[]string{"id"}}},
+	{key: "columns.key", env: []string{strings.Repeat("k", 64)}, flag: []string{strings.Repeat("k", 64)}, file: []any{[]string{"k"}}},
+	{key: "columns.type", env: []string{strings.Repeat("t", 64)}, flag: []string{strings.Repeat("t", 64)}, file: []any{[]string{"t"}}},
+	{key: "columns.payload", env: []string{strings.Repeat("p", 64)}, flag: []string{strings.Repeat("p", 64)}, file: []any{[]string{"p"}}},
+	{key: "columns.route_by", env: []string{strings.Repeat("r", 64)}, flag: []string{strings.Repeat("r", 64)}, file: []any{[]string{"r"}}},
+	{key: "columns.headers", env: []string{strings.Repeat("h", 64)}, flag: []string{strings.Repeat("h", 64)}, file: []any{[]string{"h"}}},
+	{key: "columns.additional", env: []string{"type:envelope", "type", "type:header:event_id"}, flag: []string{"a:partition", "a:header:DLQ.x", "a:header:x,b:header:X"},
+		file: []any{[]string{"a:b:c:d"}, "type:header:"}},
 }
 
 // onlyKey fails unless err exists and every line of it is about key.

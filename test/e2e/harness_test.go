@@ -78,6 +78,7 @@ type env struct {
 	name  string
 	extra []string // extra relay env
 	url   string   // the relay's postgres.url: the services' pgURL unless newEnvAt says
+	args  []string // the relay's config flags instead of flags()' (newMappedEnv)
 }
 
 // newEnv makes a test's private outbox and migrates it; configure, when
@@ -117,6 +118,9 @@ func newEnvAt(t *testing.T, name, url string, configure ...func(*testkit.Outbox)
 }
 
 func (e *env) flags() []string {
+	if e.args != nil {
+		return e.args
+	}
 	return []string{"--postgres-url", e.url, "--kafka-brokers", strings.Join(brokers, ","),
 		"--slot", e.Slot, "--publication", e.Pub, "--table", e.Table,
 		"--topic-template", e.Prefix + ".{aggregate_type}", "--log-format", "json",
