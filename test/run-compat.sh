@@ -23,7 +23,8 @@
 # Knobs: OUTBOX_COMPAT_EVENTS, OUTBOX_COMPAT_AGGREGATES, OUTBOX_COMPAT_RUN_DIR (default test/.run/compat),
 #   OUTBOX_COMPAT_KEEP=1 (leave the services running afterwards), PEER_TIMEOUT (per contender, 10m),
 #   OUTBOX_COMPAT_B=debezium (the harness's self-check: Debezium against a second Debezium run instead of the
-#   relay; everything must be identical but the per-run header __debezium.context.runId).
+#   relay; everything must be identical but the per-run header __debezium.context.runId),
+#   OUTBOX_COMPAT_DBZ_SETTINGS="KEY=VALUE ..." (more Debezium settings, e.g. extended.headers.enabled=false).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -55,7 +56,8 @@ say "outbox table, slots and publications (before the backlog), backlog of $EVEN
 "$C" topics -manifest "$RUN/manifest.jsonl" -recreate -partitions 4
 
 say "Debezium: start, stream the backlog, stop"
-peer_debezium debezium "$EVENTS"
+# shellcheck disable=SC2086
+peer_debezium debezium "$EVENTS" ${OUTBOX_COMPAT_DBZ_SETTINGS:-}
 
 say "fresh topics (same names, offsets from 0), then $B"
 "$C" topics -manifest "$RUN/manifest.jsonl" -recreate -partitions 4

@@ -58,7 +58,31 @@ func cmdVerify(args []string) error {
 	}
 	lastPos := map[string]int{} // topic + key -> manifest index of the last record read
 	order, nulls := 0, 0
+	dead := 0
 	for _, r := range recs {
+		if reason := headerValue(r.Headers, "dlq.reason"); reason != nil {
+			// a dead letter stands for its event (dlq.event_id): delivered to the dead-letter topic, not lost;
+			// compare decides whether that is an allowed difference
+			id := string(headerValue(r.Headers, "dlq.event_id"))
+			if _, ok := byID[id]; !ok {
+				if hid, has := idOf(r); has {
+					if _, found := byID[hid]; found {
+						bad("dead letter %s/%d@%d: dlq.event_id %q is not its event's id %q", r.Topic, r.Partition, r.Offset, id, hid)
+						id = hid
+					}
+				}
+			}
+			if i, ok := byID[id]; ok {
+				seen[i]++
+				dead++
+				if seen[i] > 1 {
+					bad("event %s read %d times (once as a dead letter)", id, seen[i])
+				}
+			} else {
+				bad("dead letter %s/%d@%d for event %q that was never written", r.Topic, r.Partition, r.Offset, id)
+			}
+			continue
+		}
 		id, ok := idOf(r)
 		if !ok {
 			bad("%s/%d@%d: no id header", r.Topic, r.Partition, r.Offset)
@@ -102,8 +126,8 @@ func cmdVerify(args []string) error {
 			bad("event %s (%s/%q) never read", evs[i].ID, evs[i].Type, evs[i].Agg)
 		}
 	}
-	fmt.Printf("verify %s: %d records for %d events written: lost %d, duplicates %d, out of order per key %d, SQL NULL payloads %d\n",
-		*name, len(recs), len(evs), lost, len(recs)-(len(evs)-lost), order, nulls)
+	fmt.Printf("verify %s: %d records for %d events written: lost %d, duplicates %d, out of order per key %d, SQL NULL payloads %d, dead-lettered %d\n",
+		*name, len(recs), len(evs), lost, len(recs)-(len(evs)-lost), order, nulls, dead)
 	if len(problems) > 0 {
 		return fmt.Errorf("%s does not match the backlog:\n  %s", *name, strings.Join(problems, "\n  "))
 	}
@@ -323,6 +347,19 @@ func cmdCompare(args []string) error {
 	fmt.Printf("| **total** | | %d | %d |\n\n", len(A), len(B))
 	fmt.Printf("records compared (matched by event id): %d; identical (topic, partition, offset, key, value, headers): %d; with differences: %d\n",
 		matched, identical, matched-identical)
+	okApart := 0
+	for _, cls := range d.recClasses {
+		all := true
+		for _, c := range cls {
+			if _, ok := allowed(allow, c); !ok {
+				all = false
+			}
+		}
+		if all {
+			okApart++
+		}
+	}
+	fmt.Printf("identical apart from allowed difference classes: %d of %d\n", okApart, matched)
 	fmt.Printf("timestamps (not compared): equal %d, different %d\n\n", tsSame, tsDiff)
 	failed := 0
 	if len(fd.order) == 0 {
@@ -357,6 +394,19 @@ func head(s []string) []string {
 		return append(slices.Clone(s[:4]), "...")
 	}
 	return s
+}
+
+func partSeqs(rs []Rec) map[tp][]string {
+	m := map[tp][]string{}
+	seen := map[string]bool{}
+	for _, r := range rs {
+		if id, ok := idOf(r); ok && !seen[id] {
+			seen[id] = true
+			k := tp{r.Topic, r.Partition}
+			m[k] = append(m[k], id)
+		}
+	}
+	return m
 }
 
 func keySeqs(rs []Rec) map[string][]string {
@@ -407,6 +457,7 @@ type diffResult struct {
 	countA, countB     map[tp]int
 	matched, identical int
 	tsSame, tsDiff     int
+	recClasses         [][]string
 }
 
 // diffDumps compares A (the reference) with B record by record (see cmdCompare).
@@ -442,34 +493,74 @@ func diffDumps(A, B []Rec, aName, bName string) diffResult {
 		}
 		return m, noID
 	}
+	// B's dead letters (records with a dlq.reason header): each one names the event it stands for (dlq.event_id)
+	var dead []Rec
+	B = slices.DeleteFunc(slices.Clone(B), func(r Rec) bool {
+		if headerValue(r.Headers, "dlq.reason") != nil {
+			dead = append(dead, r)
+			return true
+		}
+		return false
+	})
 	ia, noA := index(A, aName)
 	ib, noB := index(B, bName)
+	deadFor := map[string]bool{}
+	for _, r := range dead {
+		id := string(headerValue(r.Headers, "dlq.event_id"))
+		i, ok := ia[id]
+		if !ok {
+			// docs/configuration.md: dlq.event_id is the id's text. A dead letter whose id header names an
+			// event but whose dlq.event_id does not is a difference of its own (and is then matched by id).
+			if hid, has := idOf(r); has {
+				if j, found := ia[hid]; found {
+					fd.add("dead_letter_event_id_wrong", fmt.Sprintf("dlq.event_id=%q, id=%q: %s", id, hid, showRec(r)))
+					id, i, ok = hid, j, true
+				}
+			}
+		}
+		if !ok {
+			fd.add("extra_in_"+bName+":dead_letter", showRec(r))
+			continue
+		}
+		deadFor[id] = true
+		class := "dead_lettered_in_" + bName + ":" + string(headerValue(r.Headers, "dlq.reason"))
+		if len(A[i].Key) == 0 {
+			class += ":empty_key"
+		}
+		fd.add(class, fmt.Sprintf("%s: %s | %s: %s", aName, showRec(A[i]), bName, showRec(r)))
+	}
 	identical, matched := 0, 0
+	offsetDiff := map[tp][]string{}
+	var recClasses [][]string // per matched record: its difference classes (offset shifts judged per partition)
 	compareOne := func(a, b Rec) {
 		matched++
+		var cls []string
+		add := func(c, ex string) { fd.add(c, ex); cls = append(cls, c) }
+		defer func() { recClasses = append(recClasses, cls) }()
 		same := true
 		if a.Topic != b.Topic {
-			fd.add("topic", pair(a, b))
+			add("topic", pair(a, b))
 			same = false
 		} else if a.Partition != b.Partition {
-			fd.add("partition", pair(a, b))
+			add("partition", pair(a, b))
 			same = false
 		} else if a.Offset != b.Offset {
-			fd.add("offset", pair(a, b))
+			// judged per partition below: a record missing before it shifts every later offset
+			offsetDiff[tp{a.Topic, a.Partition}] = append(offsetDiff[tp{a.Topic, a.Partition}], pair(a, b))
 			same = false
 		}
 		if (a.Key == nil) != (b.Key == nil) {
-			fd.add("key_null", pair(a, b))
+			add("key_null", pair(a, b))
 			same = false
 		} else if !bytes.Equal(a.Key, b.Key) {
-			fd.add("key", pair(a, b))
+			add("key", pair(a, b))
 			same = false
 		}
 		if (a.Value == nil) != (b.Value == nil) {
-			fd.add("value_null", pair(a, b))
+			add("value_null", pair(a, b))
 			same = false
 		} else if !bytes.Equal(a.Value, b.Value) {
-			fd.add("value", pair(a, b))
+			add("value", pair(a, b))
 			same = false
 		}
 		if !headersEqual(a.Headers, b.Headers) {
@@ -477,17 +568,17 @@ func diffDumps(A, B []Rec, aName, bName string) diffResult {
 			na, nb := headerNames(a.Headers), headerNames(b.Headers)
 			for _, n := range na {
 				if !slices.Contains(nb, n) {
-					fd.add("header_missing_in_"+bName+":"+n, pair(a, b))
+					add("header_missing_in_"+bName+":"+n, pair(a, b))
 				}
 			}
 			for _, n := range nb {
 				if !slices.Contains(na, n) {
-					fd.add("header_extra_in_"+bName+":"+n, pair(a, b))
+					add("header_extra_in_"+bName+":"+n, pair(a, b))
 				}
 			}
 			for _, n := range na {
 				if slices.Contains(nb, n) && !bytes.Equal(headerValue(a.Headers, n), headerValue(b.Headers, n)) {
-					fd.add("header_value:"+n, pair(a, b))
+					add("header_value:"+n, pair(a, b))
 				}
 			}
 			common := func(x, y []string) []string {
@@ -500,7 +591,7 @@ func diffDumps(A, B []Rec, aName, bName string) diffResult {
 				return c
 			}
 			if !slices.Equal(common(na, nb), common(nb, na)) || len(na) != len(slices.Compact(slices.Clone(na))) {
-				fd.add("header_order", pair(a, b))
+				add("header_order", pair(a, b))
 			}
 		}
 		if same {
@@ -514,7 +605,9 @@ func diffDumps(A, B []Rec, aName, bName string) diffResult {
 		}
 		j, ok := ib[id]
 		if !ok {
-			fd.add("missing_in_"+bName, showRec(a))
+			if !deadFor[id] {
+				fd.add("missing_in_"+bName, showRec(a))
+			}
 			continue
 		}
 		compareOne(a, B[j])
@@ -540,6 +633,35 @@ func diffDumps(A, B []Rec, aName, bName string) diffResult {
 			compareOne(A[noA[k]], B[noB[k]])
 		}
 	}
+	// Order within each partition: the events both sides have there must come in the same order. Offsets that
+	// differ only because records are missing or extra before them (their own classes) are no difference; in a
+	// partition where both sides have the same records, any offset difference is one ("offset").
+	partA, partB := partSeqs(A), partSeqs(B)
+	for k, sa := range partA {
+		sb := partB[k]
+		inA, inB := map[string]bool{}, map[string]bool{}
+		for _, id := range sa {
+			inA[id] = true
+		}
+		for _, id := range sb {
+			inB[id] = true
+		}
+		ca := slices.DeleteFunc(slices.Clone(sa), func(id string) bool { return !inB[id] })
+		cb := slices.DeleteFunc(slices.Clone(sb), func(id string) bool { return !inA[id] })
+		if !slices.Equal(ca, cb) {
+			for i := range ca {
+				if ca[i] != cb[i] {
+					fd.add("order_within_partition", fmt.Sprintf("%s/%d: position %d among common records: %s has %s, %s has %s",
+						k.topic, k.part, i, aName, ca[i], bName, cb[i]))
+				}
+			}
+		} else if len(ca) == len(sa) && len(cb) == len(sb) {
+			for _, ex := range offsetDiff[k] {
+				fd.add("offset", ex)
+			}
+		}
+	}
+
 	// per-key order: for each key, the sequence of ids must be the same on both sides
 	seqA, seqB := keySeqs(A), keySeqs(B)
 	for k, sa := range seqA {
@@ -573,5 +695,5 @@ func diffDumps(A, B []Rec, aName, bName string) diffResult {
 		}
 	}
 
-	return diffResult{fd: fd, countA: countA, countB: countB, matched: matched, identical: identical, tsSame: tsSame, tsDiff: tsDiff}
+	return diffResult{fd: fd, countA: countA, countB: countB, matched: matched, identical: identical, tsSame: tsSame, tsDiff: tsDiff, recClasses: recClasses}
 }

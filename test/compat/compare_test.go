@@ -46,9 +46,29 @@ func TestDiffDumps(t *testing.T) {
 			r[0], r[1] = r[1], r[0]
 			r[0].Offset, r[1].Offset = 0, 1
 			return r
-		}), []string{"offset", "order_within_key"}},
+		}), []string{"order_within_partition", "order_within_key"}},
+		{"offset gap", base, clone(func(r []Rec) []Rec { r[1].Offset = 5; return r }), []string{"offset"}},
+		{"offset shifted by a missing record", base, clone(func(r []Rec) []Rec {
+			r[1].Offset = 0
+			return r[1:]
+		}), []string{"missing_in_relay"}},
 		{"missing", base, clone(func(r []Rec) []Rec { return r[:2] }), []string{"missing_in_relay"}},
 		{"extra", base, clone(func(r []Rec) []Rec { return append(r, rec("outbox.dlq", 0, 0, "9", "k", "v")) }), []string{"extra_in_relay"}},
+		{"dead-lettered, empty key", clone(func(r []Rec) []Rec { r[2].Key = []byte{}; return r }), clone(func(r []Rec) []Rec {
+			r[2] = Rec{Topic: "outbox.dlq", Key: []byte{}, Headers: []Header{{Name: "dlq.reason", Value: []byte("bad_row")}, {Name: "dlq.event_id", Value: []byte("3")}}}
+			return r
+		}), []string{"dead_lettered_in_relay:bad_row:empty_key"}},
+		{"dead-lettered", base, clone(func(r []Rec) []Rec {
+			r[2] = Rec{Topic: "outbox.dlq", Headers: []Header{{Name: "dlq.reason", Value: []byte("message_too_large")}, {Name: "dlq.event_id", Value: []byte("3")}}}
+			return r
+		}), []string{"dead_lettered_in_relay:message_too_large"}},
+		{"dead letter with a wrong dlq.event_id", base, clone(func(r []Rec) []Rec {
+			r[2] = Rec{Topic: "outbox.dlq", Headers: []Header{{Name: "id", Value: []byte("3")}, {Name: "dlq.reason", Value: []byte("bad_row")}, {Name: "dlq.event_id", Value: []byte("0")}}}
+			return r
+		}), []string{"dead_letter_event_id_wrong", "dead_lettered_in_relay:bad_row"}},
+		{"dead letter of nothing", base, clone(func(r []Rec) []Rec {
+			return append(r, Rec{Topic: "outbox.dlq", Headers: []Header{{Name: "dlq.reason", Value: []byte("bad_row")}, {Name: "dlq.event_id", Value: []byte("77")}}})
+		}), []string{"extra_in_relay:dead_letter"}},
 		{"duplicate", base, clone(func(r []Rec) []Rec { return append(r, r[0]) }), []string{"duplicate_in_relay"}},
 		{"header missing", clone(func(r []Rec) []Rec { r[0].Headers = append([]Header{ctx}, r[0].Headers...); return r }), base,
 			[]string{"header_missing_in_relay:__debezium.context.runId"}},

@@ -23,7 +23,8 @@ func brokersFlag(fs *flag.FlagSet) *string {
 func splitBrokers(s string) []string { return strings.Split(s, ",") }
 
 // cmdTopics creates, deletes or recreates the event topics outbox.event.<type> of a manifest's types and the
-// relay's dead-letter topic outbox.dlq (deleted only: nothing should ever land there).
+// relay's dead-letter topic outbox.dlq (the relay creates no topic, and waits for all topics of a metadata request
+// while one is missing).
 func cmdTopics(args []string) error {
 	fs := flag.NewFlagSet("topics", flag.ExitOnError)
 	brokers := brokersFlag(fs)
@@ -33,6 +34,7 @@ func cmdTopics(args []string) error {
 	create := fs.Bool("create", false, "create the topics")
 	del := fs.Bool("delete", false, "delete every topic starting with outbox. (event topics and outbox.dlq)")
 	recreate := fs.Bool("recreate", false, "delete, wait until gone, create")
+	dlq := fs.String("dlq", "outbox.dlq", "the relay's dead-letter topic, created too (the relay creates no topic; \"\" = none)")
 	_ = fs.Parse(args)
 	bs := splitBrokers(*brokers)
 	if *del || *recreate {
@@ -48,6 +50,9 @@ func cmdTopics(args []string) error {
 		var names []string
 		for _, t := range m.Types {
 			names = append(names, *prefix+t)
+		}
+		if *dlq != "" {
+			names = append(names, *dlq)
 		}
 		if err := testkit.CreateTopics(bs, int32(*parts), nil, names...); err != nil {
 			return err
@@ -118,6 +123,7 @@ func cmdWait(args []string) error {
 	pid := fs.Int("pid", 0, "process to sample (/proc/PID)")
 	since := fs.Float64("since", 0, "origin of the with-startup rate (unix seconds; default: now)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after")
+	stall := fs.Duration("stall", 3*time.Minute, "give up when the count has not grown for this long")
 	poll := fs.Duration("poll", 50*time.Millisecond, "poll interval")
 	out := fs.String("out", "", "also write the result here")
 	_ = fs.Parse(args)
@@ -137,6 +143,7 @@ func cmdWait(args []string) error {
 	deadline := time.Now().Add(*timeout)
 	var topics []string
 	lastPrint := time.Now()
+	lastGrowth, lastSum := time.Now(), int64(-1)
 	for {
 		if pidGone(*pid) {
 			return fmt.Errorf("process %d exited with %d of %d records written", *pid, r.Records, *want)
@@ -177,8 +184,14 @@ func cmdWait(args []string) error {
 			r.RSSPeakKB = hwmOf(*pid)
 			break
 		}
+		if sum != lastSum {
+			lastGrowth, lastSum = time.Now(), sum
+		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("timed out after %s with %d of %d records", *timeout, sum, *want)
+		}
+		if time.Since(lastGrowth) > *stall {
+			return fmt.Errorf("stuck at %d of %d records for %s", sum, *want, *stall)
 		}
 		if time.Since(lastPrint) > 10*time.Second {
 			fmt.Fprintf(os.Stderr, "wait: %d of %d records\n", sum, *want)

@@ -44,7 +44,7 @@ peer_debezium() {
   rm -rf "${RUN:?}/$name"
   t=$(date +%s.%N)
   bash test/compat/debezium.sh start "$RUN/$name" "$@"
-  if ! "$C" wait -records "$events" -pid "$(cat "$RUN/$name/connect.pid")" -since "$t" -timeout "$PEER_TIMEOUT" \
+  if ! "$C" wait -prefix outbox. -records "$events" -pid "$(cat "$RUN/$name/connect.pid")" -since "$t" -timeout "$PEER_TIMEOUT" \
       -out "$RUN/$name-wait.json"; then
     tail -n 60 "$RUN/$name/connect.log"
     echo "Debezium did not publish the backlog (log: $RUN/$name/connect.log)"
@@ -72,7 +72,7 @@ peer_relay() {
   # shellcheck disable=SC2046
   env $(env | sed -n 's/^\(OUTBOX_RELAY_[A-Z0-9_]*\)=.*/-u \1/p') "$RUN/outbox-relay" "${args[@]}" >"$RUN/$name.log" 2>&1 &
   RELAY_PID=$!
-  if ! "$C" wait -records "$events" -pid "$RELAY_PID" -since "$t" -timeout "$PEER_TIMEOUT" -out "$RUN/$name-wait.json"; then
+  if ! "$C" wait -prefix outbox. -records "$events" -pid "$RELAY_PID" -since "$t" -timeout "$PEER_TIMEOUT" -out "$RUN/$name-wait.json"; then
     tail -n 40 "$RUN/$name.log"
     echo "the relay did not publish the backlog (log: $RUN/$name.log)"
     return 1
