@@ -34,13 +34,10 @@ import (
 // Headers may share one backing array, capped so that an append to one can
 // never overwrite another.
 type Event struct {
-	ID int64 // outbox.id, when the id column is an integer; else 0
-	// IDText is the id's text when the id column is not an integer (uuid,
-	// text: columns.id); "" for an integer id.
-	IDText        string
-	AggregateType string // the routing column (columns.route_by); "" when none is mapped
-	AggregateID   string // the record key (columns.key); never empty
-	EventType     string // columns.type; "" when none is mapped
+	ID            int64 // outbox.id
+	AggregateType string
+	AggregateID   string // never empty
+	EventType     string
 	// Payload is the payload column's text exactly as pgoutput sent it (for
 	// jsonb, Postgres's own rendering), not re-encoded; for bytea, the raw
 	// bytes. nil (and Err nil) only for a NULL payload of a table whose
@@ -54,8 +51,13 @@ type Event struct {
 	// (columns.additional), each with its header name and the column's text
 	// (Value nil for NULL).
 	Headers []Header
-	// Schema and Table name the outbox table of the row; TableIndex is the
-	// index of its mapping in the list given to NewMapped (0 with New).
+	// Read through a column mapping (NewMapped): ID is the id column's
+	// value when it is an integer, else 0 and IDText is its text (uuid,
+	// text); AggregateID is the key column's text, AggregateType the
+	// route_by column's and EventType the type column's ("" when none is
+	// mapped). Schema and Table name the row's outbox table; TableIndex is
+	// the index of its mapping in the list given to NewMapped (0 with New).
+	IDText        string
 	Schema, Table string
 	TableIndex    int
 	// LSN is the WAL position of the Insert: the walStart passed to Decode.

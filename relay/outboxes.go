@@ -166,6 +166,10 @@ func (c Config) Outboxes() ([]Outbox, error) {
 		prefix := fmt.Sprintf("tables[%d].", i)
 		t, err := outboxschema.ParseTable(tc.Name)
 		if err != nil {
+			var te *outboxschema.TableError
+			if errors.As(err, &te) {
+				err = fmt.Errorf("%q: %s", te.Input, te.Reason)
+			}
 			errs = append(errs, fmt.Errorf("%sname: %w", prefix, err))
 			continue
 		}

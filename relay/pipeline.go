@@ -42,13 +42,8 @@ type RowMarker interface {
 type PipelineConfig struct {
 	Table    string // the outbox table, schema.name, when Outboxes is empty
 	Template sink.Template
-	// Outboxes are the outbox tables with their mappings and templates
-	// (Config.Outboxes); empty: Table with Template, the relay's own way.
-	Outboxes []Outbox
-	// Format is the record format: FormatOwn or FormatDebezium (compat).
-	Format string
-	Limits checkpoint.Limits
-	Policy Policy
+	Limits   checkpoint.Limits
+	Policy   Policy
 	// Start is the watermark earlier terms of this process got acked (0
 	// at first); each replication session sets it to the slot's confirmed
 	// position before streaming (raised, or reset when the slot is behind
@@ -61,6 +56,11 @@ type PipelineConfig struct {
 	// HeartbeatPrefix is the prefix of the relay's heartbeat Messages
 	// (replication.HeartbeatPrefix); "" when heartbeats are off.
 	HeartbeatPrefix string
+	// Outboxes are the outbox tables with their mappings and templates
+	// (Config.Outboxes); empty: Table with Template, the relay's own way.
+	Outboxes []Outbox
+	// Format is the record format: FormatOwn or FormatDebezium (compat).
+	Format string
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -210,10 +210,15 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		ob := &p.outboxes[ev.TableIndex]
-		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own, lsn: ev.LSN, commit: txn.CommitTime,
+		// An event from no table (Table "") is routed with the plain
+		// kafka.topic_template, where {schema} and {table} render empty.
+		ob, tmpl, fromTable := &p.outboxes[ev.TableIndex], p.router.Template(), ev.Table != ""
+		if fromTable {
+			tmpl = ob.Template
+			p.decodedBy[ev.TableIndex].Add(1)
+		}
+		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own && fromTable, lsn: ev.LSN, commit: txn.CommitTime,
 			size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(ev.LSN)}
-		p.decodedBy[ev.TableIndex].Add(1)
 		if p.format == FormatDebezium {
 			d.msg = DebeziumRecord(ev, txn.CommitTime)
 		} else {
@@ -225,7 +230,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		topic, reason, err := RouteWith(p.router, ob.Template, p.tables[ev.TableIndex], ev)
+		topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
 		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 		if err != nil {
 			if err := p.poisonRow(ctx, d, reason, err); err != nil {
@@ -256,7 +261,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Str("row", d.row()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+			d.logID(p.log.Debug()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish outbox row %s at LSN %s: %w", d.row(), d.lsn, err)
@@ -297,6 +302,15 @@ type delivery struct {
 	finished bool               // dead-lettered before a rewind: acked without a record
 }
 
+// logID adds d's id to a log line: an integer, or the text of a uuid or
+// text id.
+func (d *delivery) logID(e *zerolog.Event) *zerolog.Event {
+	if d.idText != "" {
+		return e.Str("id", d.idText)
+	}
+	return e.Int64("id", d.id)
+}
+
 // row names d's outbox row in messages: schema.table id=N.
 func (d *delivery) row() string {
 	if d.idText != "" {
@@ -324,7 +338,13 @@ func (d *delivery) done(err error) {
 	d.attempts++
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
-	ev := p.log.With().Str("row", d.row()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+	lc := p.log.With()
+	if d.idText != "" {
+		lc = lc.Str("id", d.idText)
+	} else {
+		lc = lc.Int64("id", d.id)
+	}
+	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	switch action {
 	case RetryTransient, RetryPoison:
@@ -377,7 +397,7 @@ func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
 	d.msg, d.letter = DeadLetterRecord(p.tables[d.table], p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.letter.IDText = d.idText
 	d.msg.Done = d.done
-	p.log.Error().Err(cause).Str("row", d.row()).Str("lsn", d.lsn.String()).Str("reason", reason).
+	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
@@ -456,7 +476,7 @@ func (p *Pipeline) halt(d *delivery, err error) {
 		return
 	}
 	p.m.halted.Set(1)
-	p.log.Error().Err(err).Str("row", d.row()).Str("lsn", d.lsn.String()).
+	d.logID(p.log.Error().Err(err).Str("table", p.tables[d.table])).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
 	p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
 }

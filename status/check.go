@@ -87,7 +87,12 @@ func Evaluate(f Facts) Report {
 	default:
 		cs = append(cs, leaderCheck(f.Leader, t, migrate))
 		cs = append(cs, slotChecks(f, t, migrate)...)
-		cs = append(cs, deliveryChecks(f, t, migrate)...)
+		if f.Mapped {
+			cs = append(cs, Check{Name: "delivery", Verdict: OK,
+				Value: "not checked: the outbox tables are read through a column mapping (compat, columns or tables) and have no delivery horizon, dead-letter columns or created_at; see slot.lag_bytes and the relay's outbox_relay_lag_seconds"})
+		} else {
+			cs = append(cs, deliveryChecks(f, t, migrate)...)
+		}
 	}
 	r := Report{Verdict: OK, Checks: cs, Facts: f}
 	for _, c := range cs {
@@ -193,7 +198,9 @@ func slotChecks(f Facts, t outboxschema.Table, migrate func(string, int) string)
 		}
 		cs = append(cs, lb)
 	}
-	cs = append(cs, lagSecondsCheck(f, migrate))
+	if !f.Mapped {
+		cs = append(cs, lagSecondsCheck(f, migrate))
+	}
 	rc := Check{Name: "slot.registry"}
 	switch {
 	case s.RegistryMissing:

@@ -38,6 +38,10 @@ type Options struct {
 	ScanTimeout time.Duration
 	// EventID > 0 asks only "is row EventID delivered?".
 	EventID int64
+	// Mapped: the relay reads its tables through a column mapping
+	// (compat, columns, tables): they have no delivery horizon, dead-letter
+	// columns or created_at, so only the leader and the slot are read.
+	Mapped bool
 }
 
 // Facts are the raw readings; JSON field names are stable (README).
@@ -45,6 +49,7 @@ type Facts struct {
 	At        time.Time       `json:"at"` // the server's clock; every age is against it
 	Table     string          `json:"table"`
 	Slot      string          `json:"slot"`
+	Mapped    bool            `json:"mapped,omitempty"` // Options.Mapped: no delivery, DLQ, oldest row or retention facts
 	Leader    *LeaderFacts    `json:"leader,omitempty"`
 	SlotInfo  *SlotFacts      `json:"replication_slot,omitempty"`
 	Delivery  *DeliveryFacts  `json:"delivery,omitempty"`
@@ -175,6 +180,12 @@ func Gather(ctx context.Context, q Querier, o Options) Facts {
 	f := Facts{Table: o.Table.String(), Slot: o.Slot}
 	if err := q.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&f.At); err != nil {
 		f.ConnectError = err.Error()
+		return f
+	}
+	if o.Mapped {
+		f.Mapped = true
+		f.Leader = gatherLeader(ctx, q, o, f.At)
+		f.SlotInfo = gatherSlot(ctx, q, o)
 		return f
 	}
 	h := retention.Horizon{Table: o.Table, Slot: o.Slot}

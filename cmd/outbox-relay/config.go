@@ -136,7 +136,7 @@ var keys = []key{
 		}},
 	{"kafka.client_id", "OUTBOX_RELAY_KAFKA_CLIENT_ID", "kafka-client-id", "Kafka client id",
 		str(func(c *Config) *string { return &c.Kafka.ClientID })},
-	{"kafka.topic_template", "OUTBOX_RELAY_TOPIC_TEMPLATE", "topic-template", "topic per event: {aggregate_type} and {event_type} are replaced; no placeholder = fixed topic",
+	{"kafka.topic_template", "OUTBOX_RELAY_TOPIC_TEMPLATE", "topic-template", "topic per event: {aggregate_type}, {event_type}, {schema} and {table} are replaced; no placeholder = fixed topic",
 		str(func(c *Config) *string { return &c.Kafka.TopicTemplate })},
 	{"kafka.auto_create_topics", "OUTBOX_RELAY_KAFKA_AUTO_CREATE_TOPICS", "kafka-auto-create-topics", "let the relay create a missing topic (needs the broker's auto.create.topics.enable); off: create topics beforehand",
 		boolean(func(c *Config) *bool { return &c.Kafka.AutoCreateTopics })},

@@ -187,4 +187,203 @@ func TestCompatDebeziumRecords(t *testing.T) {
 	if !strings.Contains(r.log(), `"compat":"debezium"`) {
 		t.Error("the start log does not say compat debezium")
 	}
+
+	// The other commands on a table that is not the relay's own: status
+	// and check work, those that need its bookkeeping columns refuse.
+	cmd := func(args ...string) (int, string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		code, out, err := testkit.Run(ctx, os.Environ(), relayBin, append(args, e.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code, out
+	}
+	if code, out := cmd("status", "--json"); code != 0 || !strings.Contains(out, `"mapped": true`) || !strings.Contains(out, `"name": "delivery"`) {
+		t.Errorf("status: exit %d, want 0 with mapped and the delivery check off:\n%s", code, testkit.Tail(out, 3000))
+	}
+	if code, out := cmd("check", "--json"); code == 3 || !strings.Contains(out, "columns fit the mapping") {
+		t.Errorf("check: exit %d, want no failure and the mapping checked:\n%s", code, testkit.Tail(out, 3000))
+	}
+	for _, c := range [][]string{{"replay", "--since", "2020-01-01"}, {"dlq", "list"}, {"cleanup", "--dry-run"}} {
+		if code, out := cmd(c...); code != 2 || !strings.Contains(out, "works only on the relay's own outbox table") {
+			t.Errorf("%v: exit %d, want 2 saying why:\n%s", c, code, testkit.Tail(out, 2000))
+		}
+	}
+}
+
+// writeConfig writes a YAML config file for the relay and returns its path.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	p := t.TempDir() + "/relay.yaml"
+	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Issue 15: a mapped table with a TEXT id, a BYTEA payload, the key from
+// another column and placed columns: the record is the payload's raw bytes,
+// event_id the text id, the placements headers (a NULL one a null value).
+func TestMappedTableTextIDByteaPayload(t *testing.T) {
+	t.Parallel()
+	e := newMappedEnv(t, "mapped", `CREATE TABLE {schema}.events (
+		event_ref text PRIMARY KEY, tenant bigint, stream text NOT NULL, kind text, body bytea, trace text)`,
+		func(e *env) []string {
+			return append(e.baseArgs(), "--table", e.Schema+".events", "--topic-template", e.Prefix+".{aggregate_type}",
+				"--columns-id", "event_ref", "--columns-key", "tenant", "--columns-payload", "body", "--columns-route-by", "stream",
+				"--columns-type", "kind", "--columns-headers", "none", "--columns-additional", "trace:header:x-trace,kind:header")
+		})
+	r := e.startRelay()
+	ctx := context.Background()
+	raw := []byte{0x00, 0xff, '\\', 'x', 0x80, '\n'}
+	tx, err := e.DB.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, q := range []string{
+		"INSERT INTO " + e.Schema + ".events VALUES ('ev-1', 7, 'order', 'Created', $1, 't-1')",
+		"INSERT INTO " + e.Schema + ".events VALUES ('ev-2', 7, 'order', 'Paid', $1, NULL)",
+		"INSERT INTO " + e.Schema + ".events VALUES ('ev-3', 8, 'order', 'Created', $1, 't-3')",
+	} {
+		if _, err := tx.Exec(ctx, q, append(raw, byte(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := rawRecords(t, []string{e.Prefix + ".order"}, 3, 60*time.Second)
+	byID := map[string]*sarama.ConsumerMessage{}
+	for _, m := range got {
+		for _, h := range m.Headers {
+			if string(h.Key) == "event_id" {
+				byID[string(h.Value)] = m
+			}
+		}
+	}
+	for i, w := range []struct{ id, key, headers string }{
+		{"ev-1", "7", `x-trace="t-1";kind="Created";`},
+		{"ev-2", "7", `x-trace=<null>;kind="Paid";`},
+		{"ev-3", "8", `x-trace="t-3";kind="Created";`},
+	} {
+		m := byID[w.id]
+		if m == nil {
+			t.Errorf("no record with event_id %q (got %d records)", w.id, len(got))
+			continue
+		}
+		if want := append(append([]byte(nil), raw...), byte(i)); !bytes.Equal(m.Value, want) {
+			t.Errorf("%s: value %q, want the bytea's raw bytes %q", w.id, m.Value, want)
+		}
+		if string(m.Key) != w.key {
+			t.Errorf("%s: key %q, want %q", w.id, m.Key, w.key)
+		}
+		// The relay's own headers, then the placements in their order.
+		if h := headerList(m.Headers); !strings.HasSuffix(h, w.headers) || !strings.HasPrefix(h, `event_id="`+w.id+`";event_type="`) {
+			t.Errorf("%s: headers %s, want the relay's then %s", w.id, h, w.headers)
+		}
+	}
+	if !strings.Contains(r.log(), "are off for this table") {
+		t.Error("the start log does not say which features are off for a mapped table")
+	}
+}
+
+// Issue 15: two outbox tables in two schemas, one slot and one
+// publication, each with its own mapping (BIGINT and TEXT ids) and topic
+// template ({schema}, {table}); order per key holds per table while both
+// are written in the same transactions with the same keys.
+func TestTwoOutboxTablesOneSlot(t *testing.T) {
+	t.Parallel()
+	var cfg string
+	e := newMappedEnv(t, "tables", `CREATE TABLE {schema}.outbox (
+			id bigserial PRIMARY KEY, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+			event_type text NOT NULL, payload jsonb NOT NULL, headers jsonb);
+		CREATE SCHEMA {schema}_b;
+		CREATE TABLE {schema}_b.events (ref text PRIMARY KEY, customer text NOT NULL, body text NOT NULL)`,
+		func(e *env) []string {
+			cfg = writeConfig(t, fmt.Sprintf(`tables:
+  - name: %[1]s.outbox
+    topic_template: "%[2]s.{table}.{aggregate_type}"
+  - name: %[1]s_b.events
+    columns: {id: ref, key: customer, payload: body, type: none, route_by: none, headers: none}
+    topic_template: "%[2]s.{schema}.{table}"
+`, e.Schema, e.Prefix))
+			return append(e.baseArgs(), "--config", cfg)
+		})
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = e.DB.Exec(ctx, "DROP SCHEMA IF EXISTS "+e.Schema+"_b CASCADE")
+		// With tables, the helper tables are beside postgres.table's default, in public.
+		_, _ = e.DB.Exec(ctx, "DELETE FROM public.outbox_relay_slots WHERE slot_name = $1", e.Slot)
+		_, _ = e.DB.Exec(ctx, "DELETE FROM public.outbox_relay_leader WHERE slot_name = $1", e.Slot)
+	})
+	r := e.startRelay()
+	ctx := context.Background()
+	const txns, perTxn = 40, 5
+	keys := []string{"k1", "k2", "k3"}
+	n := 0
+	for i := 0; i < txns; i++ {
+		tx, err := e.DB.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := 0; j < perTxn; j++ {
+			k := keys[n%len(keys)]
+			if _, err := tx.Exec(ctx, "INSERT INTO "+e.Schema+".outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'E', $2)",
+				k, fmt.Sprintf(`{"n": %d}`, n)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+e.Schema+"_b.events VALUES ($1, $2, $3)",
+				fmt.Sprintf("b-%05d", n), k, fmt.Sprintf("body %d", n)); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	topicA, topicB := e.Prefix+".outbox.order", e.Prefix+"."+e.Schema+"_b.events"
+	got := rawRecords(t, []string{topicA, topicB}, 2*n, 60*time.Second)
+	// Per table, per key: event ids in commit order, no duplicates.
+	seq := map[string][]string{}
+	for _, m := range got {
+		var id string
+		for _, h := range m.Headers {
+			if string(h.Key) == "event_id" {
+				id = string(h.Value)
+			}
+		}
+		seq[m.Topic+"/"+string(m.Key)] = append(seq[m.Topic+"/"+string(m.Key)], id)
+	}
+	if len(got) != 2*n {
+		t.Errorf("got %d records, want %d", len(got), 2*n)
+	}
+	for _, k := range keys {
+		a, b := seq[topicA+"/"+k], seq[topicB+"/"+k]
+		if len(a) != n/len(keys) && len(a) != n/len(keys)+1 || len(b) != len(a) {
+			t.Errorf("key %s: %d records of table a, %d of table b, want %d each", k, len(a), len(b), n/len(keys))
+		}
+		for i := 1; i < len(a); i++ {
+			var x, y int64
+			fmt.Sscan(a[i-1], &x)
+			fmt.Sscan(a[i], &y)
+			if y <= x {
+				t.Errorf("table a key %s: id %d after %d: not in commit order", k, y, x)
+			}
+		}
+		for i := 1; i < len(b); i++ {
+			if b[i] <= b[i-1] {
+				t.Errorf("table b key %s: id %s after %s: not in commit order", k, b[i], b[i-1])
+			}
+		}
+	}
+	for _, tbl := range []string{e.Schema + ".outbox", e.Schema + "_b.events"} {
+		waitFor(t, 10*time.Second, "per-table decoded metric of "+tbl, func() bool {
+			ss, err := r.Scrape()
+			v, ok := testkit.SumMetric(ss, "outbox_relay_table_events_decoded_total", map[string]string{"table": tbl})
+			return err == nil && ok && v >= float64(n)
+		})
+	}
 }
