@@ -50,8 +50,9 @@ case "$B" in relay|debezium) ;; *) echo "OUTBOX_COMPAT_B must be relay or debezi
 peer_setup
 
 say "outbox table, slots and publications (before the backlog), backlog of $EVENTS events"
-"$C" prepare -table public.outbox -slot debezium_compat:debezium_compat_pub -slot relay_compat:relay_compat_pub \
-  -slot debezium_compat2:debezium_compat2_pub
+second=(-slot relay_compat:relay_compat_pub)
+[ "$B" = debezium ] && second=(-slot debezium_compat2:debezium_compat2_pub)
+"$C" prepare -table public.outbox -slot debezium_compat:debezium_compat_pub "${second[@]}"
 "$C" write -table public.outbox -events "$EVENTS" -aggregates "$AGGS" -manifest "$RUN/manifest.jsonl"
 "$C" topics -manifest "$RUN/manifest.jsonl" -recreate -partitions 4
 

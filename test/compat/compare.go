@@ -32,16 +32,31 @@ func idOf(r Rec) (string, bool) {
 func cmdVerify(args []string) error {
 	fs := flag.NewFlagSet("verify", flag.ExitOnError)
 	manifest := fs.String("manifest", "", "manifest file")
-	dump := fs.String("dump", "", "dump file")
+	dump := fs.String("dump", "", "dump file (or -kafka)")
+	kafka := fs.Bool("kafka", false, "read the records from Kafka (topics outbox.*) instead of a dump: no file for big backlogs")
+	brokers := brokersFlag(fs)
 	name := fs.String("name", "output", "name in messages")
 	_ = fs.Parse(args)
 	_, evs, err := readManifest(*manifest)
 	if err != nil {
 		return err
 	}
-	recs, err := readDump(*dump)
-	if err != nil {
-		return err
+	var each func(func(Rec) error) error
+	if *kafka {
+		each = func(f func(Rec) error) error { return consumeAll(splitBrokers(*brokers), "outbox.", f) }
+	} else {
+		recs, err := readDump(*dump)
+		if err != nil {
+			return err
+		}
+		each = func(f func(Rec) error) error {
+			for _, r := range recs {
+				if err := f(r); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 	}
 	byID := map[string]int{}
 	for i, ev := range evs {
@@ -58,8 +73,9 @@ func cmdVerify(args []string) error {
 	}
 	lastPos := map[string]int{} // topic + key -> manifest index of the last record read
 	order, nulls := 0, 0
-	dead := 0
-	for _, r := range recs {
+	dead, nrecs := 0, 0
+	err = each(func(r Rec) error {
+		nrecs++
 		if reason := headerValue(r.Headers, "dlq.reason"); reason != nil {
 			// a dead letter stands for its event (dlq.event_id): delivered to the dead-letter topic, not lost;
 			// compare decides whether that is an allowed difference
@@ -81,17 +97,17 @@ func cmdVerify(args []string) error {
 			} else {
 				bad("dead letter %s/%d@%d for event %q that was never written", r.Topic, r.Partition, r.Offset, id)
 			}
-			continue
+			return nil
 		}
 		id, ok := idOf(r)
 		if !ok {
 			bad("%s/%d@%d: no id header", r.Topic, r.Partition, r.Offset)
-			continue
+			return nil
 		}
 		i, ok := byID[id]
 		if !ok {
 			bad("%s/%d@%d: id %s was never written", r.Topic, r.Partition, r.Offset, id)
-			continue
+			return nil
 		}
 		ev := evs[i]
 		seen[i]++
@@ -118,6 +134,10 @@ func cmdVerify(args []string) error {
 			bad("key %q on %s: event %s (written #%d) read after #%d", r.Key, r.Topic, id, i, p)
 		}
 		lastPos[k] = i
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	lost := 0
 	for i, n := range seen {
@@ -127,7 +147,7 @@ func cmdVerify(args []string) error {
 		}
 	}
 	fmt.Printf("verify %s: %d records for %d events written: lost %d, duplicates %d, out of order per key %d, SQL NULL payloads %d, dead-lettered %d\n",
-		*name, len(recs), len(evs), lost, len(recs)-(len(evs)-lost), order, nulls, dead)
+		*name, nrecs, len(evs), lost, nrecs-(len(evs)-lost), order, nulls, dead)
 	if len(problems) > 0 {
 		return fmt.Errorf("%s does not match the backlog:\n  %s", *name, strings.Join(problems, "\n  "))
 	}

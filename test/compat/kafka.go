@@ -296,9 +296,38 @@ func cmdDump(args []string) error {
 	if *out == "" {
 		return fmt.Errorf("-out is required")
 	}
+	f, err := os.Create(*out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := bufio.NewWriterSize(f, 1<<20)
+	n := 0
+	err = consumeAll(splitBrokers(*brokers), *prefix, func(r Rec) error {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		w.Write(append(b, '\n'))
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Printf("dumped %d records to %s\n", n, *out)
+	return nil
+}
+
+// consumeAll reads every partition of every topic with the prefix from the oldest offset to the high-water mark
+// it has now, in topic, partition, offset order, handing each record to f. Any consume error is an error.
+func consumeAll(brokers []string, prefix string, f func(Rec) error) error {
 	cfg := testkit.SaramaConfig()
 	cfg.Consumer.Fetch.Default = 4 << 20
-	client, err := sarama.NewClient(splitBrokers(*brokers), cfg)
+	client, err := sarama.NewClient(brokers, cfg)
 	if err != nil {
 		return err
 	}
@@ -316,15 +345,8 @@ func cmdDump(args []string) error {
 		return err
 	}
 	slices.Sort(all)
-	f, err := os.Create(*out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	w := bufio.NewWriterSize(f, 1<<20)
-	n := 0
 	for _, tp := range all {
-		if !strings.HasPrefix(tp, *prefix) {
+		if !strings.HasPrefix(tp, prefix) {
 			continue
 		}
 		parts, err := client.Partitions(tp)
@@ -351,26 +373,22 @@ func cmdDump(args []string) error {
 					for _, h := range m.Headers {
 						r.Headers = append(r.Headers, Header{Name: string(h.Key), Value: h.Value})
 					}
-					b, err := json.Marshal(r)
-					if err != nil {
+					if err := f(r); err != nil {
+						pc.Close()
 						return err
 					}
-					w.Write(append(b, '\n'))
-					n++
 					done = m.Offset >= hwm-1
 				case err := <-pc.Errors():
+					pc.Close()
 					return fmt.Errorf("consume %s/%d: %w", tp, p, err)
 				case <-time.After(30 * time.Second):
+					pc.Close()
 					return fmt.Errorf("consume %s/%d: stuck before offset %d", tp, p, hwm-1)
 				}
 			}
 			pc.Close()
 		}
 	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
-	fmt.Printf("dumped %d records to %s\n", n, *out)
 	return nil
 }
 

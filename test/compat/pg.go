@@ -207,7 +207,8 @@ func cmdWrite(ctx context.Context, args []string) error {
 	table := fs.String("table", "public.outbox", "outbox table")
 	events := fs.Int("events", 20000, "events to insert")
 	aggs := fs.Int("aggregates", 300, "distinct aggregates")
-	maxTxn := fs.Int("max-txn", 40, "largest transaction (rows)")
+	maxTxn := fs.Int("max-txn", 40, "largest transaction (rows): sizes are random in 1..max-txn")
+	txnRows := fs.Int("txn", 0, "rows per transaction, all the same (0: random, see -max-txn)")
 	updates := fs.Int("updates", 5, "UPDATEs of earlier rows (Debezium skips them)")
 	simple := fs.Bool("simple", false, "plain payloads only (~200 B JSON objects), no deletes or updates: the bench backlog")
 	seed := fs.Uint64("seed", 1, "random seed (the backlog is a function of the flags)")
@@ -246,6 +247,9 @@ func cmdWrite(ctx context.Context, args []string) error {
 	txn := 0
 	for i := 0; i < *events; {
 		n := 1 + rng.IntN(*maxTxn)
+		if *txnRows > 0 {
+			n = *txnRows
+		}
 		if n > *events-i {
 			n = *events - i
 		}
