@@ -2,6 +2,7 @@ package decoder_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -200,4 +201,52 @@ func TestDecodeSeveralTables(t *testing.T) {
 	if c := d.Counts(); c.OtherTableRows != 1 {
 		t.Errorf("OtherTableRows = %d, want 1", c.OtherTableRows)
 	}
+}
+
+// FuzzDecodeMapped decodes arbitrary message sequences through a mapping
+// with a text id, a bytea payload, placements and tombstones: no panic,
+// errors only for the byte stream, and every event either poison or with a
+// non-empty key, its table set and no reserved header key.
+func FuzzDecodeMapped(f *testing.F) {
+	m := outboxschema.Mapping{Table: tbl, ID: "ref", Key: "k", Payload: "body", RouteBy: "r", Type: "t", Headers: "h",
+		Additional: []outboxschema.Placement{{Column: "t", Header: "type"}, {Column: "x", Header: "x-x"}}, TombstoneOnNull: true}
+	rel := pgoutputtest.RelationTyped(outboxID, "public", "outbox", tcol("ref", pgoutputtest.OIDText), tcol("k", pgoutputtest.OIDInt8),
+		tcol("body", pgoutputtest.OIDBytea), tcol("r", 25), tcol("t", 25), tcol("h", pgoutputtest.OIDJSONB), tcol("x", 25))
+	f.Add(frame(begin(0x2000, 1), rel,
+		insert(outboxID, text("a"), text("1"), text(`\x00ff`), text("order"), text("E"), text(`{"id": "x", "z": 1}`), null),
+		insert(outboxID, text("b"), null, null, text("order"), text("E"), null, text("v")),
+		insert(outboxID, text(""), text("1"), text(`\xzz`), text("order"), text("E"), text(`{"event_id": "x"}`), toast),
+		commit(0x2000, 0x2030)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := decoder.NewMapped([]outboxschema.Mapping{m}, []string{"id"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		for i, msg := range unframe(data) {
+			txn, err := d.Decode(lsnAt(i), msg)
+			if err != nil {
+				if !errors.Is(err, decoder.ErrProtocol) && !errors.Is(err, decoder.ErrSpill) {
+					t.Fatalf("message %d: error %v does not wrap ErrProtocol", i, err)
+				}
+				continue
+			}
+			if txn == nil {
+				continue
+			}
+			for _, ev := range txn.Events {
+				if ev.Err != nil {
+					continue
+				}
+				if ev.AggregateID == "" || ev.Table != "outbox" || ev.IDText == "" {
+					t.Fatalf("event %+v: empty key, id or table without Err", ev)
+				}
+				for _, h := range ev.Headers {
+					if outboxschema.ReservedHeader(h.Key) || strings.EqualFold(h.Key, "id") {
+						t.Fatalf("event with reserved header %q", h.Key)
+					}
+				}
+			}
+		}
+	})
 }

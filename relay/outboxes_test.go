@@ -144,7 +144,16 @@ func TestDebeziumRecord(t *testing.T) {
 			}
 			// The dead letter of such a record keeps id as the relay's own
 			// header and the rest as the row's.
-			_, l := DeadLetterRecord("public.outbox", Policy{Topic: "dlq", Format: FormatDebezium}, tt.ev.ID, 0, m, "bad_row", 1, errors.New("x"), at)
+			dl, l := DeadLetterRecord("public.outbox", Policy{Topic: "dlq", Format: FormatDebezium}, tt.ev.ID, tt.ev.IDText, 0, m, "bad_row", 1, errors.New("x"), at)
+			wantID := tt.ev.IDText
+			if wantID == "" {
+				wantID = "42"
+			}
+			for _, h := range dl.Headers {
+				if string(h.Key) == "dlq.event_id" && string(h.Value) != wantID {
+					t.Errorf("dlq.event_id %q, want %q", h.Value, wantID)
+				}
+			}
 			if len(l.Headers) != 1 || string(l.Headers[0].Key) != "id" || len(l.RowHeaders) != len(tt.ev.Headers) {
 				t.Errorf("dead letter split %d own + %d row headers, want 1 + %d", len(l.Headers), len(l.RowHeaders), len(tt.ev.Headers))
 			}

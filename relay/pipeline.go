@@ -394,8 +394,7 @@ func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 // large or they would not fit kafka.max_message_bytes, and the dlq.*
 // headers (deadletter.Letter.Record). The caller publishes it.
 func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
-	d.msg, d.letter = DeadLetterRecord(p.tables[d.table], p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
-	d.letter.IDText = d.idText
+	d.msg, d.letter = DeadLetterRecord(p.tables[d.table], p.policy, d.id, d.idText, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.msg.Done = d.done
 	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).

@@ -86,12 +86,14 @@ func RouteWith(router *sink.Router, tmpl sink.Template, table string, ev *decode
 // event was too large or they would not fit kafka.max_message_bytes, and
 // the dlq.* headers (deadletter.Letter.Record). m's Done is not copied.
 // Any goroutine; it does not block.
-func DeadLetterRecord(table string, pol Policy, id int64, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
+//
+// idText is the id of a row whose id column is not an integer ("" else).
+func DeadLetterRecord(table string, pol Policy, id int64, idText string, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
 	n := min(ownHeaders, len(m.Headers))
 	if pol.Format == FormatDebezium {
 		n = min(1, len(m.Headers)) // id
 	}
-	l := &deadletter.Letter{Table: table, ID: id, LSN: lsn, Topic: m.Topic, Key: m.Key,
+	l := &deadletter.Letter{Table: table, ID: id, IDText: idText, LSN: lsn, Topic: m.Topic, Key: m.Key,
 		Value: m.Value, Headers: m.Headers[:n], RowHeaders: m.Headers[n:], Reason: reason,
 		Err: cause.Error(), Attempts: attempts, TooLarge: reason == "message_too_large", MaxBytes: pol.MaxMessageBytes}
 	key, value, headers := l.Record(now)

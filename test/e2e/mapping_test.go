@@ -233,7 +233,8 @@ func TestMappedTableTextIDByteaPayload(t *testing.T) {
 		func(e *env) []string {
 			return append(e.baseArgs(), "--table", e.Schema+".events", "--topic-template", e.Prefix+".{aggregate_type}",
 				"--columns-id", "event_ref", "--columns-key", "tenant", "--columns-payload", "body", "--columns-route-by", "stream",
-				"--columns-type", "kind", "--columns-headers", "none", "--columns-additional", "trace:header:x-trace,kind:header")
+				"--columns-type", "kind", "--columns-headers", "none", "--columns-additional", "trace:header:x-trace,kind:header",
+				"--dlq-topic", e.Prefix+".dlq")
 		})
 	r := e.startRelay()
 	ctx := context.Background()
@@ -246,6 +247,7 @@ func TestMappedTableTextIDByteaPayload(t *testing.T) {
 		"INSERT INTO " + e.Schema + ".events VALUES ('ev-1', 7, 'order', 'Created', $1, 't-1')",
 		"INSERT INTO " + e.Schema + ".events VALUES ('ev-2', 7, 'order', 'Paid', $1, NULL)",
 		"INSERT INTO " + e.Schema + ".events VALUES ('ev-3', 8, 'order', 'Created', $1, 't-3')",
+		"INSERT INTO " + e.Schema + ".events VALUES ('ev-4', NULL, 'order', 'Created', $1, 't-4')", // poison: NULL key
 	} {
 		if _, err := tx.Exec(ctx, q, append(raw, byte(i))); err != nil {
 			t.Fatal(err)
@@ -286,6 +288,64 @@ func TestMappedTableTextIDByteaPayload(t *testing.T) {
 	}
 	if !strings.Contains(r.log(), "are off for this table") {
 		t.Error("the start log does not say which features are off for a mapped table")
+	}
+	// The poison row is dead-lettered without a row mark (the table has no
+	// bookkeeping columns), and then the slot passes it.
+	letters := rawRecords(t, []string{e.Prefix + ".dlq"}, 1, 60*time.Second)
+	h := map[string]string{}
+	for _, x := range letters[0].Headers {
+		h[string(x.Key)] = string(x.Value)
+	}
+	if h["dlq.event_id"] != "ev-4" || h["dlq.reason"] != "bad_row" || h["dlq.table"] != e.Schema+".events" || !strings.Contains(h["dlq.error"], `column "tenant": is NULL`) {
+		t.Errorf("dead letter headers %v, want dlq.event_id ev-4, bad_row, column tenant is NULL", h)
+	}
+	end, err := e.LSN(ctx, "SELECT pg_current_wal_lsn()")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.WaitConfirmed(ctx, end, 30*time.Second); err != nil {
+		t.Errorf("slot not confirmed past the dead-lettered row: %v", err)
+	}
+}
+
+// Issue 15: a table that does not fit its mapping is refused at start,
+// naming the key, the column, its type and the fix.
+func TestMappedTableRefusedAtStart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	o, err := testkit.NewOutbox(ctx, svcs, "e2e", "refuse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = o.Close(context.Background()) })
+	if _, err := o.DB.Exec(ctx, "CREATE SCHEMA "+o.Schema+"; CREATE TABLE "+o.Schema+`.outbox (
+		id numeric PRIMARY KEY, aggregatetype text, aggregateid text, type text, payload xml)`); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{Outbox: o, t: t, url: pgURL}
+	args := append(e.baseArgs(), "--table", o.Table, "--compat", "debezium")
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	code, out, err := testkit.Run(rctx, os.Environ(), relayBin, append([]string{"migrate"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`columns.id: column \"id\" of ` + o.Table + ` has type numeric, but the event id must be int8, int4, int2, uuid, text, varchar`,
+		`columns.payload: column \"payload\" of ` + o.Table + ` has type xml`,
+		`ALTER TABLE`,
+	} {
+		if code != 1 || !strings.Contains(out, want) {
+			t.Errorf("migrate: exit %d, want 1 and %q in:\n%s", code, want, testkit.Tail(out, 3000))
+		}
+	}
+	// The config itself: a placement that would forge the id header.
+	code, out, err = testkit.Run(rctx, os.Environ(), relayBin, append([]string{"run"}, append(args, "--columns-additional", "type:header:ID")...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 2 || !strings.Contains(out, `columns.additional: header name "ID" (column type) is reserved`) {
+		t.Errorf("run: exit %d, want 2 naming columns.additional:\n%s", code, testkit.Tail(out, 2000))
 	}
 }
 
