@@ -24,7 +24,10 @@
 #   OUTBOX_COMPAT_KEEP=1 (leave the services running afterwards), PEER_TIMEOUT (per contender, 10m),
 #   OUTBOX_COMPAT_B=debezium (the harness's self-check: Debezium against a second Debezium run instead of the
 #   relay; everything must be identical but the per-run header __debezium.context.runId),
-#   OUTBOX_COMPAT_DBZ_SETTINGS="KEY=VALUE ..." (more Debezium settings, e.g. extended.headers.enabled=false).
+#   OUTBOX_COMPAT_DBZ_SETTINGS="KEY=VALUE ..." (more Debezium settings, e.g. extended.headers.enabled=false) and
+#   OUTBOX_COMPAT_RELAY_FLAGS="--flag value ..." (more relay flags), e.g. a placement on both sides:
+#   OUTBOX_COMPAT_DBZ_SETTINGS=transforms.outbox.table.fields.additional.placement=type:header:eventType
+#   OUTBOX_COMPAT_RELAY_FLAGS="--columns-additional type:header:eventType"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -63,7 +66,8 @@ peer_debezium debezium "$EVENTS" ${OUTBOX_COMPAT_DBZ_SETTINGS:-}
 say "fresh topics (same names, offsets from 0), then $B"
 "$C" topics -manifest "$RUN/manifest.jsonl" -recreate -partitions 4
 if [ "$B" = relay ]; then
-  peer_relay relay "$EVENTS" relay_compat relay_compat_pub
+  # shellcheck disable=SC2086
+  peer_relay relay "$EVENTS" relay_compat relay_compat_pub ${OUTBOX_COMPAT_RELAY_FLAGS:-}
 else
   DBZ_SLOT=debezium_compat2 DBZ_PUBLICATION=debezium_compat2_pub peer_debezium debezium2 "$EVENTS"
   B=debezium2
