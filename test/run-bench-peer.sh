@@ -44,7 +44,7 @@ trap on_exit EXIT
 trap 'exit 130' INT TERM
 
 # peer_verify NAME: the output in Kafka against the backlog, read once by a real consumer
-peer_verify() { "$C" verify -kafka -manifest "$RUN/manifest.jsonl" -name "$1"; }
+peer_verify() { "$C" verify -kafka -dead-ok=false -manifest "$RUN/manifest.jsonl" -name "$1"; }
 
 peer_setup
 say "outbox table, slots and publications (before the backlog), backlog of $EVENTS events"

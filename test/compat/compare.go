@@ -36,6 +36,7 @@ func cmdVerify(args []string) error {
 	kafka := fs.Bool("kafka", false, "read the records from Kafka (topics outbox.*) instead of a dump: no file for big backlogs")
 	brokers := brokersFlag(fs)
 	name := fs.String("name", "output", "name in messages")
+	deadOK := fs.Bool("dead-ok", true, "a dead letter for an event counts as its delivery (false: a dead letter is a finding)")
 	_ = fs.Parse(args)
 	_, evs, err := readManifest(*manifest)
 	if err != nil {
@@ -87,6 +88,9 @@ func cmdVerify(args []string) error {
 						id = hid
 					}
 				}
+			}
+			if !*deadOK {
+				bad("event %q was dead-lettered (%s): %s", id, reason, trunc(headerValue(r.Headers, "dlq.error")))
 			}
 			if i, ok := byID[id]; ok {
 				seen[i]++

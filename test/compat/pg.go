@@ -262,6 +262,9 @@ func cmdWrite(ctx context.Context, args []string) error {
 			a := rng.IntN(*aggs)
 			typ := aggTypes[a%len(aggTypes)]
 			agg := aggID(a)
+			if *simple {
+				agg = fmt.Sprintf("agg-%d", a) // plain keys: no empty one (a poison row for the relay)
+			}
 			seqs[typ+"\x00"+agg]++
 			var p *string
 			if *simple {
