@@ -427,6 +427,10 @@ func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error
 
 	// Other tables' rows are walked too, so that a malformed one is caught.
 	outbox := rel.outbox >= 0
+	direct := outbox && rel.direct != nil
+	if direct {
+		d.fields = [numRoles]field{}
+	}
 	for i := 0; i < n; i++ {
 		kind := c.u8()
 		var data []byte
@@ -442,7 +446,12 @@ func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error
 		if c.short {
 			return Event{}, false, protocolError(lsn, "Insert", "truncated in column %d of %s", i, rel.table)
 		}
-		if outbox {
+		switch {
+		case direct:
+			if r := rel.direct[i]; r != roleNone {
+				d.fields[r] = field{kind: kind, data: data}
+			}
+		case outbox:
 			d.cols[i] = field{kind: kind, data: data}
 		}
 	}
@@ -454,19 +463,21 @@ func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error
 		d.counts.OtherTableRows++
 		return Event{}, false, nil
 	}
-	for r, i := range rel.idx {
-		if i >= 0 {
-			d.fields[r] = d.cols[i]
-		} else {
-			d.fields[r] = field{}
-		}
-	}
 	d.extras = d.extras[:0]
-	for _, i := range rel.extra {
-		if i >= 0 {
-			d.extras = append(d.extras, d.cols[i])
-		} else {
-			d.extras = append(d.extras, field{})
+	if !direct {
+		for r, i := range rel.idx {
+			if i >= 0 {
+				d.fields[r] = d.cols[i]
+			} else {
+				d.fields[r] = field{}
+			}
+		}
+		for _, i := range rel.extra {
+			if i >= 0 {
+				d.extras = append(d.extras, d.cols[i])
+			} else {
+				d.extras = append(d.extras, field{})
+			}
 		}
 	}
 	ev, rowErr := d.event(rel, lsn)

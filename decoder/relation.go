@@ -75,6 +75,11 @@ type relation struct {
 	idx [numRoles]int
 	// extra is the tuple position of each Mapping.Additional column.
 	extra []int
+	// direct, when not nil, is the role of each column in tuple order
+	// (roleNone for the others): set when no column feeds two roles and
+	// there are no additional columns, so a row's fields are filled as
+	// the tuple is read, without the copy through Decoder.cols.
+	direct []role
 	// idInt: the id column is an integer type, read into Event.ID;
 	// otherwise (uuid, text) its text goes to Event.IDText.
 	idInt bool
@@ -178,9 +183,32 @@ func (d *Decoder) relation(lsn pglogrepl.LSN, b []byte) error {
 		if need := n; cap(d.cols) < need {
 			d.cols = make([]field, need)
 		}
+		rel.direct = directRoles(rel, n)
 	}
 	d.rels[id] = rel
 	return nil
+}
+
+// directRoles returns relation.direct for rel, or nil when a column feeds
+// two roles or the mapping places additional columns.
+func directRoles(rel *relation, n int) []role {
+	if len(rel.extra) > 0 {
+		return nil
+	}
+	direct := make([]role, n)
+	for i := range direct {
+		direct[i] = roleNone
+	}
+	for r, i := range rel.idx {
+		if i < 0 {
+			continue
+		}
+		if direct[i] != roleNone {
+			return nil
+		}
+		direct[i] = role(r)
+	}
+	return direct
 }
 
 // cursor reads big-endian protocol fields from a message body. A read past

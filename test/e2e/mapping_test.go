@@ -446,4 +446,13 @@ func TestTwoOutboxTablesOneSlot(t *testing.T) {
 			return err == nil && ok && v >= float64(n)
 		})
 	}
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	code, out, err := testkit.Run(cctx, os.Environ(), relayBin, append([]string{"check", "--json"}, e.args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := e.Schema + ".outbox, " + e.Schema + "_b.events: columns fit the mapping"; code == 3 || !strings.Contains(out, want) {
+		t.Errorf("check: exit %d, want no failure and %q:\n%s", code, want, testkit.Tail(out, 3000))
+	}
 }
