@@ -46,6 +46,7 @@ trap 'exit 130' INT TERM
 # peer_verify NAME: the output in Kafka against the backlog, read once by a real consumer
 peer_verify() { "$C" verify -kafka -dead-ok=false -manifest "$RUN/manifest.jsonl" -name "$1"; }
 
+LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
 peer_setup
 say "outbox table, slots and publications (before the backlog), backlog of $EVENTS events"
 "$C" prepare -table public.outbox -slot debezium_peer:debezium_peer_pub -slot relay_peer:relay_peer_pub
@@ -82,9 +83,9 @@ RELAY_PID=""
 peer_verify relay
 
 say "result"
-python3 - "$RUN" "$EVENTS" "$AGGS" "$TXN" >"$RUN/peer.md" <<'PY'
+python3 - "$RUN" "$EVENTS" "$AGGS" "$TXN" "$LOAD_START" "$(cut -d' ' -f1-3 /proc/loadavg)" >"$RUN/peer.md" <<'PY'
 import json, sys, os
-run, events, aggs, txn = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+run, events, aggs, txn, load0, load1 = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 def row(name, f):
     w = json.load(open(os.path.join(run, f)))
     n = w["records"]
@@ -95,7 +96,7 @@ def row(name, f):
         name, n, total, n / total, drain, n / drain if drain > 0 else float("nan"),
         w["cpu_done_s"], w["cpu_done_s"] / n * 1e6, cpu_drain / n * 1e6, w["rss_peak_kb"] / 1024)
 print("## make bench-peer: Debezium 3.6.1.Final vs outbox-relay (compat: debezium)\n")
-print("Backlog: %d events (~200 B JSON payloads), %s aggregates, 5 types, %s rows per transaction; 4 partitions per topic; one after the other on the same PostgreSQL 15 and Kafka.\n" % (events, aggs, txn))
+print("Backlog: %d events (~200 B JSON payloads), %s aggregates, 5 types, %s rows per transaction; 4 partitions per topic; one after the other on the same PostgreSQL 15 and Kafka. Machine: %d cores, load average %s at the start, %s at the end.\n" % (events, aggs, txn, os.cpu_count(), load0, load1))
 print("| contender | records | start to last record (s) | events/s with startup | first to last record (s) | events/s without startup | CPU total (s) | CPU us/event (total) | CPU us/event (drain only) | peak RSS (MB) |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 print(row("Debezium 3.6.1 + Connect 4.3.0", "debezium-wait.json"))

@@ -26,6 +26,11 @@
 #   Kafka's connect-standalone.sh sets), DBZ_START_TIMEOUT (180), DBZ_CACHE (default
 #   ~/.cache/outbox-relay/connect-<connect.version>-debezium-<debezium.version>), JAVA_HOME (Java 17 is enough:
 #   Debezium 3.6.1's classes are Java 17 bytecode).
+#
+# Known noise: at start the worker logs one ERROR "Failed to discover Converter in .../debezium-connector-postgres:
+# Failed to statically initialize plugin class": Debezium 3.6.1's CloudEventsConverter looks up
+# JsonConverter.convertToConnect(Schema, JsonNode) by reflection, which Kafka Connect 4.3.0 no longer has. That
+# converter is not used here (StringConverter is); the connector and the EventRouter load and run.
 set -euo pipefail
 
 dlog() { printf '[debezium %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
