@@ -110,14 +110,14 @@ type latencyConsumer struct {
 	lat []float64 // milliseconds
 }
 
-func (k *kafka) consume(topic string) (*latencyConsumer, error) {
+func (k *kafka) consume(topic string, opts ...testkit.ReadOption) (*latencyConsumer, error) {
 	lc := &latencyConsumer{}
 	c, err := testkit.Consume(k.brokers, []string{topic}, 30*time.Second, func(m *sarama.ConsumerMessage) {
 		ms := float64(time.Since(m.Timestamp)) / float64(time.Millisecond)
 		lc.mu.Lock()
 		lc.lat = append(lc.lat, ms)
 		lc.mu.Unlock()
-	})
+	}, opts...)
 	if err != nil {
 		return nil, err
 	}
