@@ -16,7 +16,7 @@
 // It writes a dated markdown report, PNG figures and profile summaries to
 // bench/results/ and prints the targets with met/missed. See bench/README.md.
 //
-// Usage: outbox-bench [-env FILE] [-relay BIN] [-results DIR] [-scale full|small] [-budget 11m]
+// Usage: outbox-bench [-env FILE] [-relay BIN] [-results DIR] [-scale full|small] [-budget 15m]
 package main
 
 import (
@@ -163,7 +163,7 @@ func run() int {
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
 	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first; also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
-	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 11*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
+	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 15*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
 	flag.Parse()
