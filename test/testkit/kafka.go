@@ -299,11 +299,6 @@ func ReadToEnd(brokers []string, prefix string, stuck time.Duration, opts ...Rea
 		return nil, nil, fmt.Errorf("kafka client: %w", err)
 	}
 	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kafka consumer: %w", err)
-	}
-	defer consumer.Close()
 	if err := client.RefreshMetadata(); err != nil {
 		return nil, nil, fmt.Errorf("kafka metadata: %w", err)
 	}
@@ -323,11 +318,7 @@ func ReadToEnd(brokers []string, prefix string, stuck time.Duration, opts ...Rea
 		}
 		partitions[tp] = len(parts)
 		for _, p := range parts {
-			read := readPartition
-			if cfg.Consumer.IsolationLevel == sarama.ReadCommitted {
-				read = readCommittedPartition
-			}
-			recs, err := read(client, consumer, tp, p, stuck)
+			recs, err := readPartition(client, tp, p, cfg.Consumer.IsolationLevel, stuck)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -337,60 +328,32 @@ func ReadToEnd(brokers []string, prefix string, stuck time.Duration, opts ...Rea
 	return out, partitions, nil
 }
 
-func readPartition(client sarama.Client, consumer sarama.Consumer, tp string, p int32, stuck time.Duration) ([]Record, error) {
-	hwm, err := client.GetOffset(tp, p, sarama.OffsetNewest)
-	if err != nil {
-		return nil, fmt.Errorf("high-water mark of %s/%d: %w", tp, p, err)
-	}
-	if hwm == 0 {
-		return nil, nil
-	}
-	pc, err := consumer.ConsumePartition(tp, p, sarama.OffsetOldest)
-	if err != nil {
-		return nil, fmt.Errorf("consume %s/%d: %w", tp, p, err)
-	}
-	defer pc.Close()
-	var out []Record
-	for {
-		select {
-		case m := <-pc.Messages():
-			out = append(out, toRecord(m))
-			if m.Offset >= hwm-1 {
-				return out, nil
-			}
-		case err := <-pc.Errors():
-			return nil, fmt.Errorf("consume %s/%d: %w", tp, p, err)
-		case <-time.After(stuck):
-			return nil, fmt.Errorf("consume %s/%d: stuck before offset %d", tp, p, hwm-1)
-		}
-	}
-}
-
-// readCommittedPartition reads tp/p from the oldest offset to its last
-// stable offset as a read_committed consumer sees it. A sarama
+// readPartition reads tp/p from the oldest offset to its end now: the
+// high-water mark, or with read_committed the last stable offset. A sarama
 // PartitionConsumer does not tell how far it has read when the last records
-// before the end are ones it never hands out (transaction markers, aborted
-// records), so this fetches itself and filters exactly like sarama's
-// read_committed consumer: control batches are skipped, and so are the
-// transactional batches of a producer from the first offset of one of its
-// aborted transactions (the broker lists them) to its abort marker.
-func readCommittedPartition(client sarama.Client, _ sarama.Consumer, tp string, p int32, stuck time.Duration) ([]Record, error) {
+// before the end are ones it never hands out (transaction markers, and with
+// read_committed aborted records), so this fetches itself and filters
+// exactly like sarama's consumer: control batches are skipped, and with
+// read_committed so are the transactional batches of a producer from the
+// first offset of one of its aborted transactions (the broker lists them)
+// to its abort marker.
+func readPartition(client sarama.Client, tp string, p int32, iso sarama.IsolationLevel, stuck time.Duration) ([]Record, error) {
 	broker, err := client.Leader(tp, p)
 	if err != nil {
 		return nil, fmt.Errorf("leader of %s/%d: %w", tp, p, err)
 	}
 	oreq := sarama.NewOffsetRequest(client.Config().Version)
-	oreq.IsolationLevel = sarama.ReadCommitted
+	oreq.IsolationLevel = iso
 	oreq.AddBlock(tp, p, sarama.OffsetNewest, 1)
 	oresp, err := broker.GetAvailableOffsets(oreq)
 	if err != nil {
-		return nil, fmt.Errorf("last stable offset of %s/%d: %w", tp, p, err)
+		return nil, fmt.Errorf("end offset of %s/%d: %w", tp, p, err)
 	}
 	ob := oresp.GetBlock(tp, p)
 	if ob == nil || !errors.Is(ob.Err, sarama.ErrNoError) {
-		return nil, fmt.Errorf("last stable offset of %s/%d: %v", tp, p, ob)
+		return nil, fmt.Errorf("end offset of %s/%d: %v", tp, p, ob)
 	}
-	lso := ob.Offset
+	lso := ob.Offset          // the end: last stable offset or high-water mark
 	if len(ob.Offsets) == 1 { // old response versions
 		lso = ob.Offsets[0]
 	}
@@ -404,10 +367,10 @@ func readCommittedPartition(client sarama.Client, _ sarama.Consumer, tp string, 
 	last := time.Now()
 	for offset < lso {
 		if time.Since(last) > stuck {
-			return nil, fmt.Errorf("consume %s/%d (read_committed): stuck at offset %d before %d", tp, p, offset, lso)
+			return nil, fmt.Errorf("consume %s/%d: stuck at offset %d before %d", tp, p, offset, lso)
 		}
 		req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: maxBytes,
-			Isolation: sarama.ReadCommitted, SessionID: 0, SessionEpoch: -1}
+			Isolation: iso, SessionID: 0, SessionEpoch: -1}
 		req.AddBlock(tp, p, offset, maxBytes, -1)
 		resp, err := broker.Fetch(req)
 		if err != nil {
@@ -442,7 +405,7 @@ func readCommittedPartition(client sarama.Client, _ sarama.Consumer, tp string, 
 				if len(rb.Records) > 0 && len(rb.Records[0].Key) >= 4 && binary.BigEndian.Uint16(rb.Records[0].Key[2:4]) == 0 {
 					delete(aborted, rb.ProducerID)
 				}
-			case rb.IsTransactional && aborted[rb.ProducerID]:
+			case iso == sarama.ReadCommitted && rb.IsTransactional && aborted[rb.ProducerID]:
 			default:
 				for _, r := range rb.Records {
 					off := rb.FirstOffset + r.OffsetDelta
