@@ -31,6 +31,42 @@ type Config struct {
 	// MaxUnackedAge makes the leader not ready (/readyz 503) while its
 	// oldest event published and not yet acked by Kafka is older than this.
 	MaxUnackedAge time.Duration `yaml:"max_unacked_age"`
+	// Delivery is at_least_once (the default) or exactly_once: Kafka
+	// transactions aligned to PostgreSQL transactions (docs/guarantees.md).
+	Delivery    string            `yaml:"delivery"`
+	ExactlyOnce ExactlyOnceConfig `yaml:"exactly_once"`
+}
+
+// Delivery modes (config delivery).
+const (
+	AtLeastOnce = "at_least_once"
+	ExactlyOnce = "exactly_once"
+)
+
+// ExactlyOnceConfig is the Kafka transaction batching and checkpoint of
+// delivery: exactly_once.
+type ExactlyOnceConfig struct {
+	// MaxBatchEvents closes a Kafka transaction before the next PostgreSQL
+	// transaction would take it past this many events.
+	MaxBatchEvents int `yaml:"max_batch_events"`
+	// MaxBatchInterval closes a Kafka transaction this long after it opened
+	// (at the next PostgreSQL transaction boundary).
+	MaxBatchInterval time.Duration `yaml:"max_batch_interval"`
+	// CheckpointTopic is the compacted topic of the checkpoint records.
+	CheckpointTopic string `yaml:"checkpoint_topic"`
+	// TransactionTimeout is transaction.timeout.ms of the producer.
+	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
+	// TransactionalID defaults to outbox-relay-<slot>.
+	TransactionalID string `yaml:"transactional_id"`
+}
+
+// TxnID is the transactional id: exactly_once.transactional_id, or
+// outbox-relay-<slot>.
+func (c Config) TxnID() string {
+	if c.ExactlyOnce.TransactionalID != "" {
+		return c.ExactlyOnce.TransactionalID
+	}
+	return "outbox-relay-" + c.Postgres.Slot
 }
 
 // InFlightConfig bounds events published but not yet acked by Kafka.
@@ -71,6 +107,9 @@ func DefaultConfig() Config {
 		MetricsAddr:     ":9187",
 		ShutdownTimeout: 30 * time.Second,
 		MaxUnackedAge:   30 * time.Second,
+		Delivery:        AtLeastOnce,
+		ExactlyOnce: ExactlyOnceConfig{MaxBatchEvents: 5000, MaxBatchInterval: 100 * time.Millisecond,
+			CheckpointTopic: "outbox-relay.checkpoints", TransactionTimeout: time.Minute},
 	}
 }
 
@@ -115,6 +154,33 @@ func (c Config) Validate() error {
 	}
 	if c.MaxUnackedAge < time.Second || c.MaxUnackedAge > time.Hour {
 		errs = append(errs, fmt.Errorf("max_unacked_age: %s is out of range: use 1s..1h (default 30s)", c.MaxUnackedAge))
+	}
+	switch c.Delivery {
+	case AtLeastOnce:
+	case ExactlyOnce:
+		errs = append(errs, c.ExactlyOnce.validate(c.InFlight.MaxEvents))
+	default:
+		errs = append(errs, fmt.Errorf("delivery: %q is not at_least_once (the default) or exactly_once (Kafka transactions; consumers must read with isolation.level=read_committed)", c.Delivery))
+	}
+	return errors.Join(errs...)
+}
+
+func (e ExactlyOnceConfig) validate(maxInflight int) error {
+	var errs []error
+	if e.MaxBatchEvents < 1 || e.MaxBatchEvents > maxInflight {
+		errs = append(errs, fmt.Errorf("exactly_once.max_batch_events: %d must be between 1 and inflight.max_events (%d) (default 5000)", e.MaxBatchEvents, maxInflight))
+	}
+	if e.MaxBatchInterval < time.Millisecond || e.MaxBatchInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("exactly_once.max_batch_interval: %s is out of range: use 1ms..1m (default 100ms)", e.MaxBatchInterval))
+	}
+	if err := sink.ValidTopic(e.CheckpointTopic); err != nil {
+		errs = append(errs, fmt.Errorf("exactly_once.checkpoint_topic: %w (default outbox-relay.checkpoints)", err))
+	}
+	if e.TransactionTimeout < time.Second || e.TransactionTimeout > 15*time.Minute {
+		errs = append(errs, fmt.Errorf("exactly_once.transaction_timeout: %s is out of range: use 1s..15m, at most the brokers' transaction.max.timeout.ms (default 60s)", e.TransactionTimeout))
+	}
+	if len(e.TransactionalID) > 200 || strings.ContainsFunc(e.TransactionalID, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		errs = append(errs, fmt.Errorf("exactly_once.transactional_id: %q must be at most 200 printable characters without spaces (default outbox-relay-<slot>)", e.TransactionalID))
 	}
 	return errors.Join(errs...)
 }

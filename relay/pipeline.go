@@ -83,6 +83,7 @@ type Pipeline struct {
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
 	rewind  rewind            // failed events: the stream restarts from the watermark
 	order   orderWatch
+	eos     *exactlyOnce // delivery: exactly_once (the publisher); nil at least once
 
 	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
 	otherRows atomic.Uint64
@@ -113,6 +114,9 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 		hbPrefix: cfg.HeartbeatPrefix, beats: newBeats(0, time.Now)}
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
+	}
+	if e, ok := pub.(*exactlyOnce); ok {
+		p.eos = e
 	}
 	p.m = newPipelineMetrics(p, reg)
 	return p, nil
@@ -181,6 +185,16 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		}
 		return nil
 	}
+	if p.eos != nil && txn.CommitLSN <= p.eos.skipThrough() {
+		// Exactly once: committed to Kafka in an earlier session or term
+		// (the checkpoint), not yet confirmed to the slot. The watermark
+		// passes it like a heartbeat, so the slot is confirmed past it.
+		if !txn.Partial {
+			p.tracker.Mark(txn.EndLSN)
+		}
+		p.eos.skipped(len(txn.Events))
+		return nil
+	}
 	ds := make([]delivery, len(txn.Events))
 	var bytes int64
 	commitLSN := txn.CommitLSN.String()
@@ -203,6 +217,20 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 				return err
 			}
 			continue
+		}
+		if p.eos != nil {
+			if reason, cause, ok := p.rewind.deadNext(ev.LSN); ok {
+				// Exactly once: the broker refused it until on_poison applied;
+				// its dead letter goes into this Kafka transaction instead.
+				p.toDeadLetter(d, reason, cause)
+			}
+		}
+	}
+	if p.eos != nil {
+		// Closes the Kafka transaction first when this PostgreSQL
+		// transaction would not fit in it (never splits one).
+		if err := p.eos.before(&eosTxn{commit: txn.CommitLSN, events: len(ds), bytes: bytes, partial: txn.Partial}); err != nil {
+			return err
 		}
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.
@@ -232,6 +260,9 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
 		}
+	}
+	if p.eos != nil && !txn.Partial {
+		p.eos.after(txn.CommitLSN, txn.EndLSN)
 	}
 	return nil
 }
@@ -286,6 +317,22 @@ func (d *delivery) done(err error) {
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
 	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
+	if p.eos != nil && action != Halt {
+		// Exactly once: the Kafka transaction is aborted; the event (or its
+		// dead letter, now due) goes into a later one after the rewind.
+		switch {
+		case action == DeadLetter:
+			p.rewind.deadLater(d.lsn, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
+		case d.letter != nil:
+			p.rewind.deadLater(d.lsn, d.letter.Reason, errors.New(d.letter.Err))
+		}
+		p.order.fail(d.msg.Topic, d.msg.Partition, d.lsn)
+		if p.rewind.park(d.lsn, d.attempts, p.policy.delay(action, d.attempts)) {
+			p.m.rewinds.Inc()
+			ev.Warn().Err(err).Msg("kafka transaction failed: rewinding to the ack watermark; committed transactions are skipped on the way back")
+		}
+		return
+	}
 	switch action {
 	case RetryTransient, RetryPoison:
 		if action == RetryPoison {
@@ -556,6 +603,9 @@ func (p *Pipeline) Reset(lsn pglogrepl.LSN) error { return p.tracker.Reset(lsn) 
 // tracker: the next session publishes them again. Called on the loop
 // goroutine.
 func (p *Pipeline) Drain(ctx context.Context) error {
+	if p.eos != nil {
+		p.eos.flush() // the acks come with the commit
+	}
 	if p.halted.Load() != nil {
 		// The halted event never acks; wait briefly for the others only.
 		var cancel context.CancelFunc
@@ -580,6 +630,9 @@ func (p *Pipeline) Drain(ctx context.Context) error {
 				return err
 			}
 			p.countDecoder()
+			if p.eos != nil {
+				p.eos.rewound()
+			}
 			return p.resetDecoder()
 		case <-poll.C:
 		case <-warn.C:
@@ -600,6 +653,9 @@ func (p *Pipeline) finishRewind(ctx context.Context) error {
 	p.tracker.Abandon()
 	p.order.reset()
 	p.rewind.reset()
+	if p.eos != nil {
+		p.eos.rewound()
+	}
 	p.countDecoder()
 	return p.resetDecoder()
 }

@@ -31,6 +31,39 @@ type rewind struct {
 	// and row marked: resent after a rewind, they are not dead-lettered twice.
 	dead    map[pglogrepl.LSN]struct{}
 	anyDead atomic.Int32 // len(dead), read without the lock for every event
+	// later holds, under delivery: exactly_once, the events whose dead
+	// letter is due (on_poison applied, or the dead letter's own Kafka
+	// transaction aborted): resent after the rewind, each becomes its dead
+	// letter inside the Kafka transaction of its PostgreSQL transaction.
+	later    map[pglogrepl.LSN]deadLetterDue
+	anyLater atomic.Int32
+}
+
+type deadLetterDue struct {
+	reason string
+	cause  error
+}
+
+// deadLater records that the event at lsn is to be dead-lettered when resent.
+func (r *rewind) deadLater(lsn pglogrepl.LSN, reason string, cause error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.later == nil {
+		r.later = map[pglogrepl.LSN]deadLetterDue{}
+	}
+	r.later[lsn] = deadLetterDue{reason, cause}
+	r.anyLater.Store(int32(len(r.later)))
+}
+
+// deadNext returns the due dead letter of the event at lsn, if any.
+func (r *rewind) deadNext(lsn pglogrepl.LSN) (reason string, cause error, ok bool) {
+	if r.anyLater.Load() == 0 {
+		return "", nil, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, ok := r.later[lsn]
+	return d.reason, d.cause, ok
 }
 
 // maxDead bounds the finished dead letters remembered per term.
@@ -52,6 +85,8 @@ func (r *rewind) markDead(lsn pglogrepl.LSN) {
 	}
 	r.dead[lsn] = struct{}{}
 	r.anyDead.Store(int32(len(r.dead)))
+	delete(r.later, lsn)
+	r.anyLater.Store(int32(len(r.later)))
 }
 
 // deadLettered reports whether the event at lsn already has its finished

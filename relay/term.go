@@ -27,13 +27,24 @@ import (
 type term struct {
 	log      zerolog.Logger
 	fence    replication.Fence // nil when election is disabled
-	producer *sink.Producer
+	producer termProducer
 	pipe     *Pipeline
 	stream   *replication.Stream
 	lag      *replication.LagPoller
 	cleaner  *retention.Cleaner
 	// maxUnackedAge: older unacked events make the term not ready.
 	maxUnackedAge time.Duration
+}
+
+// termProducer is the term's Kafka side: the at-least-once producer
+// (*sink.Producer) or, under delivery: exactly_once, the transactional
+// batcher (*exactlyOnce). Run connects (Ready closes when publishing may
+// start) and runs until Close or ctx ends.
+type termProducer interface {
+	Run(ctx context.Context) error
+	Ready() <-chan struct{}
+	Connected() bool
+	Close()
 }
 
 func (t *term) ready() (bool, string) {
@@ -78,15 +89,30 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	}
 	reg := prometheus.NewRegistry() // this term's metrics, served while it runs
 	var err error
-	if t.producer, err = sink.New(cfg.Kafka, t.log, reg); err != nil {
-		return err
+	var pub Publisher
+	if cfg.Delivery == ExactlyOnce {
+		var valid func() bool
+		if t.fence != nil {
+			valid = t.fence.Valid
+		}
+		e, err := newExactlyOnce(cfg, t.log, reg, valid)
+		if err != nil {
+			return err
+		}
+		t.producer, pub = e, e
+	} else {
+		p, err := sink.New(cfg.Kafka, t.log, reg)
+		if err != nil {
+			return err
+		}
+		t.producer, pub = p, p
 	}
 	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Start: r.acked,
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
 		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
 		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
 			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
-	}, t.producer, store, t.log, reg)
+	}, pub, store, t.log, reg)
 	if err != nil {
 		return err
 	}

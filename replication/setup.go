@@ -590,3 +590,10 @@ func Connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	}
 	return conn, nil
 }
+
+// IdentifySystem reads the server's system identifier and timeline over a
+// replication connection to url (delivery: exactly_once checks its
+// checkpoint against it).
+func IdentifySystem(ctx context.Context, url string) (Identity, error) {
+	return identifySystem(ctx, url)
+}
