@@ -33,8 +33,10 @@ matrix: build
 
 # The long fault-injection suite (docs/chaos.md): 100k events per scenario
 # under relay and broker kills, broker pauses, PostgreSQL restarts, network
-# cuts and SIGTERM restarts; prints the table (also in
-# test/.run/chaos-table.md). Fails on any loss, order or partition violation.
+# cuts, SIGTERM restarts and leader takeovers, every scenario in both
+# delivery modes; prints the tables (also in test/.run/chaos-table.md).
+# Fails on any loss, order or partition violation, and in exactly-once mode
+# on any duplicate or partial PostgreSQL transaction visible.
 chaos: build
 	bash test/run-chaos.sh
 
