@@ -155,20 +155,25 @@ func (c Config) Validate() error {
 	if c.MaxUnackedAge < time.Second || c.MaxUnackedAge > time.Hour {
 		errs = append(errs, fmt.Errorf("max_unacked_age: %s is out of range: use 1s..1h (default 30s)", c.MaxUnackedAge))
 	}
+	// exactly_once.* are checked in either mode (they have valid defaults);
+	// only their bound by inflight.max_events waits for delivery: exactly_once.
+	maxBatch := c.ExactlyOnce.MaxBatchEvents
+	if c.Delivery == ExactlyOnce {
+		maxBatch = c.InFlight.MaxEvents
+	}
+	errs = append(errs, c.ExactlyOnce.validate(maxBatch))
 	switch c.Delivery {
-	case AtLeastOnce:
-	case ExactlyOnce:
-		errs = append(errs, c.ExactlyOnce.validate(c.InFlight.MaxEvents))
+	case AtLeastOnce, ExactlyOnce:
 	default:
 		errs = append(errs, fmt.Errorf("delivery: %q is not at_least_once (the default) or exactly_once (Kafka transactions; consumers must read with isolation.level=read_committed)", c.Delivery))
 	}
 	return errors.Join(errs...)
 }
 
-func (e ExactlyOnceConfig) validate(maxInflight int) error {
+func (e ExactlyOnceConfig) validate(maxBatch int) error {
 	var errs []error
-	if e.MaxBatchEvents < 1 || e.MaxBatchEvents > maxInflight {
-		errs = append(errs, fmt.Errorf("exactly_once.max_batch_events: %d must be between 1 and inflight.max_events (%d) (default 5000)", e.MaxBatchEvents, maxInflight))
+	if e.MaxBatchEvents < 1 || e.MaxBatchEvents > maxBatch {
+		errs = append(errs, fmt.Errorf("exactly_once.max_batch_events: %d must be between 1 and inflight.max_events (%d) (default 5000)", e.MaxBatchEvents, maxBatch))
 	}
 	if e.MaxBatchInterval < time.Millisecond || e.MaxBatchInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("exactly_once.max_batch_interval: %s is out of range: use 1ms..1m (default 100ms)", e.MaxBatchInterval))

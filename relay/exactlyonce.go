@@ -34,11 +34,17 @@ import (
 // age. Publish, before, after, flush and rewound come from the pipeline;
 // every method takes mu, so a commit never interleaves with a publish.
 type exactlyOnce struct {
-	cfg   Config
-	prod  *sink.TxnProducer
-	log   zerolog.Logger
-	m     eosMetrics
-	valid func() bool // the lease is still ours; nil without election
+	cfg  Config
+	prod txnSink
+	// prepare makes the checkpoint topic and learns the server's system
+	// id (tests swap it).
+	prepare func(ctx context.Context) error
+	log     zerolog.Logger
+	m       eosMetrics
+	// valid checks with a round trip that the lease is still ours (nil
+	// without election): a deposed leader must not fence the new one's
+	// producer.
+	valid func(ctx context.Context) error
 
 	ready     chan struct{}
 	closing   chan struct{}
@@ -53,6 +59,22 @@ type exactlyOnce struct {
 	b       batcher
 	msgs    []*sink.Message // records of the open Kafka transaction, checkpoint excluded
 	discard bool            // aborted: refuse records until the pipeline rewound
+}
+
+// txnSink is what exactlyOnce needs of the transactional producer
+// (*sink.TxnProducer; tests use a fake).
+type txnSink interface {
+	Open(ctx context.Context) error
+	Opened() bool
+	Begin() error
+	Send(ctx context.Context, m *sink.Message) error
+	Commit(ctx context.Context) (error, map[*sink.Message]error)
+	Abort(ctx context.Context) (error, map[*sink.Message]error)
+	Fatal() bool
+	Close()
+	ReadCheckpoint(ctx context.Context, topic string, key []byte) ([]byte, error)
+	Connected() bool
+	SetConnected(ok bool)
 }
 
 // errAborted is what the records of an aborted Kafka transaction fail
@@ -98,7 +120,7 @@ func newEOSMetrics(reg prometheus.Registerer) eosMetrics {
 	return m
 }
 
-func newExactlyOnce(cfg Config, log zerolog.Logger, reg prometheus.Registerer, valid func() bool) (*exactlyOnce, error) {
+func newExactlyOnce(cfg Config, log zerolog.Logger, reg prometheus.Registerer, valid func(ctx context.Context) error) (*exactlyOnce, error) {
 	prod, err := sink.NewTxn(cfg.Kafka, cfg.TxnID(), cfg.ExactlyOnce.TransactionTimeout, log)
 	if err != nil {
 		return nil, err
@@ -115,6 +137,7 @@ func newExactlyOnce(cfg Config, log zerolog.Logger, reg prometheus.Registerer, v
 		ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1),
 		b: batcher{maxEvents: cfg.ExactlyOnce.MaxBatchEvents, inflightEvents: cfg.InFlight.MaxEvents,
 			inflightBytes: cfg.InFlight.MaxBytes, interval: cfg.ExactlyOnce.MaxBatchInterval}}
+	e.prepare = e.prepareKafkaAndPostgres
 	return e, nil
 }
 
@@ -154,6 +177,9 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, context.Canceled) {
+			e.log.Warn().Err(err).Msg("term ends")
+		}
 		return err
 	}
 	close(e.ready)
@@ -167,6 +193,9 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 		case <-e.closing:
 			return nil
 		case err := <-e.fatal:
+			if errors.Is(err, context.Canceled) {
+				e.log.Warn().Err(err).Msg("term ends")
+			}
 			return err
 		case now := <-tick.C:
 			e.mu.Lock()
@@ -181,6 +210,15 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 // start makes the checkpoint topic, learns the server's system id, opens
 // the producer and reads the checkpoint; network errors are retried.
 func (e *exactlyOnce) start(ctx context.Context) error {
+	if err := e.prepare(ctx); err != nil {
+		return err
+	}
+	return e.open(ctx)
+}
+
+// prepareKafkaAndPostgres creates or checks the checkpoint topic and reads
+// the server's system identifier, retrying what may heal.
+func (e *exactlyOnce) prepareKafkaAndPostgres(ctx context.Context) error {
 	b := backoff.Backoff{Policy: backoff.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
 	for {
 		err := sink.EnsureCheckpointTopic(e.cfg.Kafka, e.cfg.ExactlyOnce.CheckpointTopic)
@@ -206,7 +244,7 @@ func (e *exactlyOnce) start(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	return e.open(ctx)
+	return nil
 }
 
 // open initialises a new producer (fencing older ones) and reads the
@@ -214,8 +252,11 @@ func (e *exactlyOnce) start(ctx context.Context) error {
 func (e *exactlyOnce) open(ctx context.Context) error {
 	b := backoff.Backoff{Policy: backoff.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
 	for {
-		if e.valid != nil && !e.valid() {
-			return errors.New("exactly_once: leadership lost: not initialising a producer that would fence the new leader's")
+		if e.valid != nil {
+			if err := e.valid(ctx); err != nil {
+				// Ends the term like a lost lease (context.Canceled), not the relay.
+				return fmt.Errorf("exactly_once: not the leader any more (%v), so not initialising a producer that would fence the new leader's: %w", err, context.Canceled)
+			}
 		}
 		if err := e.prod.Open(ctx); err != nil {
 			return err
@@ -341,7 +382,10 @@ func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
 	if e.discard {
 		return
 	}
-	if e.b.after(commit, end) {
+	// The age check here too, not only on the timer: under load the loop
+	// goes from one PostgreSQL transaction to the next and the timer would
+	// rarely find the boundary.
+	if full := e.b.after(commit, end); full || e.b.due(time.Now()) {
 		e.commitLocked()
 	}
 }

@@ -91,9 +91,9 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	var err error
 	var pub Publisher
 	if cfg.Delivery == ExactlyOnce {
-		var valid func() bool
+		var valid func(ctx context.Context) error
 		if t.fence != nil {
-			valid = t.fence.Valid
+			valid = t.fence.Check
 		}
 		e, err := newExactlyOnce(cfg, t.log, reg, valid)
 		if err != nil {

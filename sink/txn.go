@@ -64,6 +64,10 @@ func NewTxn(cfg Config, id string, timeout time.Duration, log zerolog.Logger) (*
 	// rewinds, or builds a new producer, and tries again.
 	sc.Producer.Transaction.Retry.Max = 50
 	sc.Producer.Transaction.Retry.Backoff = 200 * time.Millisecond
+	// A record error ends the transaction anyway (abort, rewind, a new
+	// transaction): sarama's own retries of a record stay short, where the
+	// at-least-once producer retries for kafka.retry_max.
+	sc.Producer.Retry.Max = min(cfg.RetryMax, 5)
 	// A transaction must not wait an hour for a metadata refresh: a failure
 	// ends it (abort, rewind) and the next one waits for the cluster.
 	sc.Metadata.Retry.Max = 10

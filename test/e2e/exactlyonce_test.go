@@ -323,3 +323,104 @@ func TestExactlyOnceCheckpointSkipsCommitted(t *testing.T) {
 	t.Logf("%v events re-read and skipped, %d published after the restart, 0 duplicates", skipped, len(ws)-first)
 	r2.stop(syscall.SIGTERM, 30*time.Second)
 }
+
+// A broker stall longer than the transaction timeout, mid-load. When the
+// coordinator aborts the open Kafka transaction first (it scans for timed
+// out transactions every transaction.abort.timed.out.transaction.cleanup.interval.ms,
+// 10 s by default, so it races the relay's commit after the stall), the
+// relay's commit fails: it aborts, builds a new producer, reads the
+// checkpoint and rewinds. Either way everything arrives exactly once. Not
+// parallel: it stalls the shared broker.
+func TestExactlyOnceBrokerStallLongerThanTransactionTimeout(t *testing.T) {
+	e := newEnv(t, "eosstall")
+	r := e.startRelay(e.eosFlags("--exactly-once-transaction-timeout", "2s")...)
+	w := e.newWriter(145)
+	errc := make(chan error, 1)
+	go func() { errc <- w.run(context.Background(), 2000, 10, 40, 8*time.Second, "") }()
+	waitFor(t, 30*time.Second, "first transactions committed", func() bool { return r.metric("outbox_relay_events_published_total") > 200 })
+	svc(t, "kafka-pause")
+	paused := time.Now()
+	resumed := false
+	defer func() {
+		if !resumed {
+			svc(t, "kafka-resume")
+		}
+	}()
+	// The fault's length, not a synchronisation: well past the 2 s timeout.
+	waitFor(t, 30*time.Second, "the stall to outlast the transaction timeout", func() bool { return time.Since(paused) > 5*time.Second })
+	svc(t, "kafka-resume")
+	resumed = true
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	ws := w.written()
+	rs := consumeCommitted(t, e.topics(), len(ws), 90*time.Second, 3*time.Second)
+	rep := check(t, ws, rs, e.partitions(t))
+	requireClean(t, rep, false)
+	t.Logf("broker stalled %s with a 2s transaction timeout: %d events, 0 lost, 0 duplicates; %v Kafka transactions aborted",
+		5*time.Second, len(ws), abortedTxns(t, r))
+	r.stop(syscall.SIGTERM, 30*time.Second)
+}
+
+// A PostgreSQL transaction larger than exactly_once.max_batch_events (and
+// handed over by the decoder in chunks) is one Kafka transaction of its
+// own, never split; one larger than the in-flight limits stops the relay
+// with an error naming its LSN and the keys to raise, nothing of it
+// visible.
+func TestExactlyOnceLargeTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("larger than a batch: one Kafka transaction", func(t *testing.T) {
+		e := newEnv(t, "eosbig")
+		r := e.startRelay(e.eosFlags("--exactly-once-max-batch-events", "100")...)
+		w := e.newWriter(146)
+		if err := w.bigTxn(ctx, 2500, 20); err != nil { // first: it numbers its aggregates' events from 1
+			t.Fatal(err)
+		}
+		if err := w.run(ctx, 200, 10, 20, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		ws := w.written()
+		rs := consumeCommitted(t, e.topics(), len(ws), 60*time.Second, 2*time.Second)
+		requireClean(t, check(t, ws, rs, e.partitions(t)), false)
+		ss, err := r.Scrape()
+		if err != nil {
+			t.Fatal(err)
+		}
+		small, _ := testkit.SumMetric(ss, "outbox_relay_kafka_transaction_events_bucket", map[string]string{"le": "1024"})
+		all, _ := testkit.SumMetric(ss, "outbox_relay_kafka_transaction_events_count", nil)
+		if all-small != 1 {
+			t.Errorf("%v Kafka transactions of more than 1024 events, want exactly 1 (the 2500-event PostgreSQL transaction, whole)", all-small)
+		}
+		r.stop(syscall.SIGTERM, 30*time.Second)
+	})
+	t.Run("larger than the in-flight limits: stops, names the keys", func(t *testing.T) {
+		e := newEnv(t, "eoshuge")
+		w := e.newWriter(147)
+		if err := w.bigTxn(ctx, 2500, 20); err != nil {
+			t.Fatal(err)
+		}
+		code, out := e.runRelayToExit(60*time.Second, e.eosFlags("--max-inflight-events", "1000", "--exactly-once-max-batch-events", "500")...)
+		if code == 0 || !strings.Contains(out, "inflight.max_events") || !strings.Contains(out, "committed at LSN") {
+			t.Fatalf("exit %d, want an error naming the transaction's LSN and inflight.max_events:\n%s", code, testkit.Tail(out, 2000))
+		}
+		i := strings.Index(out, "committed at LSN ")
+		commit, err := pglogrepl.ParseLSN(strings.Fields(out[i+len("committed at LSN "):])[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slot := e.slotLSN(t); slot > commit {
+			t.Fatalf("the slot confirmed %s, past the refused transaction committed at %s", slot, commit)
+		}
+		// Records of its first chunks may have reached the broker (creating
+		// the topic) inside the aborted Kafka transaction: none is visible.
+		if tps, err := testkit.Topics(brokers, e.Prefix+".order"); err != nil {
+			t.Fatal(err)
+		} else if len(tps) > 0 {
+			if rs := consumeCommitted(t, tps, 1, 3*time.Second, time.Second); len(rs) != 0 {
+				t.Fatalf("%d records of the refused transaction visible", len(rs))
+			}
+		}
+		t.Logf("the relay stopped: %s", testkit.Tail(out[max(0, i-300):], 700))
+	})
+}

@@ -1,0 +1,301 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// fakeTxn is a transactional producer over an in-memory partition log:
+// records of a committed transaction become visible (to a read_committed
+// reader) at its commit, those of an aborted one never.
+type fakeTxn struct {
+	mu      sync.Mutex
+	opened  bool
+	opens   int
+	open    []*sink.Message
+	recs    map[*sink.Message]error
+	visible []sink.Message
+	commits int
+	// commit scripts the n-th commit (1-based): apply says whether the
+	// records become visible, err what Commit returns.
+	commit func(n int) (apply bool, err error)
+	// record, when it returns an error, fails that record (the broker's
+	// refusal); the transaction cannot commit then.
+	record func(m *sink.Message) error
+}
+
+func (f *fakeTxn) Open(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opened, f.open, f.recs = true, nil, map[*sink.Message]error{} // InitProducerId aborts what was open
+	f.opens++
+	return nil
+}
+func (f *fakeTxn) Opened() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.opened }
+func (f *fakeTxn) Begin() error { return nil }
+func (f *fakeTxn) Send(_ context.Context, m *sink.Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m.Partition = 0
+	f.open = append(f.open, m)
+	if f.record != nil {
+		if err := f.record(m); err != nil {
+			f.recs[m] = err
+		}
+	}
+	return nil
+}
+func (f *fakeTxn) Commit(context.Context) (error, map[*sink.Message]error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.commits++
+	if len(f.recs) > 0 {
+		recs := f.recs
+		f.recs, f.open = map[*sink.Message]error{}, nil
+		return sarama.ErrTransactionNotReady, recs
+	}
+	apply, err := true, error(nil)
+	if f.commit != nil {
+		apply, err = f.commit(f.commits)
+	}
+	if apply {
+		for _, m := range f.open {
+			f.visible = append(f.visible, *m)
+		}
+	}
+	f.open = nil
+	return err, nil
+}
+func (f *fakeTxn) Abort(context.Context) (error, map[*sink.Message]error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	recs := f.recs
+	f.recs, f.open = map[*sink.Message]error{}, nil
+	return nil, recs
+}
+func (f *fakeTxn) Fatal() bool { return false }
+func (f *fakeTxn) Close()      { f.mu.Lock(); f.opened = false; f.mu.Unlock() }
+func (f *fakeTxn) ReadCheckpoint(_ context.Context, topic string, key []byte) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var last []byte
+	for _, m := range f.visible {
+		if m.Topic == topic && string(m.Key) == string(key) {
+			last = m.Value
+		}
+	}
+	return last, nil
+}
+func (f *fakeTxn) Connected() bool   { return true }
+func (f *fakeTxn) SetConnected(bool) {}
+
+// events returns the event ids visible, in order (checkpoints left out),
+// and the last checkpoint's commit LSN.
+func (f *fakeTxn) events(cpTopic string) (ids []string, checkpoint string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.visible {
+		if m.Topic == cpTopic {
+			var cp checkpointRecord
+			_ = json.Unmarshal(m.Value, &cp)
+			checkpoint = cp.CommitLSN
+			continue
+		}
+		ids = append(ids, string(m.Headers[0].Value))
+	}
+	return ids, checkpoint
+}
+
+// newEOSHarness is the pipeline harness with the exactly-once publisher
+// over f: batches of maxBatch events, committed after interval.
+func newEOSHarness(t *testing.T, f *fakeTxn, maxBatch int, interval time.Duration) (*harness, *exactlyOnce) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Postgres.Slot, cfg.Delivery = "s", ExactlyOnce
+	cfg.InFlight = InFlightConfig{MaxEvents: 10, MaxBytes: 1 << 20}
+	cfg.ExactlyOnce.MaxBatchEvents, cfg.ExactlyOnce.MaxBatchInterval = maxBatch, interval
+	e := &exactlyOnce{cfg: cfg, prod: f, m: newEOSMetrics(nil), log: zerolog.Nop(),
+		ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1),
+		b: batcher{maxEvents: maxBatch, inflightEvents: 10, inflightBytes: 1 << 20, interval: interval}}
+	e.prepare = func(context.Context) error { e.systemID = "sys"; return nil }
+	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := &fakeMarker{marked: make(chan string, 10)}
+	p, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: fastPolicy,
+		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, e, marker, zerolog.Nop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{t: t, p: p, ctx: ctx, in: make(chan walReq), marker: marker}
+	ran, eosRan, streamed := make(chan error, 1), make(chan error, 1), make(chan struct{})
+	go func() { eosRan <- e.Run(ctx) }()
+	<-e.Ready()
+	go func() { ran <- p.Run(ctx) }()
+	go func() {
+		defer close(streamed)
+		h.stream(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-streamed
+		if err := <-ran; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+		if err := <-eosRan; err != nil {
+			t.Errorf("exactlyOnce.Run = %v", err)
+		}
+	})
+	return h, e
+}
+
+// The commit is the ack: the watermark stays put while a Kafka transaction
+// is open, whole PostgreSQL transactions share one up to max_batch_events,
+// and the checkpoint record ends each with its last commit LSN.
+func TestExactlyOnceCommitIsTheAck(t *testing.T) {
+	f := &fakeTxn{}
+	h, e := newEOSHarness(t, f, 3, time.Hour)
+	if err := h.txn(100, 110, order("1", "a"), order("2", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := f.events(e.cfg.ExactlyOnce.CheckpointTopic); len(ids) != 0 || h.p.Flushed() != 0 {
+		t.Fatalf("visible %v, watermark %s before any commit", ids, h.p.Flushed())
+	}
+	// 2 + 2 > 3: the first Kafka transaction is committed before this one.
+	if err := h.txn(200, 210, order("3", "b"), order("4", "b")); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFlushed(110)
+	ids, cp := f.events(e.cfg.ExactlyOnce.CheckpointTopic)
+	if strings.Join(ids, ",") != "1,2" || cp != pglogrepl.LSN(100).String() {
+		t.Fatalf("visible %v checkpoint %s, want 1,2 and %s", ids, cp, pglogrepl.LSN(100))
+	}
+	if h.p.Flushed() != 110 {
+		t.Fatalf("watermark %s passed the open Kafka transaction", h.p.Flushed())
+	}
+	// The session ends (Drain): the open Kafka transaction is committed.
+	if err := h.p.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ids, cp := f.events(e.cfg.ExactlyOnce.CheckpointTopic); strings.Join(ids, ",") != "1,2,3,4" || cp != pglogrepl.LSN(200).String() {
+		t.Fatalf("after Drain visible %v checkpoint %s", ids, cp)
+	}
+}
+
+// Every failure of a Kafka transaction rewinds, and the checkpoint filter
+// keeps the result exactly once: a commit whose answer is lost after the
+// broker applied it (the relay builds a new producer and reads the
+// checkpoint), one that failed, and a record the broker refused.
+func TestExactlyOnceFailuresDeliverOnce(t *testing.T) {
+	lost := errors.New("read tcp: i/o timeout")
+	cases := []struct {
+		name   string
+		commit func(n int) (bool, error)
+		record func(m *sink.Message) error
+		opens  int // producers built: 1 + one per unknown outcome
+	}{
+		{"commit applied, answer lost", func(n int) (bool, error) {
+			if n == 2 {
+				return true, lost
+			}
+			return true, nil
+		}, nil, 2},
+		{"commit failed", func(n int) (bool, error) {
+			if n == 2 {
+				return false, lost
+			}
+			return true, nil
+		}, nil, 2},
+		{"a record refused once", nil, func() func(m *sink.Message) error {
+			refused := false
+			return func(m *sink.Message) error {
+				if len(m.Headers) > 0 && string(m.Headers[0].Value) == "4" && !refused {
+					refused = true
+					return sarama.ErrNotEnoughReplicas
+				}
+				return nil
+			}
+		}(), 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeTxn{commit: tc.commit, record: tc.record}
+			h, e := newEOSHarness(t, f, 2, time.Millisecond)
+			want := []string{}
+			for i := range 6 {
+				id := itoa(int64(i + 1))
+				if err := h.txn(pglogrepl.LSN(100*(i+1)), pglogrepl.LSN(100*(i+1)+10), order(id, "a")); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, id)
+			}
+			h.waitFlushed(610)
+			ids, _ := f.events(e.cfg.ExactlyOnce.CheckpointTopic)
+			if strings.Join(ids, ",") != strings.Join(want, ",") {
+				t.Fatalf("visible %v, want %v exactly once, in order", ids, want)
+			}
+			if f.opens != tc.opens {
+				t.Errorf("%d producers built, want %d", f.opens, tc.opens)
+			}
+			if h.restarts.Load() < 1 {
+				t.Errorf("no rewind")
+			}
+		})
+	}
+}
+
+// The exactly_once keys are checked by name; the batch bound by
+// inflight.max_events only under delivery: exactly_once.
+func TestExactlyOnceConfigValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		set  func(c *Config)
+		want string // "" = valid
+	}{
+		{"defaults, at least once", func(c *Config) {}, ""},
+		{"defaults, exactly once", func(c *Config) { c.Delivery = ExactlyOnce }, ""},
+		{"batch above inflight under exactly once", func(c *Config) {
+			c.Delivery, c.InFlight.MaxEvents = ExactlyOnce, 1000
+		}, "exactly_once.max_batch_events: 5000 must be between 1 and inflight.max_events (1000)"},
+		{"batch above inflight is fine at least once", func(c *Config) { c.InFlight.MaxEvents = 1000 }, ""},
+		{"unknown delivery", func(c *Config) { c.Delivery = "exactly-once" }, "delivery: \"exactly-once\""},
+		{"timeout above the brokers' default maximum", func(c *Config) { c.ExactlyOnce.TransactionTimeout = 16 * time.Minute }, "exactly_once.transaction_timeout"},
+		{"checkpoint topic", func(c *Config) { c.ExactlyOnce.CheckpointTopic = "a b" }, "exactly_once.checkpoint_topic"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Postgres.URL, c.Postgres.Slot, c.Kafka.Brokers = "postgres://u@h/db", "orders", []string{"k:9092"}
+			tc.set(&c)
+			err := c.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+	c := DefaultConfig()
+	c.Postgres.Slot = "orders"
+	if got := c.TxnID(); got != "outbox-relay-orders" {
+		t.Errorf("default transactional id %q, want outbox-relay-orders", got)
+	}
+}

@@ -1,0 +1,69 @@
+package sink
+
+import (
+	"testing"
+
+	"github.com/IBM/sarama"
+)
+
+func dataBatch(first int64, pid int64, txn bool, kv ...string) *sarama.Records {
+	b := &sarama.RecordBatch{FirstOffset: first, ProducerID: pid, IsTransactional: txn}
+	for i := 0; i+1 < len(kv); i += 2 {
+		b.Records = append(b.Records, &sarama.Record{OffsetDelta: int64(i / 2), Key: []byte(kv[i]), Value: []byte(kv[i+1])})
+	}
+	b.LastOffsetDelta = int32(len(b.Records) - 1)
+	return &sarama.Records{RecordBatch: b}
+}
+
+func marker(at int64, pid int64, commit bool) *sarama.Records {
+	typ := byte(0)
+	if commit {
+		typ = 1
+	}
+	return &sarama.Records{RecordBatch: &sarama.RecordBatch{FirstOffset: at, ProducerID: pid, IsTransactional: true, Control: true,
+		Records: []*sarama.Record{{Key: []byte{0, 0, 0, typ}}}}}
+}
+
+// readBatches is the read_committed walk of the checkpoint partition: the
+// last committed record with the key wins; aborted transactions, control
+// records, other keys and records before the start offset do not count.
+func TestReadBatches(t *testing.T) {
+	cases := []struct {
+		name     string
+		from     int64
+		sets     []*sarama.Records
+		aborted  []*sarama.AbortedTransaction
+		wantNext int64
+		want     string
+	}{
+		{"committed checkpoints: the last wins", 0, []*sarama.Records{
+			dataBatch(0, 1, true, "k", "a"), marker(1, 1, true),
+			dataBatch(2, 1, true, "k", "b"), marker(3, 1, true),
+		}, nil, 4, "b"},
+		{"an aborted transaction (a fenced producer's) does not count", 0, []*sarama.Records{
+			dataBatch(0, 1, true, "k", "a"), marker(1, 1, true),
+			dataBatch(2, 1, true, "k", "zombie"), marker(3, 1, false),
+			dataBatch(4, 2, true, "k", "c"), marker(5, 2, true),
+		}, []*sarama.AbortedTransaction{{ProducerID: 1, FirstOffset: 2}}, 6, "c"},
+		{"aborted last: the committed one before it", 0, []*sarama.Records{
+			dataBatch(0, 1, true, "k", "a"), marker(1, 1, true),
+			dataBatch(2, 1, true, "k", "zombie"), marker(3, 1, false),
+		}, []*sarama.AbortedTransaction{{ProducerID: 1, FirstOffset: 2}}, 4, "a"},
+		{"other keys (other slots) are not ours", 0, []*sarama.Records{
+			dataBatch(0, 1, true, "k", "a", "other", "x"), marker(2, 1, true),
+		}, nil, 3, "a"},
+		{"records before the fetch offset are skipped", 1, []*sarama.Records{
+			dataBatch(0, 1, false, "k", "old", "k", "new"),
+		}, nil, 2, "new"},
+		{"nothing stable yet: the offset stays", 5, nil, nil, 5, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			block := &sarama.FetchResponseBlock{RecordsSet: tc.sets, AbortedTransactions: tc.aborted}
+			next, v := readBatches(block, tc.from, []byte("k"))
+			if next != tc.wantNext || string(v) != tc.want {
+				t.Fatalf("readBatches = %d, %q; want %d, %q", next, v, tc.wantNext, tc.want)
+			}
+		})
+	}
+}
