@@ -59,6 +59,12 @@ type exactlyOnce struct {
 	b       batcher
 	msgs    []*sink.Message // records of the open Kafka transaction, checkpoint excluded
 	discard bool            // aborted: refuse records until the pipeline rewound
+	// isolate counts the records still to be sent one at a time after a
+	// Kafka transaction failed on a record error: sarama fails every
+	// record after the refused one with the refused one's error, so only
+	// one at a time tells the culprit (whose error then counts towards
+	// on_poison) from the innocent.
+	isolate int
 }
 
 // txnSink is what exactlyOnce needs of the transactional producer
@@ -68,6 +74,7 @@ type txnSink interface {
 	Opened() bool
 	Begin() error
 	Send(ctx context.Context, m *sink.Message) error
+	Sync(ctx context.Context, m *sink.Message) error
 	Commit(ctx context.Context) (error, map[*sink.Message]error)
 	Abort(ctx context.Context) (error, map[*sink.Message]error)
 	Fatal() bool
@@ -346,10 +353,20 @@ func (e *exactlyOnce) Publish(ctx context.Context, m *sink.Message) error {
 		}
 		e.b.opening(time.Now())
 	}
+	// The term's context, not the caller's (which never ends once a
+	// transaction is registered): a stuck send must not outlive the term.
+	ctx = e.context()
 	if err := e.prod.Send(ctx, m); err != nil {
 		return err
 	}
 	e.msgs = append(e.msgs, m)
+	if e.isolate > 0 {
+		e.isolate--
+		if err := e.prod.Sync(ctx, m); err != nil {
+			e.isolate = len(e.msgs) // the same records come again: one at a time again
+			e.failLocked(err, map[*sink.Message]error{m: err}, false)
+		}
+	}
 	return nil
 }
 
@@ -453,12 +470,20 @@ func (e *exactlyOnce) commitLocked() bool {
 	if err == nil {
 		err = errors.New("a record of the transaction failed")
 	}
-	e.failLocked(fmt.Errorf("commit kafka transaction: %w", err), recs, len(recs) == 0)
+	unknown := len(recs) == 0 // EndTxn may have been sent: outcome unknown
+	if !unknown {
+		// Which record the broker refused is unknown (see isolate): the
+		// records go again one at a time.
+		e.isolate = len(e.msgs)
+		recs = nil
+	}
+	e.failLocked(fmt.Errorf("commit kafka transaction: %w", err), recs, unknown)
 	return false
 }
 
 // failLocked aborts the open Kafka transaction and fails its records: each
-// with its own error if it had one, else errAborted (transient). When the
+// with its error in recs (only a record known to be refused itself), else
+// errAborted (transient, and no attempt against on_poison). When the
 // outcome of a commit is unknown, the producer is fatal or the abort
 // failed, it builds a new producer and reads the checkpoint again before
 // failing them, so the rewind they cause finds the filter current.
@@ -471,13 +496,7 @@ func (e *exactlyOnce) failLocked(cause error, recs map[*sink.Message]error, unkn
 	e.b.closed(true)
 	rebuild := unknown || !e.prod.Opened() || e.prod.Fatal() || sink.IsFenced(cause)
 	if !rebuild {
-		aerr, arecs := e.prod.Abort(ctx)
-		for m, err := range arecs {
-			if recs == nil {
-				recs = map[*sink.Message]error{}
-			}
-			recs[m] = err
-		}
+		aerr, _ := e.prod.Abort(ctx)
 		if aerr != nil {
 			e.log.Warn().Err(aerr).Msg("abort kafka transaction failed; building a new producer")
 			rebuild = true

@@ -50,12 +50,21 @@ func (f *fakeTxn) Send(_ context.Context, m *sink.Message) error {
 	defer f.mu.Unlock()
 	m.Partition = 0
 	f.open = append(f.open, m)
+	for _, err := range f.recs {
+		f.recs[m] = err // as sarama: once one failed, the later ones fail with its error
+		return nil
+	}
 	if f.record != nil {
 		if err := f.record(m); err != nil {
 			f.recs[m] = err
 		}
 	}
 	return nil
+}
+func (f *fakeTxn) Sync(_ context.Context, m *sink.Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.recs[m]
 }
 func (f *fakeTxn) Commit(context.Context) (error, map[*sink.Message]error) {
 	f.mu.Lock()
@@ -297,5 +306,95 @@ func TestExactlyOnceConfigValidate(t *testing.T) {
 	c.Postgres.Slot = "orders"
 	if got := c.TxnID(); got != "outbox-relay-orders" {
 		t.Errorf("default transactional id %q, want outbox-relay-orders", got)
+	}
+}
+
+// A record the broker always refuses (too large for its topic) fails the
+// Kafka transaction, and sarama fails every later record of it with the
+// same error. The relay sends the aborted records again one at a time, so
+// only the culprit counts attempts and becomes a dead letter, inside a
+// Kafka transaction; every other event is delivered once.
+func TestExactlyOncePoisonIsolated(t *testing.T) {
+	f := &fakeTxn{record: func(m *sink.Message) error {
+		if m.Topic != testDLQ && len(m.Headers) > 0 && string(m.Headers[0].Value) == "3" {
+			return sarama.ErrMessageSizeTooLarge
+		}
+		return nil
+	}}
+	h, e := newEOSHarness(t, f, 100, time.Millisecond)
+	want := []string{}
+	for i := range 6 {
+		id := itoa(int64(i + 1))
+		if err := h.txn(pglogrepl.LSN(100*(i+1)), pglogrepl.LSN(100*(i+1)+10), order(id, "a")); err != nil {
+			t.Fatal(err)
+		}
+		if id != "3" {
+			want = append(want, id)
+		}
+	}
+	if m := h.waitMark(); m != "dead 3 attempts=3" {
+		t.Fatalf("row mark %q, want dead 3 attempts=3 (fastPolicy.MaxAttempts)", m)
+	}
+	h.waitFlushed(610)
+	var letters int
+	events := []string{}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.visible {
+		if m.Topic == testDLQ {
+			letters++
+		}
+		if m.Topic != testDLQ && m.Topic != e.cfg.ExactlyOnce.CheckpointTopic {
+			events = append(events, string(m.Headers[0].Value))
+		}
+	}
+	if strings.Join(events, ",") != strings.Join(want, ",") || letters != 1 {
+		t.Fatalf("events %v and %d dead letters, want %v once and 1 dead letter", events, letters, want)
+	}
+	if h.p.Halted() != nil {
+		t.Fatalf("halted: %v", h.p.Halted())
+	}
+}
+
+// A checkpoint written for another PostgreSQL server (another system_id)
+// is refused at start with the fix; a valid one raises the skip filter.
+func TestExactlyOnceCheckpointOnStart(t *testing.T) {
+	cases := []struct {
+		name, value string
+		err         string
+		skip        pglogrepl.LSN
+	}{
+		{"none", "", "", 0},
+		{"ours", `{"slot":"s","system_id":"sys","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "", 0x16B3748},
+		{"another server", `{"slot":"s","system_id":"other","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "system_id other", 0},
+		{"not JSON", `{`, "not valid JSON", 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Postgres.Slot = "s"
+			f := &fakeTxn{}
+			if tc.value != "" {
+				f.visible = []sink.Message{{Topic: cfg.ExactlyOnce.CheckpointTopic, Key: []byte(cfg.TxnID()), Value: []byte(tc.value)}}
+			}
+			e := &exactlyOnce{cfg: cfg, prod: f, m: newEOSMetrics(nil), log: zerolog.Nop(),
+				ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1)}
+			e.prepare = func(context.Context) error { e.systemID = "sys"; return nil }
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := e.start(ctx)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "exactly_once.") {
+					t.Fatalf("start = %v, want an error with %q naming the key", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.skipThrough() != tc.skip {
+				t.Fatalf("skip filter at %s, want %s", e.skipThrough(), tc.skip)
+			}
+		})
 	}
 }

@@ -312,7 +312,9 @@ func (d *delivery) done(err error) {
 		p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
 		return
 	}
-	d.attempts++
+	if p.eos == nil || !errors.Is(err, errAborted) {
+		d.attempts++ // not for an abort another record caused
+	}
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
 	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).

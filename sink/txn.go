@@ -252,6 +252,28 @@ func (p *TxnProducer) settle(ctx context.Context) map[*Message]error {
 	}
 }
 
+// Sync waits until every record sent so far has come back and returns
+// m's own error, if it failed. Sending one record at a time with Sync is
+// the only way to tell which record of a transaction the broker refused:
+// once one failed, sarama fails the later ones with the same error.
+func (p *TxnProducer) Sync(ctx context.Context, m *Message) error {
+	for {
+		p.mu.Lock()
+		if p.returned >= p.sent {
+			err := p.failed[m]
+			p.mu.Unlock()
+			return err
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Status is sarama's transaction state (for logs and the fatal check).
 func (p *TxnProducer) Status() sarama.ProducerTxnStatusFlag { return p.ap.TxnStatus() }
 
