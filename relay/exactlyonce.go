@@ -65,6 +65,14 @@ type exactlyOnce struct {
 	// one at a time tells the culprit (whose error then counts towards
 	// on_poison) from the innocent.
 	isolate int
+	// A commit runs on a goroutine of its own, so the replication loop goes
+	// on reading while the broker commits: records published meanwhile wait
+	// in pending and go out in the next Kafka transaction once it is through
+	// (one transaction at a time per producer).
+	committing bool
+	commitDone chan struct{} // closed when the commit in flight is settled
+	pending    []*sink.Message
+	begun      bool // the Kafka transaction of msgs has begun at the producer
 }
 
 // txnSink is what exactlyOnce needs of the transactional producer
@@ -206,8 +214,8 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 			return err
 		case now := <-tick.C:
 			e.mu.Lock()
-			if !e.discard && e.b.due(now) {
-				e.commitLocked()
+			if !e.discard && !e.committing && e.b.due(now) {
+				e.startCommitLocked()
 			}
 			e.mu.Unlock()
 		}
@@ -329,6 +337,7 @@ func (e *exactlyOnce) resume(ctx context.Context) error {
 func (e *exactlyOnce) stop() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.waitCommitLocked()
 	if e.b.open {
 		e.failLocked(errors.New("relay stopping"), nil, false)
 	}
@@ -341,17 +350,25 @@ func (e *exactlyOnce) stop() {
 func (e *exactlyOnce) Publish(ctx context.Context, m *sink.Message) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.isolate > 0 {
+		e.waitCommitLocked() // one record at a time, in a transaction of their own
+	}
 	if e.discard || !e.prod.Opened() {
 		m.Done(errAborted)
 		return nil
 	}
-	if !e.b.open {
+	e.b.opening(time.Now())
+	if e.committing {
+		e.pending = append(e.pending, m)
+		return nil
+	}
+	if !e.begun {
 		if err := e.prod.Begin(); err != nil {
-			m.Done(errAborted)
+			e.msgs = append(e.msgs, m)
 			e.failLocked(fmt.Errorf("begin kafka transaction: %w", err), nil, false)
 			return nil
 		}
-		e.b.opening(time.Now())
+		e.begun = true
 	}
 	// The term's context, not the caller's (which never ends once a
 	// transaction is registered): a stuck send must not outlive the term.
@@ -384,8 +401,12 @@ func (e *exactlyOnce) before(txn *eosTxn) error {
 	if err != nil {
 		return err
 	}
-	if commitFirst && !e.commitLocked() {
-		return replication.ErrRestart
+	if commitFirst {
+		e.waitCommitLocked() // a commit in flight first: it sends what is pending
+		if e.discard {
+			return replication.ErrRestart
+		}
+		e.startCommitLocked()
 	}
 	e.b.added(txn.events, txn.bytes)
 	return nil
@@ -402,8 +423,8 @@ func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
 	// The age check here too, not only on the timer: under load the loop
 	// goes from one PostgreSQL transaction to the next and the timer would
 	// rarely find the boundary.
-	if full := e.b.after(commit, end); full || e.b.due(time.Now()) {
-		e.commitLocked()
+	if full := e.b.after(commit, end); (full || e.b.due(time.Now())) && !e.committing {
+		e.startCommitLocked()
 	}
 }
 
@@ -412,12 +433,14 @@ func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
 func (e *exactlyOnce) flush() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.waitCommitLocked()
 	switch {
 	case e.discard || !e.b.open && !e.b.inPG:
 	case e.b.inPG:
 		e.failLocked(errors.New("replication session ended inside a PostgreSQL transaction"), nil, false)
 	default:
-		e.commitLocked()
+		e.startCommitLocked()
+		e.waitCommitLocked()
 	}
 }
 
@@ -432,53 +455,115 @@ func (e *exactlyOnce) rewound() {
 // skipped counts n events skipped by the checkpoint filter.
 func (e *exactlyOnce) skipped(n int) { e.m.skipped.Add(float64(n)) }
 
-// commitLocked writes the checkpoint record and commits; true when the
-// Kafka transaction committed. Caller holds mu.
-func (e *exactlyOnce) commitLocked() bool {
-	if !e.b.open {
-		return true
+// waitCommitLocked waits until no commit is in flight. Caller holds mu;
+// it is released meanwhile.
+func (e *exactlyOnce) waitCommitLocked() {
+	for e.committing {
+		ch := e.commitDone
+		e.mu.Unlock()
+		<-ch
+		e.mu.Lock()
 	}
+}
+
+// startCommitLocked hands the open Kafka transaction to a commit goroutine
+// (finishCommit); the next one collects records meanwhile. Caller holds mu,
+// and no commit is in flight.
+func (e *exactlyOnce) startCommitLocked() {
+	if !e.b.open || e.committing {
+		return
+	}
+	batch, commitLSN, endLSN := e.msgs, e.b.commitLSN, e.b.endLSN
+	e.msgs, e.begun = nil, false
+	e.b.closed(false)
+	e.committing = true
+	done := make(chan struct{})
+	e.commitDone = done
+	go e.finishCommit(batch, commitLSN, endLSN, done)
+}
+
+// finishCommit writes the checkpoint record (the last commit LSN of the
+// batch) and commits. Success acks the batch (Done(nil): the tracker, and
+// with it the slot, moves) and sends the records that waited; failure
+// aborts, and fails both. It closes done once settled.
+func (e *exactlyOnce) finishCommit(batch []*sink.Message, commitLSN, endLSN pglogrepl.LSN, done chan struct{}) {
 	ctx := e.context()
-	commitLSN, endLSN := e.b.commitLSN, e.b.endLSN
+	var err error
+	var recs map[*sink.Message]error
+	attempted := false
 	if endLSN != 0 {
 		v, _ := json.Marshal(checkpointRecord{Slot: e.cfg.Postgres.Slot, SystemID: e.systemID, CommitLSN: commitLSN.String(),
 			EndLSN: endLSN.String(), WrittenAt: time.Now().UTC().Format(time.RFC3339Nano)})
 		cp := &sink.Message{Topic: e.cfg.ExactlyOnce.CheckpointTopic, Key: []byte(e.cfg.TxnID()), Value: v, Timestamp: time.Now()}
-		if err := e.prod.Send(ctx, cp); err != nil {
-			e.failLocked(fmt.Errorf("write checkpoint record: %w", err), nil, false)
-			return false
+		if serr := e.prod.Send(ctx, cp); serr != nil {
+			err = fmt.Errorf("write checkpoint record: %w", serr)
 		}
 	}
 	start := time.Now()
-	err, recs := e.prod.Commit(ctx)
+	if err == nil {
+		attempted = true
+		err, recs = e.prod.Commit(ctx)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	defer close(done)
+	e.committing = false
 	if err == nil && len(recs) == 0 {
 		e.m.commit.Observe(time.Since(start).Seconds())
 		e.m.committed.Inc()
 		e.prod.SetConnected(true)
-		e.m.events.Observe(float64(len(e.msgs)))
+		e.m.events.Observe(float64(len(batch)))
 		if commitLSN != 0 {
 			e.raiseSkip(commitLSN)
 		}
-		msgs := e.msgs
-		e.msgs = nil
-		e.b.closed(false)
-		for _, m := range msgs {
+		for _, m := range batch {
 			m.Done(nil)
 		}
-		return true
+		e.sendPendingLocked(ctx)
+		return
 	}
 	if err == nil {
 		err = errors.New("a record of the transaction failed")
 	}
-	unknown := len(recs) == 0 // EndTxn may have been sent: outcome unknown
-	if !unknown {
+	unknown := attempted && len(recs) == 0 // EndTxn may have been sent: outcome unknown
+	if len(recs) > 0 {
 		// Which record the broker refused is unknown (see isolate): the
 		// records go again one at a time.
-		e.isolate = len(e.msgs)
-		recs = nil
+		e.isolate = len(batch)
 	}
-	e.failLocked(fmt.Errorf("commit kafka transaction: %w", err), recs, unknown)
-	return false
+	e.msgs = append(batch, e.pending...) // the pending ones never reached the producer
+	e.pending = nil
+	e.failLocked(fmt.Errorf("commit kafka transaction: %w", err), nil, unknown)
+}
+
+// sendPendingLocked begins the next Kafka transaction with the records
+// that waited for the commit. Caller holds mu.
+func (e *exactlyOnce) sendPendingLocked(ctx context.Context) {
+	pend := e.pending
+	e.pending = nil
+	if len(pend) == 0 {
+		return
+	}
+	if e.discard {
+		for _, m := range pend {
+			m.Done(errAborted)
+		}
+		return
+	}
+	if err := e.prod.Begin(); err != nil {
+		e.msgs = append(e.msgs, pend...)
+		e.failLocked(fmt.Errorf("begin kafka transaction: %w", err), nil, false)
+		return
+	}
+	e.begun = true
+	for i, m := range pend {
+		if err := e.prod.Send(ctx, m); err != nil {
+			e.msgs = append(e.msgs, pend[i:]...)
+			e.failLocked(fmt.Errorf("send: %w", err), nil, false)
+			return
+		}
+		e.msgs = append(e.msgs, m)
+	}
 }
 
 // failLocked aborts the open Kafka transaction and fails its records: each
@@ -492,7 +577,7 @@ func (e *exactlyOnce) failLocked(cause error, recs map[*sink.Message]error, unkn
 	ctx := e.context()
 	e.m.abortedTxns.Inc()
 	msgs := e.msgs
-	e.msgs, e.discard = nil, true
+	e.msgs, e.discard, e.begun = nil, true, false
 	e.b.closed(true)
 	rebuild := unknown || !e.prod.Opened() || e.prod.Fatal() || sink.IsFenced(cause)
 	if !rebuild {
