@@ -50,7 +50,8 @@ unit:
 	$(GO) test -race -count=1 $(PKGS)
 
 # Benchmarks, not part of `make test` (bench/README.md): backlog drain against
-# pg_recvlogical, steady-state latency and relay profiles, on a private
+# pg_recvlogical, steady-state latency and relay profiles, the exactly-once
+# relay next to the at-least-once one (OUTBOX_BENCH_DELIVERY), on a private
 # PostgreSQL + Kafka (test/services.sh with run dir BENCH_RUN_DIR); writes
 # bench/results/. OUTBOX_BENCH_SCALE=small for a quick run, OUTBOX_BENCH_RELAY
 # to use another relay binary (default: ./cmd/outbox-relay built here).
