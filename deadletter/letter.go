@@ -27,8 +27,9 @@ const (
 	HeaderError          = "dlq.error"           // the last error, as logged
 	HeaderAttempts       = "dlq.attempts"        // publish attempts before dead-lettering
 	HeaderSourceLSN      = "dlq.source_lsn"      // WAL position of the outbox insert
-	HeaderTable          = "dlq.table"           // schema.table of the outbox row
-	HeaderEventID        = "dlq.event_id"        // the outbox row id, also when the row could not be decoded
+	HeaderTable          = "dlq.table"           // schema.table of the outbox row; "" for a message event
+	HeaderEventID        = "dlq.event_id"        // the outbox row id, also when the row could not be decoded; a message event's envelope id
+	HeaderMessagePrefix  = "dlq.message_prefix"  // a message event's prefix (messages.prefix); absent for rows
 	HeaderPayloadOmitted = "dlq.payload_omitted" // "true" when the payload stayed in the row
 	HeaderHeadersOmitted = "dlq.headers_omitted" // "true" when the row's own headers stayed in the row
 	HeaderKeyTruncated   = "dlq.key_truncated"   // the original key's length in bytes, when the key was cut (BoundField)
@@ -43,6 +44,7 @@ const (
 const (
 	ReasonBadRow         = "bad_row"         // the row cannot become an event (decoder.RowError)
 	ReasonReservedHeader = "reserved_header" // its headers column holds a key the relay sets itself (outboxschema.ReservedHeader)
+	ReasonBadMessage     = "bad_message"     // a message with the messages prefix cannot become an event (decoder.RowError with Prefix)
 	ReasonInvalidTopic   = "invalid_topic"   // the topic template makes an invalid name
 	ReasonTopicLimit     = "topic_limit"     // the topic would be one more than kafka.max_topics
 	// ReasonTopicNotAllowed: the topic is not in kafka.topic_allowlist.
@@ -54,8 +56,14 @@ const maxErrorText = 2000
 
 // Letter is one poison event on its way to the dead-letter topic.
 type Letter struct {
-	Table      string
-	ID         int64 // 0 if the row's id could not be read
+	Table  string
+	ID     int64  // 0 if the row's id could not be read
+	IDText string // the id of a table whose id is not an integer (uuid, text); then ID is 0
+	// EventID and Prefix are set instead of Table and ID for a message
+	// event (messages.prefix): its envelope id ("" if unreadable) and
+	// prefix. There is no row to mark: the dead letter is the only copy.
+	EventID    string
+	Prefix     string
 	LSN        pglogrepl.LSN
 	Topic      string // the topic it was meant for; "" if it could not be routed
 	Key        []byte
@@ -167,7 +175,15 @@ func (l *Letter) Record(now time.Time) (key, value []byte, headers []sarama.Reco
 		add(HeaderAttempts, strconv.Itoa(l.Attempts))
 		add(HeaderSourceLSN, l.LSN.String())
 		add(HeaderTable, l.Table)
-		add(HeaderEventID, strconv.FormatInt(l.ID, 10))
+		switch {
+		case l.Prefix != "":
+			add(HeaderEventID, string(BoundField([]byte(l.EventID))))
+			add(HeaderMessagePrefix, l.Prefix)
+		case l.IDText != "":
+			add(HeaderEventID, string(BoundField([]byte(l.IDText))))
+		default:
+			add(HeaderEventID, strconv.FormatInt(l.ID, 10))
+		}
 		add(HeaderFailedAt, now.UTC().Format(time.RFC3339Nano))
 		if omitValue {
 			add(HeaderPayloadOmitted, "true")

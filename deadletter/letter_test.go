@@ -194,3 +194,41 @@ func TestHeadersAreReserved(t *testing.T) {
 		}
 	}
 }
+
+// A message event's dead letter names the envelope's id (bounded like the
+// relay's headers) and the prefix, and no table; a row's has no prefix.
+func TestMessageLetter(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	longID := strings.Repeat("i", 300)
+	tests := []struct {
+		name string
+		l    Letter
+		want map[string]string // header -> value; "<absent>" for none
+	}{
+		{"message", Letter{EventID: "0193b5b8-7d3c-7c1e-9a51-2f9e0c4b1d27", Prefix: "orders-outbox", LSN: 0x16B3F28, Reason: ReasonBadMessage},
+			map[string]string{HeaderEventID: "0193b5b8-7d3c-7c1e-9a51-2f9e0c4b1d27", HeaderMessagePrefix: "orders-outbox", HeaderTable: "",
+				HeaderReason: "bad_message", HeaderSourceLSN: "0/16B3F28"}},
+		{"message without a readable id", Letter{Prefix: "p"}, map[string]string{HeaderEventID: "", HeaderMessagePrefix: "p"}},
+		{"message with a long id", Letter{EventID: longID, Prefix: "p"}, map[string]string{HeaderEventID: string(BoundField([]byte(longID)))}},
+		{"row", Letter{Table: "public.outbox", ID: 42}, map[string]string{HeaderEventID: "42", HeaderTable: "public.outbox", HeaderMessagePrefix: "<absent>"}},
+	}
+	for _, tt := range tests {
+		_, _, hs := tt.l.Record(now)
+		got := map[string]string{}
+		for _, h := range hs {
+			got[string(h.Key)] = string(h.Value)
+		}
+		for k, v := range tt.want {
+			g, ok := got[k]
+			if v == "<absent>" {
+				if ok {
+					t.Errorf("%s: header %s = %q, want none", tt.name, k, g)
+				}
+				continue
+			}
+			if !ok || g != v {
+				t.Errorf("%s: header %s = %q (present %v), want %q", tt.name, k, g, ok, v)
+			}
+		}
+	}
+}

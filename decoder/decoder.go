@@ -15,7 +15,9 @@ package decoder
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -37,16 +39,37 @@ type Event struct {
 	AggregateID   string // never empty
 	EventType     string
 	// Payload is the payload column's text exactly as pgoutput sent it (for
-	// jsonb, Postgres's own rendering), not re-encoded.
+	// jsonb, Postgres's own rendering), not re-encoded; for bytea, the raw
+	// bytes. nil (and Err nil) only for a NULL payload of a table whose
+	// mapping has TombstoneOnNull: a record with a null value.
 	Payload []byte
 	// Headers holds the top-level keys of the headers column in the order of
 	// the text pgoutput sent. jsonb stores keys sorted (shorter first), so that
 	// is the order you get, not the order the producer wrote. Headers is nil when
 	// the column is NULL or the table has no headers column, and empty but
-	// non-nil for {}.
+	// non-nil for {}. The mapping's additional columns follow
+	// (columns.additional), each with its header name and the column's text
+	// (Value nil for NULL).
 	Headers []Header
-	// LSN is the WAL position of the Insert: the walStart passed to Decode.
+	// Read through a column mapping (NewMapped): ID is the id column's
+	// value when it is an integer, else 0 and IDText is its text (uuid,
+	// text); AggregateID is the key column's text, AggregateType the
+	// route_by column's and EventType the type column's ("" when none is
+	// mapped). Schema and Table name the row's outbox table; TableIndex is
+	// the index of its mapping in the list given to NewMapped (0 with New).
+	IDText        string
+	Schema, Table string
+	TableIndex    int
+	// LSN is the WAL position of the Insert (or of the Message): the
+	// walStart passed to Decode.
 	LSN pglogrepl.LSN
+	// Source is where the event comes from: an outbox row (SourceRow, the
+	// zero value) or a logical decoding message (SourceMessage, see
+	// SetMessagePrefix; ID is then 0 and MessageID is the event id).
+	Source Source
+	// MessageID is the "id" of a SourceMessage event's envelope: its
+	// event_id. "" for rows.
+	MessageID string
 	// Err is set when the row cannot become an event (a poison row): a
 	// required column NULL, empty, missing or not text, an id that is not
 	// an integer, headers that are not a JSON object or hold a reserved key
@@ -89,6 +112,7 @@ type Counts struct {
 	OtherTableRows uint64 // Inserts into tables other than the outbox
 	OtherMessages  uint64 // messages ignored: Update, Delete, Truncate, Type, Origin, Message (not a heartbeat), unknown
 	Heartbeats     uint64 // the relay's own heartbeat Messages (SetHeartbeatPrefix); not events
+	MessageEvents  uint64 // of Events: from Messages with the message-event prefix (SetMessagePrefix)
 	StreamedTxns   uint64 // of Txns: streamed before their commit (Stream Commit)
 	StreamAborts   uint64 // streamed transactions aborted whole (Stream Abort); nothing of them is handed out
 	SpilledTxns    uint64 // streamed transactions whose events went to a temporary file
@@ -102,8 +126,9 @@ type Counts struct {
 // After Decode returns an error, the position in the stream is lost: stop,
 // and resume from the slot with a new Decoder.
 type Decoder struct {
-	schema, name string
-	table        string // schema.name, for errors
+	maps     []tableMap // the outbox tables and their mappings
+	reserved []string   // header keys reserved besides outboxschema.ReservedHeader
+	tbl      *tableMap  // the table of the row being built, for errors
 
 	rels map[uint32]*relation
 
@@ -114,6 +139,9 @@ type Decoder struct {
 	// Scratch reused across rows, so that a row allocates only what its
 	// Event keeps.
 	fields [numRoles]field // the outbox columns of the current row, pointing into walData
+	cols   []field         // every column of the current outbox row
+	bin    []byte          // a bytea payload of the current row, decoded
+	extras []field         // the additional columns of the current row
 	vals   bytes.Buffer    // header values of the current row, back to back
 	hdrs   []hdrSpan       // the keys of the current row and where their values sit in vals
 	raw    json.RawMessage // one header value as read
@@ -142,6 +170,7 @@ type Decoder struct {
 	rec      []byte // scratch record
 
 	hbPrefix []byte    // the heartbeat Message prefix; nil: none
+	msg      msgState  // message events (envelope.go)
 	hb       Heartbeat // decoded by the last Decode call, if hbOK
 	hbOK     bool
 }
@@ -163,13 +192,32 @@ func New(table string) (*Decoder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox table: %w", err)
 	}
-	return &Decoder{
-		schema: t.Schema,
-		name:   t.Name,
-		table:  t.String(),
-		rels:   make(map[uint32]*relation),
-		intern: make(map[string]string),
-	}, nil
+	return NewMapped([]outboxschema.Mapping{outboxschema.DefaultMapping(t)}, nil)
+}
+
+// NewMapped returns a Decoder for one or more outbox tables, each read
+// through its column mapping (validated by the caller: Mapping.Validate).
+// Event.TableIndex is the index of the row's table in maps. reserved are
+// header keys a row's headers column may not use besides
+// outboxschema.ReservedHeader's (compared ignoring case), e.g. "id" for the
+// debezium record format. Same rules as New.
+func NewMapped(maps []outboxschema.Mapping, reserved []string) (*Decoder, error) {
+	if len(maps) == 0 {
+		return nil, errors.New("outbox table: no table to read")
+	}
+	d := &Decoder{
+		rels:     make(map[uint32]*relation),
+		intern:   make(map[string]string),
+		reserved: reserved,
+	}
+	for _, m := range maps {
+		if m.ID == "" || m.Key == "" || m.Payload == "" {
+			return nil, fmt.Errorf("outbox table %s: the mapping needs the id, key and payload columns", m.Table)
+		}
+		d.maps = append(d.maps, newTableMap(m))
+	}
+	d.tbl = &d.maps[0]
+	return d, nil
 }
 
 // Decode consumes the walData of one XLogData message. It returns a non-nil
@@ -227,11 +275,14 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 		return d.maybeChunk(), nil
 	case 'M':
 		if d.cur != nil {
-			d.counts.OtherMessages++ // transactional: never a heartbeat
+			// Transactional: never a heartbeat; maybe a message event.
+			if _, ok, err := d.messageEvent(walStart, xid, body); ok {
+				return nil, err
+			}
+			d.counts.OtherMessages++
 			return nil, nil
 		}
-		d.message(body)
-		return nil, nil
+		return d.message(walStart, body)
 	case 'S':
 		return nil, d.streamStart(walStart, body)
 	case 'E':
@@ -383,13 +434,14 @@ func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error
 	if rel == nil {
 		return Event{}, false, protocolError(lsn, "Insert", "relation id %d is unknown: its Relation message was never seen", relID)
 	}
-	if n != len(rel.roles) {
-		return Event{}, false, protocolError(lsn, "Insert", "%d columns, but relation %s has %d", n, rel.table, len(rel.roles))
+	if n != rel.ncols {
+		return Event{}, false, protocolError(lsn, "Insert", "%d columns, but relation %s has %d", n, rel.table, rel.ncols)
 	}
 
 	// Other tables' rows are walked too, so that a malformed one is caught.
-	outbox := rel.outbox
-	if outbox {
+	outbox := rel.outbox >= 0
+	direct := outbox && rel.direct != nil
+	if direct {
 		d.fields = [numRoles]field{}
 	}
 	for i := 0; i < n; i++ {
@@ -407,8 +459,13 @@ func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error
 		if c.short {
 			return Event{}, false, protocolError(lsn, "Insert", "truncated in column %d of %s", i, rel.table)
 		}
-		if outbox && rel.roles[i] != roleNone {
-			d.fields[rel.roles[i]] = field{kind: kind, data: data}
+		switch {
+		case direct:
+			if r := rel.direct[i]; r != roleNone {
+				d.fields[r] = field{kind: kind, data: data}
+			}
+		case outbox:
+			d.cols[i] = field{kind: kind, data: data}
 		}
 	}
 	if c.off != len(b) {
@@ -418,6 +475,23 @@ func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error
 	if !outbox {
 		d.counts.OtherTableRows++
 		return Event{}, false, nil
+	}
+	d.extras = d.extras[:0]
+	if !direct {
+		for r, i := range rel.idx {
+			if i >= 0 {
+				d.fields[r] = d.cols[i]
+			} else {
+				d.fields[r] = field{}
+			}
+		}
+		for _, i := range rel.extra {
+			if i >= 0 {
+				d.extras = append(d.extras, d.cols[i])
+			} else {
+				d.extras = append(d.extras, field{})
+			}
+		}
 	}
 	ev, rowErr := d.event(rel, lsn)
 	if rowErr != nil {
@@ -432,6 +506,7 @@ func (d *Decoder) row(lsn pglogrepl.LSN, b []byte) (ev Event, ok bool, err error
 func (d *Decoder) poison(ev Event, err *RowError) Event {
 	ev.Err = err
 	ev.ID = err.ID
+	ev.IDText = err.IDText
 	if f := d.fields[roleAggregateType]; f.kind == 't' {
 		ev.AggregateType = d.str(f.data)
 	}
@@ -447,73 +522,117 @@ func (d *Decoder) poison(ev Event, err *RowError) Event {
 	return ev
 }
 
-// event builds an Event from d.fields, copying every byte it keeps.
+// event builds an Event from d.fields and d.extras, copying every byte it
+// keeps. rel.outbox indexes d.maps (Row passes the default mapping's).
 func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
-	ev := Event{LSN: lsn}
+	tm := &d.maps[max(rel.outbox, 0)]
+	d.tbl = tm
+	ev := Event{LSN: lsn, Schema: tm.schema, Table: tm.name, TableIndex: max(rel.outbox, 0)}
 
 	// Parse the id first, so that every later error can name the row.
-	if rel.missing == "" {
-		text, why := d.text(roleID)
-		if why != nil {
-			return ev, d.rowError(0, lsn, roleID, why)
-		}
-		id, err := strconv.ParseInt(string(text), 10, 64)
-		if err != nil {
-			return ev, d.rowError(0, lsn, roleID, &reason{fmt.Sprintf("%q is not a 64-bit integer", text), hintProducer})
-		}
-		ev.ID = id
-	} else {
+	if rel.missing != "" {
 		// The id column itself may be the missing one; if not, name the row.
 		if f := d.fields[roleID]; f.kind == 't' {
-			ev.ID, _ = strconv.ParseInt(string(f.data), 10, 64)
+			if rel.idInt {
+				ev.ID, _ = strconv.ParseInt(string(f.data), 10, 64)
+			} else {
+				ev.IDText = string(f.data)
+			}
 		}
 		return ev, &RowError{
-			Table:  d.table,
+			Table:  tm.full,
 			ID:     ev.ID,
+			IDText: ev.IDText,
 			LSN:    lsn,
 			Column: rel.missing,
-			Reason: "is missing from the table",
+			Reason: "is missing from the table (" + rel.missingKey + ")",
 			hint:   hintMissing,
 		}
 	}
-
-	aggType, why := d.text(roleAggregateType)
+	text, why := d.text(roleID)
 	if why != nil {
-		return ev, d.rowError(ev.ID, lsn, roleAggregateType, why)
+		return ev, d.rowError(ev, roleID, why)
+	}
+	if rel.idInt {
+		id, err := strconv.ParseInt(string(text), 10, 64)
+		if err != nil {
+			return ev, d.rowError(ev, roleID, &reason{fmt.Sprintf("%q is not a 64-bit integer", text), hintProducer})
+		}
+		ev.ID = id
+	} else {
+		if len(text) == 0 {
+			return ev, d.rowError(ev, roleID, &reason{"is empty", hintProducer})
+		}
+		ev.IDText = string(text)
+	}
+
+	var aggType, eventType []byte
+	if rel.idx[roleAggregateType] >= 0 {
+		if aggType, why = d.text(roleAggregateType); why != nil {
+			return ev, d.rowError(ev, roleAggregateType, why)
+		}
 	}
 	aggID, why := d.text(roleAggregateID)
 	if why != nil {
-		return ev, d.rowError(ev.ID, lsn, roleAggregateID, why)
+		return ev, d.rowError(ev, roleAggregateID, why)
 	}
 	if len(aggID) == 0 {
 		// It is the Kafka key: an empty key loses per-aggregate ordering.
-		return ev, d.rowError(ev.ID, lsn, roleAggregateID, &reason{"is empty", hintProducer})
+		return ev, d.rowError(ev, roleAggregateID, &reason{"is empty", hintProducer})
 	}
-	eventType, why := d.text(roleEventType)
-	if why != nil {
-		return ev, d.rowError(ev.ID, lsn, roleEventType, why)
+	if rel.idx[roleEventType] >= 0 {
+		if eventType, why = d.text(roleEventType); why != nil {
+			return ev, d.rowError(ev, roleEventType, why)
+		}
 	}
 	payload, why := d.text(rolePayload)
-	if why != nil {
-		return ev, d.rowError(ev.ID, lsn, rolePayload, why)
+	null := false
+	switch {
+	case why == nil && rel.payloadBytea:
+		if payload, why = d.unhex(payload); why != nil {
+			return ev, d.rowError(ev, rolePayload, why)
+		}
+	case why != nil && d.fields[rolePayload].kind == 'n' && tm.m.TombstoneOnNull:
+		null = true
+	case why != nil:
+		return ev, d.rowError(ev, rolePayload, why)
 	}
 
 	hasHeaders := false
 	switch f := d.fields[roleHeaders]; f.kind {
 	case 0, 'n': // no headers column, or SQL NULL
+		d.hdrs = d.hdrs[:0]
+		d.vals.Reset()
 	case 't':
 		if r := d.parseHeaders(f.data); r != nil {
-			return ev, d.rowError(ev.ID, lsn, roleHeaders, r)
+			return ev, d.rowError(ev, roleHeaders, r)
 		}
 		for _, h := range d.hdrs {
-			if outboxschema.ReservedHeader(h.key) {
-				return ev, d.reservedHeader(ev.ID, lsn, h.key)
+			if d.reservedKey(h.key) {
+				return ev, d.reservedHeader(ev, h.key)
 			}
 		}
 		hasHeaders = true
 	default:
 		_, why := d.text(roleHeaders)
-		return ev, d.rowError(ev.ID, lsn, roleHeaders, why)
+		return ev, d.rowError(ev, roleHeaders, why)
+	}
+	// The additional columns' values follow the headers' in d.vals.
+	nh := len(d.hdrs)
+	for i, f := range d.extras {
+		switch f.kind {
+		case 't':
+			start := d.vals.Len()
+			d.vals.Write(f.data)
+			d.hdrs = append(d.hdrs, hdrSpan{key: tm.m.Additional[i].Header, start: start, end: d.vals.Len()})
+		case 'n':
+			d.hdrs = append(d.hdrs, hdrSpan{key: tm.m.Additional[i].Header, start: -1})
+		default:
+			_, why := fieldText(f)
+			e := d.rowError(ev, roleNone, why)
+			e.Column = tm.m.Additional[i].Column
+			return ev, e
+		}
 	}
 
 	ev.AggregateType = d.str(aggType)
@@ -521,27 +640,46 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 	ev.EventType = d.str(eventType)
 
 	// One allocation for the payload and all header values.
-	var vals []byte
-	if hasHeaders {
-		vals = d.vals.Bytes()
-	}
+	vals := d.vals.Bytes()
 	buf := make([]byte, len(payload)+len(vals))
 	p := copy(buf, payload)
 	copy(buf[p:], vals)
-	ev.Payload = buf[:p:p]
-	if hasHeaders {
+	if !null {
+		ev.Payload = buf[:p:p]
+	}
+	if hasHeaders || len(d.extras) > 0 {
 		ev.Headers = make([]Header, len(d.hdrs))
 		for i, h := range d.hdrs {
-			ev.Headers[i] = Header{Key: h.key, Value: buf[p+h.start : p+h.end : p+h.end]}
+			ev.Headers[i].Key = h.key
+			if h.start >= 0 {
+				ev.Headers[i].Value = buf[p+h.start : p+h.end : p+h.end]
+			}
+		}
+		if !hasHeaders {
+			ev.Headers = ev.Headers[nh:]
 		}
 	}
 	return ev, nil
 }
 
+// unhex decodes bytea's text output (hex format, \\x...) into the scratch
+// buffer d.bin (walData is the caller's and is not written to).
+func (d *Decoder) unhex(b []byte) ([]byte, *reason) {
+	if len(b) < 2 || b[0] != '\\' || b[1] != 'x' {
+		return nil, &reason{"is bytea in escape format, not hex", "SET bytea_output = 'hex' (the default) on the server"}
+	}
+	var err error
+	if d.bin, err = hex.AppendDecode(d.bin[:0], b[2:]); err != nil {
+		return nil, &reason{"is not valid bytea hex text: " + err.Error(), hintProducer}
+	}
+	return d.bin, nil
+}
+
 // text returns the text bytes of a required outbox column, or why there are
 // none.
-func (d *Decoder) text(r role) ([]byte, *reason) {
-	f := d.fields[r]
+func (d *Decoder) text(r role) ([]byte, *reason) { return fieldText(d.fields[r]) }
+
+func fieldText(f field) ([]byte, *reason) {
 	switch f.kind {
 	case 't':
 		return f.data, nil
@@ -568,22 +706,43 @@ func (d *Decoder) str(b []byte) string {
 	return s
 }
 
-func (d *Decoder) rowError(id int64, lsn pglogrepl.LSN, r role, why *reason) *RowError {
-	return &RowError{
-		Table:  d.table,
-		ID:     id,
-		LSN:    lsn,
-		Column: roleNames[r],
+func (d *Decoder) rowError(ev Event, r role, why *reason) *RowError {
+	e := &RowError{
+		Table:  d.tbl.full,
+		ID:     ev.ID,
+		IDText: ev.IDText,
+		LSN:    ev.LSN,
 		Reason: why.text,
 		hint:   why.hint,
 	}
+	if r >= 0 {
+		e.Column = d.tbl.cols[r]
+	}
+	return e
+}
+
+// reservedKey reports whether a headers column key is reserved.
+func (d *Decoder) reservedKey(k string) bool {
+	if outboxschema.ReservedHeader(k) {
+		return true
+	}
+	for _, r := range d.reserved {
+		if strings.EqualFold(k, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // reservedHeader is the RowError of a headers column with a reserved key:
 // the relay's own header would be followed by the row's forged one.
-func (d *Decoder) reservedHeader(id int64, lsn pglogrepl.LSN, key string) *RowError {
-	e := d.rowError(id, lsn, roleHeaders, &reason{
-		"has the reserved key " + quoteKey(key) + ": the relay sets " + strings.Join(outboxschema.RelayHeaders, ", ") +
+func (d *Decoder) reservedHeader(ev Event, key string) *RowError {
+	own := strings.Join(outboxschema.RelayHeaders, ", ")
+	if len(d.reserved) > 0 {
+		own += ", " + strings.Join(d.reserved, ", ")
+	}
+	e := d.rowError(ev, roleHeaders, &reason{
+		"has the reserved key " + quoteKey(key) + ": the relay sets " + own +
 			" and every " + outboxschema.DeadLetterPrefix + "* header itself (keys compared ignoring case)",
 		hintReserved})
 	e.ReservedHeader = key

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -280,6 +281,11 @@ func assertTxns(t *testing.T, got, want []*decoder.Txn) {
 			t.Errorf("txn %d: CommitTime = %v, want %v", i, g.CommitTime, w.CommitTime)
 		}
 		g.CommitTime = w.CommitTime
+		// The source table is checked by the mapping tests.
+		g.Events = slices.Clone(g.Events)
+		for j := range g.Events {
+			g.Events[j].Schema, g.Events[j].Table = "", ""
+		}
 		if len(g.Events) == 0 && len(w.Events) == 0 {
 			g.Events, w.Events = nil, nil
 		}

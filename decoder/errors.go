@@ -38,7 +38,8 @@ func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 // what to do.
 type RowError struct {
 	Table  string        // schema.name
-	ID     int64         // outbox.id; 0 if unknown
+	ID     int64         // outbox.id; 0 if unknown or not an integer
+	IDText string        // the id's text when the id column is not an integer (columns.id)
 	LSN    pglogrepl.LSN // of the Insert
 	Column string
 	Reason string // what is wrong with the column, e.g. "is NULL"
@@ -46,7 +47,13 @@ type RowError struct {
 	// the relay (outboxschema.ReservedHeader), as the row spelled it; ""
 	// for every other bad row. The first such key in document order.
 	ReservedHeader string
-	hint           string // what to do about it
+	// Prefix is set (the message-event prefix) when the event is a
+	// message (Event.Source SourceMessage): Table and ID are then unset,
+	// MessageID is the envelope's id if it could be read, and Column names
+	// the envelope field ("content" for the message as a whole).
+	Prefix    string
+	MessageID string
+	hint      string // what to do about it
 }
 
 // Hints that end a RowError's text.
@@ -64,9 +71,14 @@ const (
 //
 //	outbox row public.outbox id=42 at LSN 0/16B3F28: column "aggregate_id": is NULL; fix the producer ...
 func (e *RowError) Error() string {
+	if e.Prefix != "" {
+		return e.messageError()
+	}
 	id := "?"
 	if e.ID != 0 {
 		id = strconv.FormatInt(e.ID, 10)
+	} else if e.IDText != "" {
+		id = quoteKey(e.IDText)
 	}
 	s := fmt.Sprintf("outbox row %s id=%s at LSN %s: column %q: %s", e.Table, id, e.LSN, e.Column, e.Reason)
 	if e.hint != "" {

@@ -68,6 +68,18 @@ func FuzzDecode(f *testing.F) {
 	for _, m := range validStream() {
 		f.Add(frame(begin(0x2000, 1), outboxRelation(), m))
 	}
+	// Message events: valid, hostile, non-transactional, in a streamed transaction.
+	f.Add(frame(
+		begin(0x2000, 4), outboxRelation(),
+		message(true, 0x2008, "ev", `{"id": "m", "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "E", "payload": {"a": [1]}, "headers": {"k": "v"}}`),
+		insert(outboxID, row("6", "order", "o-1", "E", `{}`, null)...),
+		message(true, 0x2010, "ev", `{"id": 1, "aggregate_id": ""}`),
+		message(true, 0x2018, "ev", `{"id": "m", "aggregate_type": "o", "aggregate_id": "o", "event_type": "E", "headers": {"EVENT_ID": "1"}}`),
+		commit(0x2000, 0x2030),
+		message(false, 0x2040, "ev", `{"id": "m", "aggregate_type": "o", "aggregate_id": "o", "event_type": "E"}`),
+		streamStart(300, true), streamed(300, message(true, 0x2050, "ev", `{"id": "s", "aggregate_type": "o", "aggregate_id": "o", "event_type": "E"}`)), streamStop(),
+		streamCommit(300, 0x3000, 0x3030),
+	))
 	// Protocol 2 streaming: blocks, a subtransaction abort, commits.
 	f.Add(frame(
 		streamStart(100, true), streamed(100, outboxRelation()), ev(100, 1), ev(101, 2), streamStop(),
@@ -87,7 +99,8 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.SetHeartbeatPrefix("app") // the seeds' Messages: some are heartbeats
+		d.SetHeartbeatPrefix("app")    // the seeds' Messages: some are heartbeats
+		d.SetMessagePrefix("ev", 4096) // and some message events
 		d.SetSpill(t.TempDir(), 256)
 		defer d.Close()
 		streaming := false // once a stream began, only the generic checks apply
@@ -130,6 +143,24 @@ func FuzzDecode(f *testing.F) {
 				streaming = true
 			}
 			if streaming {
+				continue
+			}
+			if m[0] == 'M' && after.MessageEvents != before.MessageEvents {
+				if after.MessageEvents != before.MessageEvents+1 || beat {
+					t.Fatalf("message %d: MessageEvents %d -> %d (heartbeat %v)", i, before.MessageEvents, after.MessageEvents, beat)
+				}
+				if txn == nil { // transactional: an event of the open transaction
+					if !wasIn || !d.InTxn() {
+						t.Fatalf("message %d: a message event outside a transaction", i)
+					}
+					pending = append(pending, lsnAt(i))
+					continue
+				}
+				// Non-transactional: refused, alone.
+				if wasIn || d.InTxn() || len(txn.Events) != 1 || txn.Events[0].Err == nil || txn.Events[0].Err.Column != "transactional" ||
+					txn.EndLSN != txn.CommitLSN || txn.Events[0].Source != decoder.SourceMessage {
+					t.Fatalf("message %d: a non-transactional message event: %+v", i, txn)
+				}
 				continue
 			}
 			switch m[0] {
@@ -194,6 +225,7 @@ func FuzzDecode(f *testing.F) {
 		// means the first pass kept bytes of a buffer it did not own.
 		d2, _ := decoder.New("public.outbox")
 		d2.SetHeartbeatPrefix("app")
+		d2.SetMessagePrefix("ev", 4096)
 		d2.SetSpill(t.TempDir(), 256)
 		defer d2.Close()
 		for i, m := range msgs {

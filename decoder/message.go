@@ -31,13 +31,19 @@ func (d *Decoder) SetHeartbeatPrefix(prefix string) { d.hbPrefix = []byte(prefix
 // not block.
 func (d *Decoder) Heartbeat() (Heartbeat, bool) { return d.hb, d.hbOK }
 
-// message handles Message: Int8 flags (1 = transactional), Int64 LSN,
-// String prefix, Int32 length, Byte(n) content. Messages are never an
-// error: other applications' (any prefix, any content, any size) and
-// transactional ones are counted and ignored, and so is one that is
-// malformed, since no outbox event depends on it. Nothing is copied, so the
-// content's size costs nothing.
-func (d *Decoder) message(b []byte) {
+// message handles a Message outside any stream block: Int8 flags (1 =
+// transactional), Int64 LSN, String prefix, Int32 length, Byte(n) content.
+// A transactional Message with the message-event prefix (SetMessagePrefix)
+// is an event of the open transaction; a non-transactional one with it is
+// refused (messageEvent), handed out at once as a transaction of its own.
+// Every other Message is never an error: other applications' (any prefix,
+// any content, any size) and transactional ones are counted and ignored,
+// and so is one that is malformed, since no outbox event depends on it.
+// Nothing is copied, so the content's size costs nothing.
+func (d *Decoder) message(walStart pglogrepl.LSN, b []byte) (*Txn, error) {
+	if txn, ok, err := d.messageEvent(walStart, 0, b); ok {
+		return txn, err
+	}
 	c := cursor{b: b}
 	flags := c.u8()
 	lsn := pglogrepl.LSN(c.u64())
@@ -54,10 +60,11 @@ func (d *Decoder) message(b []byte) {
 	}
 	if !ours {
 		d.counts.OtherMessages++
-		return
+		return nil, nil
 	}
 	d.hb, d.hbOK = Heartbeat{LSN: lsn, Sent: parseNanos(b[c.off:])}, true
 	d.counts.Heartbeats++
+	return nil, nil
 }
 
 // parseNanos reads a non-negative decimal int64, or returns 0.

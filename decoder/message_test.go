@@ -126,10 +126,12 @@ func TestHeartbeatIsReportedOnce(t *testing.T) {
 	}
 }
 
-// Decoding a foreign Message allocates nothing, whatever its size.
+// Decoding a foreign Message allocates nothing, whatever its size, also
+// with message events on.
 func TestForeignMessageDoesNotAllocate(t *testing.T) {
 	d, _ := decoder.New("public.outbox")
 	d.SetHeartbeatPrefix("outbox-relay/s")
+	d.SetMessagePrefix("orders-outbox", 1<<20)
 	big := message(false, 0x10, "app", strings.Repeat("x", 1<<20))
 	ours := message(false, 0x10, "outbox-relay/s", strings.Repeat("9", 1<<20))
 	for _, m := range [][]byte{big, ours} {

@@ -8,42 +8,88 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
-// role is the outbox field a relation column feeds.
+// role is the outbox field a mapped column feeds.
 type role int8
 
 const (
 	roleNone role = iota - 1
 	roleID
-	roleAggregateType
-	roleAggregateID
+	roleAggregateType // the routing column (columns.route_by)
+	roleAggregateID   // the key column (columns.key)
 	roleEventType
 	rolePayload
 	roleHeaders // optional
 	numRoles
 )
 
-// roleNames are the outbox column names, indexed by role. Which of them are
-// required is outboxschema.RequiredColumns.
-var roleNames = [numRoles]string{
-	roleID:            outboxschema.ColID,
-	roleAggregateType: outboxschema.ColAggregateType,
-	roleAggregateID:   outboxschema.ColAggregateID,
-	roleEventType:     outboxschema.ColEventType,
-	rolePayload:       outboxschema.ColPayload,
-	roleHeaders:       outboxschema.ColHeaders,
+// roleKeys are the config keys of the roles, for errors about a mapping.
+var roleKeys = [numRoles]string{
+	roleID:            outboxschema.KeyColumnsID,
+	roleAggregateType: outboxschema.KeyColumnsRouteBy,
+	roleAggregateID:   outboxschema.KeyColumnsKey,
+	roleEventType:     outboxschema.KeyColumnsType,
+	rolePayload:       outboxschema.KeyColumnsPayload,
+	roleHeaders:       outboxschema.KeyColumnsHeaders,
 }
 
-// relation is what the decoder keeps of a Relation message.
+// tableMap is one configured outbox table and its column mapping.
+type tableMap struct {
+	m            outboxschema.Mapping
+	cols         [numRoles]string // the mapped column of each role, "" for none
+	schema, name string
+	full         string // schema.name
+}
+
+func newTableMap(m outboxschema.Mapping) tableMap {
+	t := tableMap{m: m, schema: m.Table.Schema, name: m.Table.Name, full: m.Table.String()}
+	t.cols = [numRoles]string{
+		roleID:            m.ID,
+		roleAggregateType: m.RouteBy,
+		roleAggregateID:   m.Key,
+		roleEventType:     m.Type,
+		rolePayload:       m.Payload,
+		roleHeaders:       m.Headers,
+	}
+	return t
+}
+
+// Type oids whose text the decoder reads differently.
+const (
+	oidBytea = 17
+	oidInt8  = 20
+	oidInt2  = 21
+	oidInt4  = 23
+)
+
+// relation is what the decoder keeps of a Relation message: for an outbox
+// table, where each mapped column sits in the tuple, resolved once here so
+// that a row costs no lookup by name.
 type relation struct {
-	table  string // namespace.name
-	outbox bool
-	// roles has one entry per column, in tuple order: the outbox field the
-	// column feeds, or roleNone. Other tables only use its length.
-	roles []role
-	// missing names the first required outbox column the table lacks, or is
-	// empty. It is reported on the first Insert, not here: a table without
-	// the column is only a problem once a row arrives.
-	missing string
+	table string // namespace.name
+	// outbox is the index of the table's mapping in Decoder.maps, or -1
+	// for another table.
+	outbox int
+	ncols  int
+	// idx is the tuple position of each role's column, -1 when the role is
+	// not mapped (or the column is missing: then missing is set).
+	idx [numRoles]int
+	// extra is the tuple position of each Mapping.Additional column.
+	extra []int
+	// direct, when not nil, is the role of each column in tuple order
+	// (roleNone for the others): set when no column feeds two roles and
+	// there are no additional columns, so a row's fields are filled as
+	// the tuple is read, without the copy through Decoder.cols.
+	direct []role
+	// idInt: the id column is an integer type, read into Event.ID;
+	// otherwise (uuid, text) its text goes to Event.IDText.
+	idInt bool
+	// payloadBytea: the payload column is bytea, published as its raw
+	// bytes (pgoutput sends the hex text \x...).
+	payloadBytea bool
+	// missing names the first mapped column the table lacks, or is empty.
+	// It is reported on the first Insert, not here: a table without the
+	// column is only a problem once a row arrives.
+	missing, missingKey string
 }
 
 // relation handles Relation: Int32 id, String namespace, String name, Int8
@@ -60,65 +106,109 @@ func (d *Decoder) relation(lsn pglogrepl.LSN, b []byte) error {
 	if c.short {
 		return protocolError(lsn, "Relation", "truncated header")
 	}
-	outbox := string(ns) == d.schema && string(name) == d.name
+	outbox := -1
+	for i := range d.maps {
+		if string(ns) == d.maps[i].schema && string(name) == d.maps[i].name {
+			outbox = i
+			break
+		}
+	}
 	rel := &relation{
 		table:  string(ns) + "." + string(name),
 		outbox: outbox,
+		ncols:  n,
 	}
 	// A column takes at least 10 bytes, so a count the message cannot hold
 	// is rejected before it sizes an allocation.
 	if n > c.rest()/10 {
 		return protocolError(lsn, "Relation", "%d columns do not fit in %d bytes", n, c.rest())
 	}
-	rel.roles = make([]role, n)
-	for i := range rel.roles {
+	var tm *tableMap
+	if outbox >= 0 {
+		tm = &d.maps[outbox]
+		rel.table = tm.full
+		for r := range rel.idx {
+			rel.idx[r] = -1
+		}
+		rel.extra = make([]int, len(tm.m.Additional))
+		for i := range rel.extra {
+			rel.extra[i] = -1
+		}
+	}
+	for i := 0; i < n; i++ {
 		c.u8() // flags
 		col := c.cstring()
-		c.u32() // type oid
+		oid := c.u32()
 		c.u32() // type modifier
 		if c.short {
 			return protocolError(lsn, "Relation", "truncated in column %d of %s", i, rel.table)
 		}
-		rel.roles[i] = roleNone
-		if outbox {
-			rel.roles[i] = roleOf(col)
+		if tm == nil {
+			continue
+		}
+		for r, want := range tm.cols {
+			if want != "" && string(col) == want {
+				rel.idx[r] = i
+				switch role(r) {
+				case roleID:
+					rel.idInt = oid == oidInt8 || oid == oidInt4 || oid == oidInt2
+				case rolePayload:
+					rel.payloadBytea = oid == oidBytea
+				}
+			}
+		}
+		for j, p := range tm.m.Additional {
+			if string(col) == p.Column {
+				rel.extra[j] = i
+			}
 		}
 	}
 	if c.off != len(b) {
 		return protocolError(lsn, "Relation", "%d bytes after the columns of %s", len(b)-c.off, rel.table)
 	}
-	if outbox {
-		rel.missing = missingColumn(rel.roles)
+	if tm != nil {
+		for r, want := range tm.cols {
+			// A table without its headers column has no headers (start-up
+			// validation refuses a configured one that is missing).
+			if want != "" && rel.idx[r] < 0 && role(r) != roleHeaders {
+				rel.missing, rel.missingKey = want, roleKeys[r]
+				break
+			}
+		}
+		for j, p := range tm.m.Additional {
+			if rel.missing == "" && rel.extra[j] < 0 {
+				rel.missing, rel.missingKey = p.Column, outboxschema.KeyColumnsAdditional
+			}
+		}
+		if need := n; cap(d.cols) < need {
+			d.cols = make([]field, need)
+		}
+		rel.direct = directRoles(rel, n)
 	}
 	d.rels[id] = rel
 	return nil
 }
 
-func roleOf(col []byte) role {
-	for r, name := range roleNames {
-		if string(col) == name {
-			return role(r)
-		}
+// directRoles returns relation.direct for rel, or nil when a column feeds
+// two roles or the mapping places additional columns.
+func directRoles(rel *relation, n int) []role {
+	if len(rel.extra) > 0 {
+		return nil
 	}
-	return roleNone
-}
-
-// missingColumn returns the first required outbox column absent from roles.
-func missingColumn(roles []role) string {
-	var have [numRoles]bool
-	for _, r := range roles {
-		if r != roleNone {
-			have[r] = true
-		}
+	direct := make([]role, n)
+	for i := range direct {
+		direct[i] = roleNone
 	}
-	for _, name := range outboxschema.RequiredColumns {
-		for r, n := range roleNames {
-			if n == name && !have[r] {
-				return name
-			}
+	for r, i := range rel.idx {
+		if i < 0 {
+			continue
 		}
+		if direct[i] != roleNone {
+			return nil
+		}
+		direct[i] = role(r)
 	}
-	return ""
+	return direct
 }
 
 // cursor reads big-endian protocol fields from a message body. A read past

@@ -1,35 +1,22 @@
 package decoder
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
-// Every required column must feed a role, or missingColumn would report it
-// missing from every relation.
-func TestRequiredColumnsHaveRoles(t *testing.T) {
-	all := make([]role, len(roleNames))
-	for r := range all {
-		all[r] = role(r)
-	}
-	if m := missingColumn(all); m != "" {
-		t.Fatalf("required column %q has no role", m)
-	}
+// The default mapping reads exactly the relay's own required columns, so a
+// table made by migrate is read as before the mapping existed.
+func TestDefaultMappingReadsRequiredColumns(t *testing.T) {
+	tm := newTableMap(outboxschema.DefaultMapping(outboxschema.Table{Schema: "public", Name: "outbox"}))
 	for _, c := range outboxschema.RequiredColumns {
-		t.Run(c, func(t *testing.T) {
-			var without []role
-			for r, n := range roleNames {
-				if n != c {
-					without = append(without, role(r))
-				}
-			}
-			if got := missingColumn(without); got != c {
-				t.Errorf("missingColumn without %s = %q, want %q", c, got, c)
-			}
-		})
+		if !slices.Contains(tm.cols[:], c) {
+			t.Errorf("required column %q is not mapped by DefaultMapping", c)
+		}
 	}
-	if got := missingColumn(all[:roleHeaders]); got != "" {
-		t.Errorf("headers is optional, but missingColumn reports %q", got)
+	if tm.cols[roleHeaders] != outboxschema.ColHeaders {
+		t.Errorf("headers column = %q, want %q", tm.cols[roleHeaders], outboxschema.ColHeaders)
 	}
 }

@@ -31,7 +31,8 @@ func (d *Decoder) Row(r RowText, lsn pglogrepl.LSN) Event {
 		rolePayload:       col(r.Payload),
 		roleHeaders:       col(r.Headers),
 	}
-	ev, rowErr := d.event(&relation{table: d.table, outbox: true}, lsn)
+	d.extras = d.extras[:0]
+	ev, rowErr := d.event(&relation{table: d.maps[0].full, idInt: true}, lsn)
 	if rowErr != nil {
 		ev = d.poison(ev, rowErr)
 	}

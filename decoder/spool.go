@@ -161,6 +161,8 @@ func encodeEvent(b []byte, ev *Event) []byte {
 	body := len(b)
 	b = binary.BigEndian.AppendUint64(b, uint64(ev.LSN))
 	b = binary.AppendVarint(b, ev.ID)
+	b = appendString(b, ev.IDText)
+	b = binary.AppendUvarint(b, uint64(ev.TableIndex))
 	b = appendString(b, ev.AggregateType)
 	b = appendString(b, ev.AggregateID)
 	b = appendString(b, ev.EventType)
@@ -171,7 +173,7 @@ func encodeEvent(b []byte, ev *Event) []byte {
 		b = binary.AppendUvarint(b, uint64(len(ev.Headers))+1)
 		for _, h := range ev.Headers {
 			b = appendString(b, h.Key)
-			b = appendBytes(b, h.Value, false)
+			b = appendBytes(b, h.Value, true)
 		}
 	}
 	if e := ev.Err; e == nil {
@@ -180,12 +182,17 @@ func encodeEvent(b []byte, ev *Event) []byte {
 		b = append(b, 1)
 		b = appendString(b, e.Table)
 		b = binary.AppendVarint(b, e.ID)
+		b = appendString(b, e.IDText)
 		b = binary.BigEndian.AppendUint64(b, uint64(e.LSN))
 		b = appendString(b, e.Column)
 		b = appendString(b, e.Reason)
 		b = appendString(b, e.ReservedHeader)
 		b = appendString(b, e.hint)
+		b = appendString(b, e.Prefix)
+		b = appendString(b, e.MessageID)
 	}
+	b = append(b, byte(ev.Source))
+	b = appendString(b, ev.MessageID)
 	// Move the body right behind its actual length prefix.
 	n := len(b) - body
 	var lenBuf [binary.MaxVarintLen64]byte
@@ -216,6 +223,8 @@ func readEvent(r *bufio.Reader, buf []byte) (Event, []byte, error) {
 	var ev Event
 	ev.LSN = pglogrepl.LSN(c.u64())
 	ev.ID = c.varint()
+	ev.IDText = string(c.bytes(false))
+	ev.TableIndex = int(c.uvarint())
 	ev.AggregateType = string(c.bytes(false))
 	ev.AggregateID = string(c.bytes(false))
 	ev.EventType = string(c.bytes(false))
@@ -224,6 +233,7 @@ func readEvent(r *bufio.Reader, buf []byte) (Event, []byte, error) {
 	type span struct {
 		key        string
 		start, end int
+		null       bool
 	}
 	var (
 		spans []span
@@ -236,8 +246,8 @@ func readEvent(r *bufio.Reader, buf []byte) (Event, []byte, error) {
 		spans = make([]span, 0, nh-1)
 		for i := uint64(0); i < nh-1 && !c.bad; i++ {
 			k := string(c.bytes(false))
-			v := c.bytes(false)
-			spans = append(spans, span{k, len(vals), len(vals) + len(v)})
+			v := c.bytes(true)
+			spans = append(spans, span{k, len(vals), len(vals) + len(v), v == nil})
 			vals = append(vals, v...)
 		}
 	}
@@ -245,13 +255,18 @@ func readEvent(r *bufio.Reader, buf []byte) (Event, []byte, error) {
 		e := &RowError{}
 		e.Table = string(c.bytes(false))
 		e.ID = c.varint()
+		e.IDText = string(c.bytes(false))
 		e.LSN = pglogrepl.LSN(c.u64())
 		e.Column = string(c.bytes(false))
 		e.Reason = string(c.bytes(false))
 		e.ReservedHeader = string(c.bytes(false))
 		e.hint = string(c.bytes(false))
+		e.Prefix = string(c.bytes(false))
+		e.MessageID = string(c.bytes(false))
 		ev.Err = e
 	}
+	ev.Source = Source(c.u8())
+	ev.MessageID = string(c.bytes(false))
 	if c.bad || c.off != len(buf) {
 		return Event{}, buf, errRecord
 	}
@@ -266,7 +281,10 @@ func readEvent(r *bufio.Reader, buf []byte) (Event, []byte, error) {
 		if nh > 0 {
 			ev.Headers = make([]Header, len(spans))
 			for i, s := range spans {
-				ev.Headers[i] = Header{Key: s.key, Value: all[p+s.start : p+s.end : p+s.end]}
+				ev.Headers[i].Key = s.key
+				if !s.null {
+					ev.Headers[i].Value = all[p+s.start : p+s.end : p+s.end]
+				}
 			}
 		}
 	}

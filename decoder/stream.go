@@ -229,6 +229,9 @@ func (d *Decoder) nextChunk() (*Txn, error) {
 			return nil, d.spillError(rp.txn.CommitLSN, "Stream Commit", xid, err)
 		}
 		rp.left--
+		if ev.TableIndex < len(d.maps) {
+			ev.Schema, ev.Table = d.maps[ev.TableIndex].schema, d.maps[ev.TableIndex].name
+		}
 		out.Events = append(out.Events, ev)
 		size += len(ev.Payload)
 	}

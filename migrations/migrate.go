@@ -117,6 +117,35 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 	return applied, nil
 }
 
+// helperMigrations create only the relay's helper tables (slot registry,
+// leader lease), none of which touches the outbox table.
+var helperMigrations = []string{"0002_slot_registry.sql", "0004_leader_lease.sql"}
+
+// ApplyHelpers creates the relay's helper tables beside n's table (the slot
+// registry and the leader lease) and nothing else: for outbox tables the
+// relay reads through a column mapping, which it must not alter. It is
+// idempotent and records no history (the statements are CREATE TABLE IF NOT
+// EXISTS).
+func ApplyHelpers(ctx context.Context, conn *pgx.Conn, n Names) error {
+	ms, err := Load(n)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{n.Schema}.Sanitize()); err != nil {
+		return fmt.Errorf("create schema %s: %w", n.Schema, err)
+	}
+	for _, m := range ms {
+		for _, h := range helperMigrations {
+			if m.Name == h {
+				if _, err := conn.Exec(ctx, m.SQL); err != nil {
+					return fmt.Errorf("apply helper tables of migration %s: %w", m.Name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // dollarTag is "$$" unless a substituted value contains it, else a
 // $outbox_relay_N$ tag that none contains.
 func dollarTag(subst []string) string {

@@ -78,3 +78,28 @@ func ExampleWithTraceparent() {
 	}
 	_ = handle
 }
+
+// Write the event into the WAL only (the table-less outbox): the relay
+// publishes it when its messages.prefix is "orders-outbox".
+func ExampleWriteMessage() {
+	ctx := context.Background()
+	var pool *pgxpool.Pool // pgxpool.New(ctx, url)
+	payOrder := func(id string) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) // after Commit: a no-op
+		if _, err := tx.Exec(ctx, "UPDATE orders SET status = 'paid' WHERE id = $1", id); err != nil {
+			return err
+		}
+		if err := outbox.WriteMessage(ctx, tx, "orders-outbox", outbox.Event{
+			AggregateType: "order", AggregateID: id, EventType: "order.paid",
+			Payload: json.RawMessage(`{"paid":true}`),
+		}); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	_ = payOrder
+}

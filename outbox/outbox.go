@@ -24,6 +24,12 @@
 // row's headers column, which Write fills from Event.Headers,
 // Event.SchemaVersion (schema_version) and the W3C trace context of ctx
 // (traceparent, tracestate; see WithTraceparent and TraceparentFrom).
+//
+// WriteMessage writes the same events without a table, as transactional
+// logical decoding messages that the relay publishes when its
+// messages.prefix matches (PostgreSQL 14+): no rows, no bloat, no
+// retention, but the replication slot is then the events' only copy
+// (docs/message-outbox.md).
 package outbox
 
 import (

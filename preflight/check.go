@@ -95,7 +95,11 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 	}
 	role := outboxschema.QuoteIdent(p.Role)
 	major := p.VersionNum / 10000
-	if major >= MinPGVersion && major <= MaxPGVersion {
+	if o.MessagesPrefix != "" && major < MinPGVersion {
+		// The relay refuses to start: pgoutput sends no messages.
+		add("server_version", Fail, fmt.Sprintf("PostgreSQL %s: messages.prefix needs PostgreSQL 14 or later (pgoutput's messages option)", p.Version),
+			"upgrade PostgreSQL, or unset messages.prefix and write events into the outbox table")
+	} else if major >= MinPGVersion && major <= MaxPGVersion {
 		add("server_version", OK, "PostgreSQL "+p.Version, "")
 	} else {
 		add("server_version", Warn, fmt.Sprintf("PostgreSQL %s: supported are %d to %d", p.Version, MinPGVersion, MaxPGVersion),
@@ -143,6 +147,14 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 	switch {
 	case p.TableErr != "":
 		add("outbox_table", Fail, "cannot read "+t.String()+": "+p.TableErr, "GRANT USAGE ON SCHEMA "+outboxschema.QuoteIdent(t.Schema)+" TO "+role+";")
+	case o.Mappings != nil && len(p.MappingErrs) > 0:
+		add("outbox_table", Fail, strings.Join(p.MappingErrs, "; "), "fix the columns.* keys (or tables[].columns) or the table, as each message says")
+	case o.Mappings != nil:
+		names := make([]string, len(o.Mappings))
+		for i, m := range o.Mappings {
+			names[i] = m.Table.String()
+		}
+		add("outbox_table", OK, strings.Join(names, ", ")+": columns fit the mapping (row marks and retention off: not the relay's own table)", "")
 	case !p.TableExists:
 		add("outbox_table", Fail, t.String()+" does not exist", migrate+", or set postgres.table")
 	case len(p.MissingRequired) > 0:
@@ -288,7 +300,10 @@ func pubCheck(p PGFacts, o Options, add addFunc) {
 		add("publication", OK, fmt.Sprintf("publication %s does not exist: the relay creates it at start (postgres.create_publication)", o.Publication), "")
 	case !pub.Insert:
 		add("publication", Fail, fmt.Sprintf("publication %s does not publish inserts", o.Publication), fmt.Sprintf("ALTER PUBLICATION %s SET (publish = 'insert');", q))
-	case !pub.HasTable:
+	case len(p.PubMissing) > 0:
+		add("publication", Fail, fmt.Sprintf("publication %s does not include %s", o.Publication, strings.Join(p.PubMissing, ", ")),
+			fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", q, strings.Join(p.PubMissing, ", ")))
+	case !pub.HasTable && o.Mappings == nil:
 		add("publication", Fail, fmt.Sprintf("publication %s does not include %s", o.Publication, t), fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s;", q, t.Quoted()))
 	case p.Partitioned && !pub.ViaRoot:
 		add("publication", Fail, fmt.Sprintf("%s is partitioned but publication %s lacks publish_via_partition_root: its inserts would be skipped", t, o.Publication),

@@ -68,6 +68,11 @@ func TestEvaluate(t *testing.T) {
 		{"wal_level replica", func(f *Facts) { f.PG.WalLevel = "replica" }, "wal_level", Fail, ExitFail,
 			[]string{"ALTER SYSTEM SET wal_level = logical", "restart PostgreSQL"}},
 		{"PostgreSQL 13", func(f *Facts) { f.PG.VersionNum, f.PG.Version = 130011, "13.11" }, "server_version", Warn, ExitWarn, []string{"14..18"}},
+		{"PostgreSQL 13 with messages.prefix", func(f *Facts) {
+			f.PG.VersionNum, f.PG.Version = 130011, "13.11"
+			f.Options.MessagesPrefix = "orders-outbox"
+		}, "server_version", Fail, ExitFail, []string{"upgrade PostgreSQL, or unset messages.prefix"}},
+		{"PostgreSQL 14 with messages.prefix", func(f *Facts) { f.PG.VersionNum = 140000; f.Options.MessagesPrefix = "orders-outbox" }, "server_version", OK, ExitOK, nil},
 		{"PostgreSQL 18", func(f *Facts) { f.PG.VersionNum = 180000 }, "server_version", OK, ExitOK, nil},
 		{"PostgreSQL 19", func(f *Facts) { f.PG.VersionNum = 190000 }, "server_version", Warn, ExitWarn, nil},
 		{"no free slot, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 10 }, "replication_slots", Fail, ExitFail,

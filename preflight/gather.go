@@ -60,6 +60,11 @@ type PGFacts struct {
 	CanCreateInDB     bool // CREATE on the database (CREATE PUBLICATION needs it)
 	AggregateTopics   []string
 	AggregateTopicErr string
+
+	// MappingErrs say why mapped tables (Options.Mappings) do not fit
+	// their mapping; PubMissing are mapped tables the publication lacks.
+	MappingErrs []string
+	PubMissing  []string
 }
 
 // PrivFact is one Need and whether the role has it.
@@ -169,6 +174,26 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 		}
 	}
 
+	if o.Mappings != nil {
+		// Read through a mapping: the column types count, not the relay's
+		// own columns (postgres.table may not even exist with tables).
+		f.TableErr, f.MissingRequired, f.MissingBookkeep = "", nil, nil
+		f.TableExists = true
+		for _, m := range o.Mappings {
+			types, err := replication.ColumnTypes(ctx, conn, m.Table)
+			switch {
+			case err != nil:
+				f.MappingErrs = append(f.MappingErrs, scrub(err))
+			case len(types) == 0:
+				f.MappingErrs = append(f.MappingErrs, fmt.Sprintf("outbox table %s does not exist", m.Table))
+			default:
+				if err := m.CheckTypes("", types); err != nil {
+					f.MappingErrs = append(f.MappingErrs, strings.ReplaceAll(err.Error(), "\n", "; "))
+				}
+			}
+		}
+	}
+
 	// Every table privilege, with PostgreSQL's own has_*_privilege.
 	for _, n := range Needs(o) {
 		pf := PrivFact{Need: n}
@@ -249,7 +274,14 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 
 	// The topics of the events in the table now (the template decides the
 	// rest): bounded, so a huge outbox cannot hold the check.
-	if f.TableExists && len(f.MissingRequired) == 0 && !fixedTemplate(o.Kafka.TopicTemplate) {
+	for _, m := range o.Mappings {
+		var in bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+			WHERE p.pubname = $1 AND pr.prrelid = to_regclass($2))`, o.Publication, m.Table.Quoted()).Scan(&in); err == nil && !in && p.Exists {
+			f.PubMissing = append(f.PubMissing, m.Table.Quoted())
+		}
+	}
+	if f.TableExists && len(f.MissingRequired) == 0 && o.Mappings == nil && !fixedTemplate(o.Kafka.TopicTemplate) {
 		f.AggregateTopics, err = aggregateTopics(ctx, conn, o)
 		if err != nil {
 			f.AggregateTopicErr = scrub(err)

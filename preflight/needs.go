@@ -29,6 +29,12 @@ type Options struct {
 	RetentionArchive  bool
 	Kafka             sink.Config
 	DeadLetterTopic   string
+	MessagesPrefix    string // messages.prefix; "" when off
+	// Mappings are the outbox tables read through a column mapping
+	// (compat, columns, tables; replication.Config.Mappings); nil: Table
+	// alone, the relay's own. Their column types are checked instead of the
+	// relay's columns, and they need no row-mark or retention privileges.
+	Mappings []outboxschema.Mapping
 }
 
 // Need is one privilege the relay's role needs on a table.
@@ -68,9 +74,12 @@ func Needs(o Options) []Need {
 		cols[p[0]] = append(cols[p[0]], p[1])
 	}
 	for _, priv := range order {
+		if o.Mappings != nil {
+			break // a mapped table has no row marks
+		}
 		ns = append(ns, Need{CheckPrivOutbox, t, priv, cols[priv], "dead-letter and halt marks on poison rows"})
 	}
-	if o.RetentionKeep > 0 {
+	if o.RetentionKeep > 0 && o.Mappings == nil {
 		ns = append(ns,
 			Need{CheckPrivRetention, t, "SELECT", nil, "retention reads delivered rows (retention.keep > 0)"},
 			Need{CheckPrivRetention, t, "DELETE", nil, "retention deletes delivered rows (retention.keep > 0)"})
@@ -88,6 +97,9 @@ func Needs(o Options) []Need {
 		for _, p := range []string{"SELECT", "INSERT", "UPDATE"} {
 			ns = append(ns, Need{CheckPrivLeader, l, p, nil, "leader election lease"})
 		}
+	}
+	if o.Mappings != nil {
+		return ns // a mapped table has no delivery horizon
 	}
 	d := t.Sibling(outboxschema.DeliveryTable)
 	for _, p := range []string{"SELECT", "INSERT", "UPDATE"} {
@@ -178,6 +190,14 @@ func Grants(o Options, role string) string {
 // createPublicationSQL is the insert-only publication of the outbox table,
 // through its root when the table is partitioned (harmless otherwise).
 func createPublicationSQL(o Options) string {
+	tables := o.Table.Quoted()
+	if o.Mappings != nil {
+		q := make([]string, len(o.Mappings))
+		for i, m := range o.Mappings {
+			q[i] = m.Table.Quoted()
+		}
+		tables = strings.Join(q, ", ")
+	}
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert', publish_via_partition_root = true)",
-		outboxschema.QuoteIdent(o.Publication), o.Table.Quoted())
+		outboxschema.QuoteIdent(o.Publication), tables)
 }

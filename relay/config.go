@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
@@ -23,6 +24,7 @@ type Config struct {
 	Leader      LeaderConfig                `yaml:"leader"`
 	Heartbeat   replication.HeartbeatConfig `yaml:"heartbeat"`
 	Retention   retention.Config            `yaml:"retention"`
+	Messages    MessagesConfig              `yaml:"messages"`
 	MetricsAddr string                      `yaml:"metrics_addr"`
 	Pprof       bool                        `yaml:"pprof"`
 	// ShutdownTimeout is the one shutdown deadline: from SIGTERM (or
@@ -35,6 +37,14 @@ type Config struct {
 	// transactions aligned to PostgreSQL transactions (docs/guarantees.md).
 	Delivery    string            `yaml:"delivery"`
 	ExactlyOnce ExactlyOnceConfig `yaml:"exactly_once"`
+	// Compat is the record format and the default column mapping:
+	// FormatOwn ("") or FormatDebezium ("debezium").
+	Compat string `yaml:"compat"`
+	// Columns maps the columns of postgres.table (ColumnsConfig).
+	Columns ColumnsConfig `yaml:"columns"`
+	// Tables lists several outbox tables instead of postgres.table and
+	// columns (file only).
+	Tables []TableConfig `yaml:"tables"`
 }
 
 // Delivery modes (config delivery).
@@ -83,6 +93,41 @@ type DeadLetterConfig struct {
 	RetryBackoff time.Duration `yaml:"retry_backoff"`
 }
 
+// MessagesConfig is the table-less outbox (docs/message-outbox.md).
+type MessagesConfig struct {
+	// Prefix: transactional logical decoding messages with exactly this
+	// prefix (pg_logical_emit_message(true, prefix, envelope)) are
+	// published as events, in commit order with the outbox rows. "" (the
+	// default) turns message events off. Needs PostgreSQL 14+.
+	Prefix string `yaml:"prefix"`
+}
+
+// heartbeatNamespace starts every relay's heartbeat prefix
+// (replication.HeartbeatPrefix): a messages.prefix there would take another
+// relay's heartbeats for events, and refuse them as non-transactional.
+const heartbeatNamespace = "outbox-relay"
+
+// Validate names the key under prefix (e.g. "messages."). slot is
+// postgres.slot, for the error.
+func (c MessagesConfig) Validate(prefix, slot string) error {
+	p := c.Prefix
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%sprefix: %q %s", prefix, p, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case p == "":
+		return nil
+	case p == heartbeatNamespace || strings.HasPrefix(p, heartbeatNamespace+"/"):
+		return bad("clashes with the relays' heartbeat messages (%s, outbox-relay/<slot> for any other relay): choose another prefix, e.g. orders-outbox",
+			replication.HeartbeatPrefix(slot))
+	case !utf8.ValidString(p) || strings.ContainsFunc(p, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		return bad("must be printable UTF-8 text without control characters, e.g. orders-outbox")
+	case len(p) > 255:
+		return bad("is %d bytes: use at most 255", len(p))
+	}
+	return nil
+}
+
 // LeaderConfig is the leader election among instances with the same slot.
 type LeaderConfig struct {
 	Enabled       bool          `yaml:"enabled"`
@@ -115,7 +160,8 @@ func DefaultConfig() Config {
 
 // Validate reports every invalid key by name.
 func (c Config) Validate() error {
-	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka."), c.Heartbeat.Validate("heartbeat."), c.Retention.Validate("retention.")}
+	errs := []error{c.Postgres.Validate("postgres."), c.Kafka.Validate("kafka."), c.Heartbeat.Validate("heartbeat."), c.Retention.Validate("retention."),
+		c.Messages.Validate("messages.", c.Postgres.Slot)}
 	if c.InFlight.MaxEvents < 1 {
 		errs = append(errs, fmt.Errorf("inflight.max_events: %d must be at least 1 (default 10000)", c.InFlight.MaxEvents))
 	}
@@ -166,6 +212,11 @@ func (c Config) Validate() error {
 	case AtLeastOnce, ExactlyOnce:
 	default:
 		errs = append(errs, fmt.Errorf("delivery: %q is not at_least_once (the default) or exactly_once (Kafka transactions; consumers must read with isolation.level=read_committed)", c.Delivery))
+	}
+	if errs[0] == nil { // postgres.table parsed: resolve the tables and their mappings
+		if _, err := c.Outboxes(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

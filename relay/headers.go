@@ -28,7 +28,7 @@ const ownHeaders = 5
 // share one allocation; the key of the record is the aggregate_id header's
 // value. commitLSN is the transaction's commit LSN, rendered once.
 func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
-	n := 20 + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN)
+	n := 20 + len(ev.MessageID) + len(ev.IDText) + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN)
 	for _, x := range ev.Headers {
 		n += len(x.Key)
 	}
@@ -39,7 +39,13 @@ func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key 
 		return buf[start:len(buf):len(buf)]
 	}
 	start := len(buf)
-	buf = strconv.AppendInt(buf, ev.ID, 10)
+	if ev.Source == decoder.SourceMessage {
+		buf = append(buf, ev.MessageID...) // the envelope's id
+	} else if ev.IDText != "" {
+		buf = append(buf, ev.IDText...) // a uuid or text id column
+	} else {
+		buf = strconv.AppendInt(buf, ev.ID, 10)
+	}
 	id := buf[start:len(buf):len(buf)]
 	key = add(ev.AggregateID)
 	h = make([]sarama.RecordHeader, ownHeaders, ownHeaders+len(ev.Headers))

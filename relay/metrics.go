@@ -23,7 +23,7 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 			Buckets: []float64{.001, .0025, .005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56, 5, 10, 30, 60},
 		}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_dead_lettered_total",
-			Help: "Poison events written to the dead-letter topic (acked), by reason."}, []string{"reason"}),
+			Help: "Poison events written to the dead-letter topic (acked), by reason and outbox table (schema.name)."}, []string{"reason", "table"}),
 		halted: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_halted",
 			Help: "1 when publishing stopped on a poison event (on_poison: halt, or the dead-letter write failed)."}),
 	}
@@ -31,10 +31,18 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 		Help: "Times a publish error made the relay republish from the ack watermark to keep per-aggregate order."})
 	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonReservedHeader, deadletter.ReasonInvalidTopic,
 		deadletter.ReasonTopicLimit, deadletter.ReasonTopicNotAllowed, "message_too_large", "broker_rejected"} {
-		m.deadLettered.WithLabelValues(r)
+		for _, t := range p.tables { // bounded: the configured tables
+			m.deadLettered.WithLabelValues(r, t)
+		}
 	}
 	if reg == nil {
 		return m
+	}
+	for i, t := range p.tables {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "outbox_relay_table_events_decoded_total",
+			Help:        "Outbox events decoded from the slot, by outbox table (schema.name).",
+			ConstLabels: prometheus.Labels{"table": t}},
+			func() float64 { return float64(p.decodedBy[i].Load()) }))
 	}
 	t := p.tracker
 	reg.MustRegister(m.commitToAck, m.deadLettered, m.halted, m.rewinds,

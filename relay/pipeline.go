@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -39,7 +40,7 @@ type RowMarker interface {
 
 // PipelineConfig is what a pipeline needs to know.
 type PipelineConfig struct {
-	Table    string // the outbox table, schema.name
+	Table    string // the outbox table, schema.name, when Outboxes is empty
 	Template sink.Template
 	Limits   checkpoint.Limits
 	Policy   Policy
@@ -55,6 +56,14 @@ type PipelineConfig struct {
 	// HeartbeatPrefix is the prefix of the relay's heartbeat Messages
 	// (replication.HeartbeatPrefix); "" when heartbeats are off.
 	HeartbeatPrefix string
+	// MessagePrefix is messages.prefix: transactional Messages with it are
+	// events (decoder.SetMessagePrefix); "" when off.
+	MessagePrefix string
+	// Outboxes are the outbox tables with their mappings and templates
+	// (Config.Outboxes); empty: Table with Template, the relay's own way.
+	Outboxes []Outbox
+	// Format is the record format: FormatOwn or FormatDebezium (compat).
+	Format string
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -67,17 +76,21 @@ type PipelineConfig struct {
 // NewPipeline allocates; Run works off retries and row marks until its ctx
 // ends; Handle runs on the replication loop goroutine.
 type Pipeline struct {
-	table    string
-	router   *sink.Router // owned by the replication loop goroutine
-	policy   Policy
-	tracker  *checkpoint.Tracker
-	pub      Publisher
-	marker   RowMarker
-	log      zerolog.Logger
-	dec      *decoder.Decoder // owned by the replication loop goroutine
-	prevDec  decoder.Counts
-	hbPrefix string
-	beats    *beats // the lag clock: heartbeats emitted and not yet passed by the watermark
+	table     string // the first outbox table, for messages about the whole pipeline
+	outboxes  []Outbox
+	format    string
+	tables    []string     // schema.name of each outbox, for messages and the table label
+	router    *sink.Router // owned by the replication loop goroutine
+	policy    Policy
+	tracker   *checkpoint.Tracker
+	pub       Publisher
+	marker    RowMarker
+	log       zerolog.Logger
+	dec       *decoder.Decoder // owned by the replication loop goroutine
+	prevDec   decoder.Counts
+	hbPrefix  string
+	msgPrefix string
+	beats     *beats // the lag clock: heartbeats emitted and not yet passed by the watermark
 
 	retries *queue[*delivery] // failed dead letters, republished in the order they failed
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
@@ -94,6 +107,7 @@ type Pipeline struct {
 	spilledTxns  atomic.Uint64
 	streamOpen   atomic.Int64 // bytes held for streamed transactions not committed yet
 	decoded      atomic.Uint64
+	decodedBy    []atomic.Uint64 // events decoded per outbox table
 	resent       atomic.Uint64
 	m            pipelineMetrics
 }
@@ -107,11 +121,24 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
-	p := &Pipeline{table: cfg.Table, router: router, policy: cfg.Policy, pub: pub, marker: marker,
+	if len(cfg.Outboxes) == 0 {
+		t, err := outboxschema.ParseTable(cfg.Table)
+		if err != nil {
+			return nil, fmt.Errorf("relay: %w", err)
+		}
+		cfg.Outboxes = []Outbox{{Mapping: outboxschema.DefaultMapping(t), Template: cfg.Template, Own: true}}
+	}
+	cfg.Policy.Format = cfg.Format
+	p := &Pipeline{table: cfg.Outboxes[0].Mapping.Table.String(), outboxes: cfg.Outboxes, format: cfg.Format,
+		router: router, policy: cfg.Policy, pub: pub, marker: marker,
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
-		hbPrefix: cfg.HeartbeatPrefix, beats: newBeats(0, time.Now)}
+		hbPrefix: cfg.HeartbeatPrefix, msgPrefix: cfg.MessagePrefix, beats: newBeats(0, time.Now)}
+	for _, o := range p.outboxes {
+		p.tables = append(p.tables, o.Mapping.Table.String())
+	}
+	p.decodedBy = make([]atomic.Uint64, len(p.outboxes))
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
 	}
@@ -198,19 +225,36 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	ds := make([]delivery, len(txn.Events))
 	var bytes int64
 	commitLSN := txn.CommitLSN.String()
+	at := txn.CommitTime
+	if at.IsZero() { // a refused non-transactional message has no commit
+		at = time.Now()
+	}
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
-		*d = delivery{p: p, id: ev.ID, lsn: ev.LSN, commit: txn.CommitTime, size: int64(len(ev.Payload)),
-			attempts: p.rewind.attemptsOf(ev.LSN)}
-		d.msg = Record(ev, commitLSN, txn.CommitTime)
+		// An event from no table (Table "": a message) is routed with the
+		// plain kafka.topic_template, where {schema} and {table} render empty.
+		pos, message := position(ev), ev.Source == decoder.SourceMessage
+		ob, tmpl, fromTable := &p.outboxes[ev.TableIndex], p.router.Template(), ev.Table != ""
+		if fromTable {
+			tmpl = ob.Template
+			p.decodedBy[ev.TableIndex].Add(1)
+		}
+		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own && fromTable && !message,
+			lsn: ev.LSN, pos: pos, commit: at, size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(pos),
+			message: message, msgID: ev.MessageID}
+		if p.format == FormatDebezium {
+			d.msg = DebeziumRecord(ev, at)
+		} else {
+			d.msg = Record(ev, commitLSN, at)
+		}
 		d.msg.Done = d.done
 		bytes += d.size
-		if p.rewind.deadLettered(ev.LSN) {
+		if p.rewind.deadLettered(pos) {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		topic, reason, err := Route(p.router, p.table, ev)
+		topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
 		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 		if err != nil {
 			if err := p.poisonRow(ctx, d, reason, err); err != nil {
@@ -219,7 +263,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.eos != nil {
-			if reason, cause, ok := p.rewind.deadNext(ev.LSN); ok {
+			if reason, cause, ok := p.rewind.deadNext(pos); ok {
 				// Exactly once: the broker refused it until on_poison applied;
 				// its dead letter goes into this Kafka transaction instead.
 				p.toDeadLetter(d, reason, cause)
@@ -255,10 +299,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			continue
 		}
 		if p.log.Debug().Enabled() {
-			p.log.Debug().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
+			d.logID(p.log.Debug()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
 		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
-			return fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+			return fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
 		}
 	}
 	if p.eos != nil && !txn.Partial {
@@ -288,12 +332,72 @@ type delivery struct {
 	pend     *checkpoint.Pending
 	msg      sink.Message
 	id       int64
-	lsn      pglogrepl.LSN
+	idText   string        // the id of a table whose id is not an integer
+	table    int           // index of the outbox table in Pipeline.outboxes
+	mark     bool          // dead letters and halts are recorded on the row (Outbox.Own)
+	lsn      pglogrepl.LSN // of the Insert or Message, for errors and the dead letter
+	pos      pglogrepl.LSN // the event's place in the WAL, unique: rewind and order keys (position)
 	commit   time.Time
 	size     int64
 	attempts int                // failed publish attempts so far
 	letter   *deadletter.Letter // set once the event is being dead-lettered
 	finished bool               // dead-lettered before a rewind: acked without a record
+	message  bool               // a message event (decoder.SourceMessage): no outbox row to mark
+	msgID    string             // its envelope id
+}
+
+// position is ev's place in the WAL as the rewind and the order watch key
+// events: unique per event, in WAL order. A row's is its LSN, the start of
+// its Insert's record. A Message's LSN is the END of its record (what
+// pg_logical_emit_message returns), which is where the next record starts,
+// so a row written right after a message has the message's LSN: the
+// message's position is one less, inside its own record, where no record
+// starts (records start 8-aligned), and still after every earlier event.
+func position(ev *decoder.Event) pglogrepl.LSN {
+	if ev.Source == decoder.SourceMessage {
+		return ev.LSN - 1
+	}
+	return ev.LSN
+}
+
+// name names d's event in errors and logs: its outbox row (schema.table and
+// id), or its message.
+func (d *delivery) name() string {
+	switch {
+	case d.message:
+		return fmt.Sprintf("outbox message id=%q", d.msgID)
+	case d.idText != "":
+		return fmt.Sprintf("outbox row %s id=%q", d.p.tables[d.table], d.idText)
+	}
+	return fmt.Sprintf("outbox row %s id=%d", d.p.tables[d.table], d.id)
+}
+
+// logID adds d's identity to a log line: the row's id (an integer, or the
+// text of a uuid or text id), or the message's id (message_id).
+func (d *delivery) logID(e *zerolog.Event) *zerolog.Event {
+	switch {
+	case d.message:
+		return e.Str("message_id", d.msgID)
+	case d.idText != "":
+		return e.Str("id", d.idText)
+	}
+	return e.Int64("id", d.id)
+}
+
+// tableLabel is the table label of d's metrics: its outbox table, or
+// "message:<prefix>" for a message event.
+func (d *delivery) tableLabel() string {
+	if d.message {
+		return "message:" + d.p.msgPrefix
+	}
+	return d.p.tables[d.table]
+}
+
+// deadLettered acks d's dead letter, in Kafka now: the slot may pass it.
+func (d *delivery) deadLettered() {
+	d.p.rewind.settled(d.pos)
+	d.p.rewind.markDead(d.pos)
+	d.pend.Ack(d.size)
 }
 
 // done is the broker's verdict on d.msg. It runs on the producer's
@@ -303,12 +407,18 @@ func (d *delivery) done(err error) {
 	if err == nil {
 		if d.letter == nil {
 			p.m.commitToAck.Observe(time.Since(d.commit).Seconds())
-			p.order.ack(d.msg.Topic, d.msg.Partition, d.lsn)
-			p.rewind.settled(d.lsn)
+			p.order.ack(d.msg.Topic, d.msg.Partition, d.pos)
+			p.rewind.settled(d.pos)
 			d.pend.Ack(d.size)
 			return
 		}
-		p.m.deadLettered.WithLabelValues(d.letter.Reason).Inc()
+		p.m.deadLettered.WithLabelValues(d.letter.Reason, d.tableLabel()).Inc()
+		if d.message {
+			// No row to mark: the dead letter is the only copy (the slot
+			// was the other), so it is acked once Kafka has it.
+			d.deadLettered()
+			return
+		}
 		p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
 		return
 	}
@@ -317,19 +427,28 @@ func (d *delivery) done(err error) {
 	}
 	reason, kind := sink.Classify(err)
 	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
-	ev := p.log.With().Int64("id", d.id).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
+	lc := p.log.With()
+	switch {
+	case d.message:
+		lc = lc.Str("message_id", d.msgID)
+	case d.idText != "":
+		lc = lc.Str("id", d.idText)
+	default:
+		lc = lc.Int64("id", d.id)
+	}
+	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
 	if p.eos != nil && action != Halt {
 		// Exactly once: the Kafka transaction is aborted; the event (or its
 		// dead letter, now due) goes into a later one after the rewind.
 		switch {
 		case action == DeadLetter:
-			p.rewind.deadLater(d.lsn, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
+			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
 		case d.letter != nil:
-			p.rewind.deadLater(d.lsn, d.letter.Reason, errors.New(d.letter.Err))
+			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err))
 		}
-		p.order.fail(d.msg.Topic, d.msg.Partition, d.lsn)
-		if p.rewind.park(d.lsn, d.attempts, p.policy.delay(action, d.attempts)) {
+		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("kafka transaction failed: rewinding to the ack watermark; committed transactions are skipped on the way back")
 		}
@@ -348,8 +467,8 @@ func (d *delivery) done(err error) {
 			p.retries.push(d, p.policy.delay(action, d.attempts))
 			return
 		}
-		p.order.fail(d.msg.Topic, d.msg.Partition, d.lsn)
-		if p.rewind.park(d.lsn, d.attempts, p.policy.delay(action, d.attempts)) {
+		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")
 		}
@@ -359,11 +478,11 @@ func (d *delivery) done(err error) {
 	case Halt:
 		switch {
 		case d.letter != nil:
-			err = fmt.Errorf("write dead letter of outbox row %s id=%d to topic %s: %w", p.table, d.id, d.msg.Topic, err)
+			err = fmt.Errorf("write dead letter of %s to topic %s: %w", d.name(), d.msg.Topic, err)
 		case kind == fault.Refused:
-			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w; grant the relay's Kafka user write access to the topic", p.table, d.id, d.lsn, err)
+			err = fmt.Errorf("publish %s at LSN %s: %w; grant the relay's Kafka user write access to the topic", d.name(), d.lsn, err)
 		default:
-			err = fmt.Errorf("publish outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+			err = fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
 		}
 		p.halt(d, err)
 	}
@@ -373,7 +492,7 @@ func (d *delivery) done(err error) {
 // is stopped, so the event stays unacked and the slot keeps it.
 func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 	if err := p.pub.Publish(ctx, &d.msg); err != nil {
-		return fmt.Errorf("resend outbox row %s id=%d at LSN %s: %w", p.table, d.id, d.lsn, err)
+		return fmt.Errorf("resend %s at LSN %s: %w", d.name(), d.lsn, err)
 	}
 	return nil
 }
@@ -383,9 +502,13 @@ func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
 // large or they would not fit kafka.max_message_bytes, and the dlq.*
 // headers (deadletter.Letter.Record). The caller publishes it.
 func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
-	d.msg, d.letter = DeadLetterRecord(p.table, p.policy, d.id, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
+	l := &deadletter.Letter{Table: p.tables[d.table], ID: d.id, IDText: d.idText}
+	if d.message {
+		l = &deadletter.Letter{EventID: d.msgID, Prefix: p.msgPrefix}
+	}
+	d.msg, d.letter = deadLetterRecord(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.msg.Done = d.done
-	p.log.Error().Err(cause).Int64("id", d.id).Str("lsn", d.lsn.String()).Str("reason", reason).
+	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
 }
@@ -405,7 +528,10 @@ type rowMark struct {
 // slot never moves past an event nobody can find.
 func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 	d := m.d
-	for attempt := 1; d.id != 0; attempt++ {
+	// A table other than the relay's own has no bookkeeping columns (and
+	// maybe no integer id), and a message has no row at all: its dead
+	// letter is in the topic only, and a halt is in the log and /readyz.
+	for attempt := 1; d.mark && d.id != 0; attempt++ {
 		var err error
 		if m.dead {
 			var found bool
@@ -447,9 +573,7 @@ func (p *Pipeline) mark(ctx context.Context, m rowMark) error {
 		}
 	}
 	if m.dead {
-		p.rewind.settled(d.lsn)
-		p.rewind.markDead(d.lsn)
-		d.pend.Ack(d.size)
+		d.deadLettered()
 	}
 	return nil
 }
@@ -461,9 +585,15 @@ func (p *Pipeline) halt(d *delivery, err error) {
 		return
 	}
 	p.m.halted.Set(1)
-	p.log.Error().Err(err).Str("table", p.table).Int64("id", d.id).Str("lsn", d.lsn.String()).
+	e := p.log.Error().Err(err)
+	if !d.message {
+		e = e.Str("table", p.tables[d.table])
+	}
+	d.logID(e).Str("lsn", d.lsn.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
-	p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
+	if !d.message { // a message has no row to record it on
+		p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
+	}
 }
 
 // Halted returns why publishing stopped, or nil. Any goroutine.
@@ -523,7 +653,11 @@ func (p *Pipeline) Lag() time.Duration {
 // half inflight.max_bytes if less) altogether, then go to unlinked files in
 // TMPDIR.
 func (p *Pipeline) resetDecoder() error {
-	dec, err := decoder.New(p.table)
+	ms := make([]outboxschema.Mapping, len(p.outboxes))
+	for i, o := range p.outboxes {
+		ms[i] = o.Mapping
+	}
+	dec, err := decoder.NewMapped(ms, reservedExtra(p.format))
 	if err != nil {
 		return err
 	}
@@ -531,6 +665,7 @@ func (p *Pipeline) resetDecoder() error {
 	dec.SetChunk(min(1000, max(1, events/2)), int(max(1, bytes/2)))
 	dec.SetSpill("", int(min(max(1, bytes/2), spoolMemory)))
 	dec.SetHeartbeatPrefix(p.hbPrefix)
+	dec.SetMessagePrefix(p.msgPrefix, p.policy.MaxMessageBytes)
 	if p.dec != nil {
 		p.dec.Close()
 	}

@@ -168,6 +168,7 @@ func (h *harness) txnCtx(ctx context.Context, commit, end pglogrepl.LSN, rows ..
 type walTxn struct {
 	commit, end pglogrepl.LSN
 	msgs        [][]byte
+	at          []pglogrepl.LSN // the walStart of each of msgs; nil: commit-len(msgs)+i
 }
 
 type walReq struct {
@@ -190,7 +191,11 @@ func (h *harness) stream(ctx context.Context) {
 				}
 				sawRel = true
 			}
-			if err := h.p.Handle(ctx, t.commit-pglogrepl.LSN(len(t.msgs))+pglogrepl.LSN(i), m); err != nil {
+			at := t.commit - pglogrepl.LSN(len(t.msgs)) + pglogrepl.LSN(i)
+			if t.at != nil {
+				at = t.at[i]
+			}
+			if err := h.p.Handle(ctx, at, m); err != nil {
 				if errors.Is(err, replication.ErrRestart) {
 					return nil // the rest comes again after the restart
 				}

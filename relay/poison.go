@@ -19,6 +19,9 @@ type Policy struct {
 	// to fit it (deadletter.Letter.Record), so writing one never fails for
 	// its size. Zero means no limit (tests).
 	MaxMessageBytes int
+	// Format is the record format (FormatOwn or FormatDebezium): which of
+	// a record's headers are the relay's own in its dead letter.
+	Format string
 }
 
 // Failure is one failed attempt as the poison decision sees it.

@@ -2,8 +2,11 @@ package relay
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
@@ -21,23 +24,69 @@ func Record(ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
 	return sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: at}
 }
 
+// DebeziumRecord is the Kafka record Debezium's outbox EventRouter writes
+// for ev by default (compat: debezium): key the key column's text, value
+// the payload bytes (nil, a null value, for a NULL payload), header id the
+// event id's text, then the row's headers and the placed columns
+// (columns.additional), timestamp at. Any goroutine; it does not block.
+func DebeziumRecord(ev *decoder.Event, at time.Time) sink.Message {
+	n := len(ev.AggregateID) + len(ev.IDText) + len(ev.MessageID) + 20
+	buf := make([]byte, 0, n)
+	buf = append(buf, ev.AggregateID...)
+	key := buf[:len(buf):len(buf)]
+	var id []byte
+	switch {
+	case ev.Source == decoder.SourceMessage:
+		buf = append(buf, ev.MessageID...) // the envelope's id
+	case ev.IDText != "":
+		buf = append(buf, ev.IDText...)
+	default:
+		buf = strconv.AppendInt(buf, ev.ID, 10)
+	}
+	id = buf[len(key):len(buf):len(buf)]
+	h := make([]sarama.RecordHeader, 1, 1+len(ev.Headers))
+	h[0] = sarama.RecordHeader{Key: hdrDebeziumID, Value: id}
+	for _, x := range ev.Headers {
+		h = append(h, sarama.RecordHeader{Key: []byte(x.Key), Value: x.Value})
+	}
+	return sink.Message{Key: key, Value: ev.Payload, Headers: h, Timestamp: at}
+}
+
+var hdrDebeziumID = []byte(HeaderDebeziumID)
+
 // Route returns the topic of ev, or why ev is poison: a bad row
 // (decoder.Event.Err) or a topic the router refuses. Then reason is the
 // dead-letter reason, err says what to fix, and topic is the refused name
 // ("" when there is none). It uses router, so it is called from the
 // router's goroutine only.
 func Route(router *sink.Router, table string, ev *decoder.Event) (topic, reason string, err error) {
+	return RouteWith(router, router.Template(), table, ev)
+}
+
+// RouteWith is Route with the topic template of ev's table.
+func RouteWith(router *sink.Router, tmpl sink.Template, table string, ev *decoder.Event) (topic, reason string, err error) {
 	if ev.Err != nil {
-		if ev.Err.ReservedHeader != "" {
+		switch {
+		case ev.Err.ReservedHeader != "":
 			return "", deadletter.ReasonReservedHeader, ev.Err
+		case ev.Source == decoder.SourceMessage:
+			return "", deadletter.ReasonBadMessage, ev.Err
 		}
 		return "", deadletter.ReasonBadRow, ev.Err
 	}
-	topic, err = router.Route(ev.AggregateType, ev.EventType)
+	topic, err = router.RouteWith(tmpl, ev.AggregateType, ev.EventType)
 	if err != nil {
 		reason, fix := routeReason(err)
-		return topic, reason, fmt.Errorf("route outbox row %s id=%d at LSN %s (aggregate_type %q, event_type %q): %w%s",
-			table, ev.ID, ev.LSN, ev.AggregateType, ev.EventType, err, fix)
+		what := fmt.Sprintf("outbox row %s id=%d", table, ev.ID)
+		switch {
+		case ev.Source == decoder.SourceMessage:
+			what = fmt.Sprintf("outbox message id=%q", ev.MessageID)
+			fix = strings.Replace(fix, "or the row", "or the message", 1)
+		case ev.IDText != "":
+			what = fmt.Sprintf("outbox row %s id=%s", table, strconv.Quote(ev.IDText))
+		}
+		return topic, reason, fmt.Errorf("route %s at LSN %s (aggregate_type %q, event_type %q): %w%s",
+			what, ev.LSN, ev.AggregateType, ev.EventType, err, fix)
 	}
 	return topic, "", nil
 }
@@ -48,11 +97,22 @@ func Route(router *sink.Router, table string, ev *decoder.Event) (topic, reason 
 // event was too large or they would not fit kafka.max_message_bytes, and
 // the dlq.* headers (deadletter.Letter.Record). m's Done is not copied.
 // Any goroutine; it does not block.
-func DeadLetterRecord(table string, pol Policy, id int64, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
+//
+// idText is the id of a row whose id column is not an integer ("" else).
+func DeadLetterRecord(table string, pol Policy, id int64, idText string, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
+	return deadLetterRecord(&deadletter.Letter{Table: table, ID: id, IDText: idText}, pol, lsn, m, reason, attempts, cause, now)
+}
+
+// deadLetterRecord is DeadLetterRecord for the event l names (Table and ID
+// or IDText of a row, or EventID and Prefix of a message).
+func deadLetterRecord(l *deadletter.Letter, pol Policy, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
 	n := min(ownHeaders, len(m.Headers))
-	l := &deadletter.Letter{Table: table, ID: id, LSN: lsn, Topic: m.Topic, Key: m.Key,
-		Value: m.Value, Headers: m.Headers[:n], RowHeaders: m.Headers[n:], Reason: reason,
-		Err: cause.Error(), Attempts: attempts, TooLarge: reason == "message_too_large", MaxBytes: pol.MaxMessageBytes}
+	if pol.Format == FormatDebezium {
+		n = min(1, len(m.Headers)) // id
+	}
+	l.LSN, l.Topic, l.Key, l.Value = lsn, m.Topic, m.Key, m.Value
+	l.Headers, l.RowHeaders, l.Reason = m.Headers[:n], m.Headers[n:], reason
+	l.Err, l.Attempts, l.TooLarge, l.MaxBytes = cause.Error(), attempts, reason == "message_too_large", pol.MaxMessageBytes
 	key, value, headers := l.Record(now)
 	return sink.Message{Topic: pol.Topic, Key: key, Value: value, Headers: headers, Timestamp: m.Timestamp}, l
 }

@@ -51,9 +51,11 @@ type Relay struct {
 	termReg atomic.Pointer[prometheus.Registry] // the running term's metrics
 	tmpl    sink.Template
 	allow   sink.Allowlist
-	elector *leader.Elector // nil when leader election is disabled
-	server  *Server         // nil when metrics_addr is empty
-	dlqRows prometheus.Gauge
+	// outboxes are the outbox tables read (Config.Outboxes).
+	outboxes []Outbox
+	elector  *leader.Elector // nil when leader election is disabled
+	server   *Server         // nil when metrics_addr is empty
+	dlqRows  prometheus.Gauge
 	// heartbeats counts every term's heartbeats; process-wide.
 	heartbeats *replication.HeartbeatMetrics
 	// retention metrics live in the base registry: a standby exports 0.
@@ -83,7 +85,13 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 	if deps.Registry == nil {
 		deps.Registry = prometheus.NewRegistry()
 	}
-	r := &Relay{cfg: cfg, log: deps.Log, base: deps.Registry, tmpl: tmpl, allow: allow, closing: make(chan struct{})}
+	outboxes, err := cfg.Outboxes()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Postgres.Mappings = Mappings(outboxes)
+	r := &Relay{cfg: cfg, log: deps.Log, base: deps.Registry, tmpl: tmpl, allow: allow, outboxes: outboxes, closing: make(chan struct{})}
+	r.logOutboxes()
 	r.dlqRows = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_dlq_unresolved_rows",
 		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
 	r.base.MustRegister(r.dlqRows, newReadyGauge(r.Health))
@@ -118,6 +126,24 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 		r.server = NewServer(cfg.MetricsAddr, cfg.Pprof, r, r.log)
 	}
 	return r, nil
+}
+
+// logOutboxes says at start which tables are read how, and which features
+// are off for a table that is not the relay's own (they need its columns).
+func (r *Relay) logOutboxes() {
+	for _, o := range r.outboxes {
+		m := o.Mapping
+		ev := r.log.Info().Str("table", m.Table.String()).Str("compat", r.cfg.Compat).
+			Str("id", m.ID).Str("key", m.Key).Str("type", m.Type).Str("payload", m.Payload).
+			Str("route_by", m.RouteBy).Str("headers", m.Headers).Int("additional", len(m.Additional))
+		ev.Msg("outbox table")
+		if !o.Own {
+			r.log.Warn().Str("table", m.Table.String()).
+				Msg("dead-letter row marks, retention (cleanup, the delivery horizon, outbox_relay_undelivered_events) and replay are off for this table: " +
+					"they need the relay's own table (postgres.table with the default columns, no compat, no tables list). " +
+					"Poison events still go to the dead-letter topic, and the slot still never passes an event not acked or dead-lettered (docs/configuration.md#column-mapping)")
+		}
+	}
 }
 
 // Close asks Run to stop gracefully, like the end of Run's ctx.
@@ -160,7 +186,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.server != nil {
 		g.Go(func() error { return r.server.Run(aux) })
 	}
-	g.Go(func() error { return r.pollDeadLetters(aux, store) })
+	if len(r.outboxes) == 1 && r.outboxes[0].Own { // other tables have no dead-letter row marks
+		g.Go(func() error { return r.pollDeadLetters(aux, store) })
+	}
 	g.Go(func() error {
 		defer stopAux()
 		defer stopSoft()

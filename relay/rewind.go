@@ -44,7 +44,8 @@ type deadLetterDue struct {
 	cause  error
 }
 
-// deadLater records that the event at lsn is to be dead-lettered when resent.
+// deadLater records that the event at lsn (its position) is to be
+// dead-lettered when resent.
 func (r *rewind) deadLater(lsn pglogrepl.LSN, reason string, cause error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -107,9 +107,10 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		}
 		t.producer, pub = p, p
 	}
-	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Start: r.acked,
+	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Outboxes: r.outboxes, Format: cfg.Compat, Start: r.acked,
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
-		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
+		MessagePrefix: cfg.Messages.Prefix,
+		Limits:        checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
 		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
 			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
 	}, pub, store, t.log, reg)
@@ -121,7 +122,8 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.stream.Fence = t.fence
-	t.stream.Messages = cfg.Heartbeat.Interval > 0
+	t.stream.Messages = cfg.Heartbeat.Interval > 0 || cfg.Messages.Prefix != ""
+	t.stream.MessagePrefix = cfg.Messages.Prefix
 	// The stream compares the server it streams from with this history and
 	// discards the carried watermark if they differ (failover between terms).
 	t.stream.SetIdentity(r.history)
@@ -129,10 +131,14 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: checked in New
 	// Leader only: the horizon and retention run in the term, on their own
 	// connection; a database error there is retried and never ends the term.
-	t.cleaner, err = retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication},
-		func(ctx context.Context) (*pgx.Conn, error) { return replication.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
-	if err != nil {
-		return err
+	// Retention needs the relay's own table (created_at, published_at, a
+	// BIGINT id): off otherwise, said once at start (logOutboxes).
+	if len(r.outboxes) == 1 && r.outboxes[0].Own {
+		t.cleaner, err = retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication},
+			func(ctx context.Context) (*pgx.Conn, error) { return replication.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
+		if err != nil {
+			return err
+		}
 	}
 
 	r.termReg.Store(reg)
@@ -164,7 +170,9 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		hb := replication.NewHeartbeater(cfg.Postgres, cfg.Heartbeat.Interval, t.pipe.Emitted, t.log, r.heartbeats)
 		g.Go(func() error { return hb.Run(after) })
 	}
-	g.Go(func() error { return t.cleaner.Run(after) })
+	if t.cleaner != nil {
+		g.Go(func() error { return t.cleaner.Run(after) })
+	}
 	g.Go(func() error {
 		defer stopAfter()
 		defer t.producer.Close() // after the stream's drain: flush what is left, then stop

@@ -357,7 +357,7 @@ func (r *Replayer) emit(x row) error {
 }
 
 func (r *Replayer) toDeadLetter(it *item, reason string, cause error) {
-	it.msg, it.letter = relay.DeadLetterRecord(r.table.String(), r.policy, it.id, 0, it.msg, reason, it.attempts, cause, time.Now())
+	it.msg, it.letter = relay.DeadLetterRecord(r.table.String(), r.policy, it.id, "", 0, it.msg, reason, it.attempts, cause, time.Now())
 	it.msg.Done = it.done
 	r.log.Error().Err(cause).Int64("id", it.id).Str("reason", reason).Str("dlq_topic", r.policy.Topic).
 		Int("attempts", it.attempts).Msg("poison row: dead-lettering it")

@@ -29,6 +29,11 @@ type Config struct {
 	Publication string `yaml:"publication"`
 	// Table is the outbox table as schema.name (see outboxschema.ParseTable).
 	Table string `yaml:"table"`
+	// Mappings are the outbox tables the relay reads and their column
+	// mappings (resolved by relay.Config.Outboxes from compat, columns and
+	// tables). nil: Table alone, the relay's own table read its own way
+	// (then its dead-letter row marks are checked too).
+	Mappings []outboxschema.Mapping `yaml:"-"`
 	// CreatePublication lets the relay create a missing publication.
 	CreatePublication bool `yaml:"create_publication"`
 	// SlotFailover creates the slot as a failover slot (PostgreSQL 17+:

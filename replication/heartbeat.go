@@ -78,6 +78,18 @@ func pluginArgs(publication, version string, messages bool, streaming string) (a
 	return append(args, "messages 'true'"), true, streamed, nil
 }
 
+// checkMessageEvents refuses messages.prefix (prefix, "" when off) on a
+// server (its server_version) whose pgoutput cannot send logical decoding
+// messages: no message event would ever be published.
+func checkMessageEvents(prefix, version string) error {
+	if prefix == "" || majorVersion(version) >= messagesMinVersion {
+		return nil
+	}
+	return fault.Fatal.Wrap(fmt.Errorf("messages.prefix is set, but PostgreSQL %q cannot stream logical decoding messages "+
+		"(pgoutput's messages option needs PostgreSQL 14 or later), so no message event would ever be published: "+
+		"upgrade PostgreSQL, or unset messages.prefix and write events into the outbox table (outbox.Write)", version))
+}
+
 // streamingMinVersion is the first PostgreSQL whose pgoutput streams
 // in-progress transactions (protocol version 2).
 const streamingMinVersion = 14

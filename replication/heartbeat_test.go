@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/fault"
 )
 
 // pgoutput's messages option exists from PostgreSQL 14 and works with
@@ -109,6 +111,33 @@ func TestHeartbeatErrorHint(t *testing.T) {
 		hint := heartbeatHint(tt.err)
 		if tt.want == "" && hint != "" || !strings.Contains(hint, tt.want) {
 			t.Errorf("heartbeatHint(%v) = %q, want it to contain %q", tt.err, hint, tt.want)
+		}
+	}
+}
+
+// messages.prefix needs pgoutput's messages option: PostgreSQL 14 or later.
+func TestCheckMessageEvents(t *testing.T) {
+	tests := []struct {
+		prefix, version string
+		err             string
+	}{
+		{"orders", "14.0", ""},
+		{"orders", "15.18 (Debian 15.18-0+deb12u1)", ""},
+		{"orders", "18.1", ""},
+		{"", "13.12", ""}, // off: any server
+		{"orders", "13.12", `messages.prefix is set, but PostgreSQL "13.12" cannot stream logical decoding messages (pgoutput's messages option needs PostgreSQL 14 or later)`},
+		{"orders", "9.6.24", "upgrade PostgreSQL, or unset messages.prefix"},
+		{"orders", "", "needs PostgreSQL 14 or later"},
+	}
+	for _, tt := range tests {
+		err := checkMessageEvents(tt.prefix, tt.version)
+		switch {
+		case tt.err == "" && err != nil:
+			t.Errorf("(%q, %q): %v", tt.prefix, tt.version, err)
+		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+			t.Errorf("(%q, %q): %v, want %q", tt.prefix, tt.version, err, tt.err)
+		case err != nil && fault.KindOf(err) != fault.Fatal:
+			t.Errorf("(%q, %q): %v is not fatal", tt.prefix, tt.version, err)
 		}
 	}
 }

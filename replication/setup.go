@@ -72,8 +72,16 @@ func prepare(ctx context.Context, cfg Config, createSlot bool, prev Identity) (S
 	if err := checkFailoverVersion(cfg.SlotFailover, versionNum, version); err != nil {
 		return SlotInfo{}, err
 	}
-	if err := checkTable(ctx, conn, cfg.Table); err != nil {
-		return SlotInfo{}, err
+	if len(cfg.Mappings) == 0 {
+		if err := checkTable(ctx, conn, cfg.Table); err != nil {
+			return SlotInfo{}, err
+		}
+	} else {
+		for _, m := range cfg.Mappings {
+			if err := CheckMapping(ctx, conn, m); err != nil {
+				return SlotInfo{}, err
+			}
+		}
 	}
 	info, found, err := readSlot(ctx, conn, cfg.Slot, versionNum)
 	if err != nil {
@@ -277,6 +285,55 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 	return checkMarkPrivileges(ctx, conn, t)
 }
 
+// Tables returns the outbox tables of cfg: those of Mappings, or Table.
+func (c Config) Tables() []outboxschema.Table {
+	if len(c.Mappings) == 0 {
+		t, _ := outboxschema.ParseTable(c.Table) // validated with the config
+		return []outboxschema.Table{t}
+	}
+	ts := make([]outboxschema.Table, len(c.Mappings))
+	for i, m := range c.Mappings {
+		ts[i] = m.Table
+	}
+	return ts
+}
+
+// ColumnTypes reads the columns of t: name -> pg_type.typname, of the base
+// type for a domain. Empty when the table does not exist.
+func ColumnTypes(ctx context.Context, conn *pgx.Conn, t outboxschema.Table) (map[string]string, error) {
+	rows, err := conn.Query(ctx, `SELECT a.attname::text, coalesce(bt.typname, ty.typname)::text FROM pg_attribute a
+		JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		JOIN pg_type ty ON ty.oid = a.atttypid LEFT JOIN pg_type bt ON ty.typtype = 'd' AND bt.oid = ty.typbasetype
+		WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, t.Schema, t.Name)
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t, err)
+	}
+	types := map[string]string{}
+	var name, typ string
+	_, err = pgx.ForEachRow(rows, []any{&name, &typ}, func() error { types[name] = typ; return nil })
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", t, err)
+	}
+	return types, nil
+}
+
+// CheckMapping checks a mapped outbox table at start: it exists, and every
+// mapped column exists with a type the mapping accepts. Problems come back
+// marked fault.Fatal, naming the key, the column, its type and the fix.
+func CheckMapping(ctx context.Context, conn *pgx.Conn, m outboxschema.Mapping) error {
+	types, err := ColumnTypes(ctx, conn, m.Table)
+	if err != nil {
+		return err
+	}
+	if len(types) == 0 {
+		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s does not exist: create it, or fix the table's name (postgres.table or tables[].name)", m.Table))
+	}
+	if err := m.CheckTypes("", types); err != nil {
+		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s does not fit its column mapping: %w", m.Table, err))
+	}
+	return nil
+}
+
 // markPrivileges are what the dead-letter and halt marks (deadletter.Store:
 // UPDATE ... SET the bookkeeping columns WHERE id = $1) need on the outbox
 // table, table-wide or per column.
@@ -312,19 +369,24 @@ func checkMarkPrivileges(ctx context.Context, conn *pgx.Conn, t outboxschema.Tab
 // up as of each change it decodes, so the first change before the new
 // publication fails the stream for ever.
 func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExists bool, confirmed pglogrepl.LSN) error {
-	t, _ := outboxschema.ParseTable(cfg.Table) // validated with the config
+	tables := cfg.Tables()
+	var quoted []string
+	for _, x := range tables {
+		quoted = append(quoted, x.Quoted())
+	}
+	list := strings.Join(quoted, ", ")
 	var pubInsert, created bool
 	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_publication WHERE pubname = $1", cfg.Publication).Scan(&pubInsert)
 	if errors.Is(err, pgx.ErrNoRows) && slotExists {
 		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not exist, but slot %q does (confirmed up to %s): PostgreSQL decodes each change with the publications that existed when it was written, so a publication created now cannot cover the changes already in the slot and streaming would fail on the first of them. Recreate the publication (CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')), skip the gap with SELECT pg_replication_slot_advance('%s', pg_current_wal_lsn()), then republish the outbox rows created since the publication was dropped (consumers deduplicate on event_id); or drop the slot and run outbox-relay migrate",
-			cfg.Publication, cfg.Slot, confirmed, outboxschema.QuoteIdent(cfg.Publication), t.Quoted(), cfg.Slot))
+			cfg.Publication, cfg.Slot, confirmed, outboxschema.QuoteIdent(cfg.Publication), list, cfg.Slot))
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if !cfg.CreatePublication {
 			return fault.Fatal.Wrap(fmt.Errorf("publication %q does not exist and postgres.create_publication is false: run `outbox-relay migrate`, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-				cfg.Publication, outboxschema.QuoteIdent(cfg.Publication), t.Quoted()))
+				cfg.Publication, outboxschema.QuoteIdent(cfg.Publication), list))
 		}
-		_, err = conn.Exec(ctx, CreatePublicationSQL(cfg.Publication, cfg.Table))
+		_, err = conn.Exec(ctx, PublicationSQL(cfg.Publication, tables))
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
 			err = nil
@@ -339,6 +401,17 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 	if !pubInsert {
 		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, outboxschema.QuoteIdent(cfg.Publication)))
 	}
+	for _, t := range tables {
+		if err := checkPublishedTable(ctx, conn, cfg, t, slotExists, created, confirmed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPublishedTable checks that the publication streams table t's
+// inserts under t's own name.
+func checkPublishedTable(ctx context.Context, conn *pgx.Conn, cfg Config, t outboxschema.Table, slotExists, created bool, confirmed pglogrepl.LSN) error {
 	// A partitioned outbox must be published through its root: otherwise
 	// its inserts are streamed under the partitions' names, which the
 	// relay does not read, and the slot would pass them silently.
@@ -368,7 +441,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 		return fmt.Errorf("read tables of publication %q: %w", cfg.Publication, err)
 	}
 	if n == 0 {
-		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, cfg.Table,
+		return fault.Fatal.Wrap(fmt.Errorf("publication %q does not include %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, t,
 			outboxschema.QuoteIdent(cfg.Publication), t.Quoted()))
 	}
 	return nil
@@ -378,8 +451,18 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, slotExis
 // publication for the outbox table.
 func CreatePublicationSQL(publication, table string) string {
 	t, _ := outboxschema.ParseTable(table) // validated with the config
+	return PublicationSQL(publication, []outboxschema.Table{t})
+}
+
+// PublicationSQL is the statement that creates the insert-only publication
+// for the outbox tables.
+func PublicationSQL(publication string, tables []outboxschema.Table) string {
+	quoted := make([]string, len(tables))
+	for i, t := range tables {
+		quoted[i] = t.Quoted()
+	}
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-		outboxschema.QuoteIdent(publication), t.Quoted())
+		outboxschema.QuoteIdent(publication), strings.Join(quoted, ", "))
 }
 
 // failoverVersion is the first server_version_num with failover slots.

@@ -86,9 +86,13 @@ type Stream struct {
 	Fence Fence
 	// Messages asks pgoutput for Messages (the relay's heartbeats) on a
 	// server that has the option (PostgreSQL 14+); set before Run.
-	Messages  bool
-	oldWarned bool            // the server is too old for Messages; said once
-	warned    map[string]bool // the failover warnings (SlotInfo.Warnings) logged so far
+	Messages bool
+	// MessagePrefix is messages.prefix (message events, the table-less
+	// outbox); "" when off. Set, it needs Messages and a server with them:
+	// on an older one the session is refused as fatal. Set before Run.
+	MessagePrefix string
+	oldWarned     bool            // the server is too old for Messages; said once
+	warned        map[string]bool // the failover warnings (SlotInfo.Warnings) logged so far
 }
 
 // Fence is what the stream needs from leader election.
@@ -244,6 +248,10 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		s.metrics.streaming.Set(1)
 	} else {
 		s.metrics.streaming.Set(0)
+	}
+	if err := checkMessageEvents(s.MessagePrefix, version); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
 	}
 	if !ok && !s.oldWarned {
 		s.oldWarned = true

@@ -118,7 +118,16 @@ func NewRouter(tmpl Template, maxTopics int, allow Allowlist, deadLetter string)
 // is "" then), ErrTopicNotAllowed or ErrTopicLimit (topic is the name it
 // was refused, for the dead letter), and says which key to change.
 func (r *Router) Route(aggregateType, eventType string) (topic string, err error) {
-	topic, err = r.tmpl.Render(aggregateType, eventType)
+	return r.RouteWith(r.tmpl, aggregateType, eventType)
+}
+
+// Template returns the Router's own template.
+func (r *Router) Template() Template { return r.tmpl }
+
+// RouteWith is Route with another template (the event's table's), under
+// the same allowlist and topic limit.
+func (r *Router) RouteWith(tmpl Template, aggregateType, eventType string) (topic string, err error) {
+	topic, err = tmpl.Render(aggregateType, eventType)
 	if err != nil {
 		return "", &routeError{kind: ErrInvalidTopic, msg: err.Error()}
 	}

@@ -13,7 +13,7 @@ type Template struct {
 
 type part struct {
 	lit string
-	ref int // 0 literal, 1 aggregate_type, 2 event_type
+	ref int // 0 literal, 1 aggregate_type, 2 event_type, 3 schema, 4 table
 }
 
 // ParseTemplate parses a topic template such as "outbox.event.{aggregate_type}".
@@ -41,20 +41,44 @@ func ParseTemplate(s string) (Template, error) {
 			t.parts = append(t.parts, part{ref: 1})
 		case "event_type":
 			t.parts = append(t.parts, part{ref: 2})
+		case "schema":
+			t.parts = append(t.parts, part{ref: 3})
+		case "table":
+			t.parts = append(t.parts, part{ref: 4})
 		default:
-			return Template{}, fmt.Errorf("%q uses unknown placeholder {%s}; known: {aggregate_type}, {event_type}", s, name)
+			return Template{}, fmt.Errorf("%q uses unknown placeholder {%s}; known: {aggregate_type}, {event_type}, {schema}, {table}", s, name)
 		}
 		rest = rest[i+j+1:]
 	}
+	return t.finish()
+}
+
+// finish merges adjacent literals, notes whether the template is fixed and
+// checks that it can render a valid name.
+func (t Template) finish() (Template, error) {
+	var parts []part
+	for _, p := range t.parts {
+		if n := len(parts); p.ref == 0 && n > 0 && parts[n-1].ref == 0 {
+			parts[n-1].lit += p.lit
+			continue
+		}
+		parts = append(parts, p)
+	}
+	t.parts = parts
 	t.fixed = true
 	for _, p := range t.parts {
 		t.fixed = t.fixed && p.ref == 0
 	}
 	// Render with harmless values so bad literal parts fail at start, not
 	// at the first event.
-	check := func() error { _, err := t.Render("x", "x"); return err }
+	check := func() error { _, err := t.render("x", "x", "x", "x"); return err }
 	if t.fixed {
-		check = func() error { return ValidTopic(s) }
+		check = func() error {
+			if len(t.parts) == 0 {
+				return ValidTopic("")
+			}
+			return ValidTopic(t.parts[0].lit)
+		}
 	}
 	if err := check(); err != nil {
 		return Template{}, err
@@ -62,9 +86,31 @@ func ParseTemplate(s string) (Template, error) {
 	return t, nil
 }
 
+// ForTable returns the template with {schema} and {table} replaced by the
+// outbox table's names, once at start: rendering an event then costs what
+// it cost before. An error says which name makes the topic invalid.
+func (t Template) ForTable(schema, table string) (Template, error) {
+	out := Template{parts: make([]part, 0, len(t.parts))}
+	for _, p := range t.parts {
+		switch p.ref {
+		case 3:
+			p = part{lit: schema}
+		case 4:
+			p = part{lit: table}
+		}
+		out.parts = append(out.parts, p)
+	}
+	return out.finish()
+}
+
 // Render returns the topic for one event, or an error naming the value that
 // makes the name invalid for Kafka.
+// {schema} and {table} not replaced by ForTable render as "".
 func (t Template) Render(aggregateType, eventType string) (string, error) {
+	return t.render(aggregateType, eventType, "", "")
+}
+
+func (t Template) render(aggregateType, eventType, schema, table string) (string, error) {
 	if t.fixed {
 		return t.parts[0].lit, nil
 	}
@@ -77,6 +123,10 @@ func (t Template) Render(aggregateType, eventType string) (string, error) {
 			b.WriteString(aggregateType)
 		case 2:
 			b.WriteString(eventType)
+		case 3:
+			b.WriteString(schema)
+		case 4:
+			b.WriteString(table)
 		}
 	}
 	topic := b.String()

@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,7 +88,12 @@ func Evaluate(f Facts) Report {
 	default:
 		cs = append(cs, leaderCheck(f.Leader, t, migrate))
 		cs = append(cs, slotChecks(f, t, migrate)...)
-		cs = append(cs, deliveryChecks(f, t, migrate)...)
+		if f.Mapped {
+			cs = append(cs, Check{Name: "delivery", Verdict: OK,
+				Value: "not checked: the outbox tables are read through a column mapping (compat, columns or tables) and have no delivery horizon, dead-letter columns or created_at; see slot.lag_bytes and the relay's outbox_relay_lag_seconds"})
+		} else {
+			cs = append(cs, deliveryChecks(f, t, migrate)...)
+		}
 	}
 	r := Report{Verdict: OK, Checks: cs, Facts: f}
 	for _, c := range cs {
@@ -193,7 +199,9 @@ func slotChecks(f Facts, t outboxschema.Table, migrate func(string, int) string)
 		}
 		cs = append(cs, lb)
 	}
-	cs = append(cs, lagSecondsCheck(f, migrate))
+	if !f.Mapped {
+		cs = append(cs, lagSecondsCheck(f, migrate))
+	}
 	rc := Check{Name: "slot.registry"}
 	switch {
 	case s.RegistryMissing:
@@ -224,7 +232,9 @@ func lagSecondsCheck(f Facts, migrate func(string, int) string) Check {
 	default:
 		lag := time.Duration(*d.LagSecondsBound * float64(time.Second))
 		c.Value = "<= " + secs(*d.LagSecondsBound) + " (" + res + ")"
-		waiting := d.Undelivered == nil || *d.Undelivered > 0
+		// Message events are in no table: with them, no row count can say
+		// that nothing waits.
+		waiting := d.Undelivered == nil || *d.Undelivered > 0 || f.MessagesPrefix != ""
 		switch {
 		case lag <= LagSecondsOK:
 			c.Verdict = OK
@@ -271,6 +281,9 @@ func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) str
 			u.Verdict, u.Do = Warn, "they wait longer than the 30 s alert: see slot.lag_seconds"
 		default:
 			u.Verdict, u.Value = OK, u.Value+"; in flight"
+		}
+		if f.MessagesPrefix != "" {
+			u.Value += "; message events (messages.prefix " + strconv.Quote(f.MessagesPrefix) + ") are in no table and not counted: see slot.lag_bytes and slot.lag_seconds"
 		}
 	}
 	cs = append(cs, u)

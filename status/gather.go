@@ -38,20 +38,31 @@ type Options struct {
 	ScanTimeout time.Duration
 	// EventID > 0 asks only "is row EventID delivered?".
 	EventID int64
+	// MessagesPrefix is messages.prefix ("" when off): message events are
+	// in no table, so the row counts do not see them.
+	MessagesPrefix string
+	// Mapped: the relay reads its tables through a column mapping
+	// (compat, columns, tables): they have no delivery horizon, dead-letter
+	// columns or created_at, so only the leader and the slot are read.
+	Mapped bool
 }
 
 // Facts are the raw readings; JSON field names are stable (README).
 type Facts struct {
-	At        time.Time       `json:"at"` // the server's clock; every age is against it
-	Table     string          `json:"table"`
-	Slot      string          `json:"slot"`
-	Leader    *LeaderFacts    `json:"leader,omitempty"`
-	SlotInfo  *SlotFacts      `json:"replication_slot,omitempty"`
-	Delivery  *DeliveryFacts  `json:"delivery,omitempty"`
-	DLQ       *DLQFacts       `json:"dlq,omitempty"`
-	Oldest    *OldestFacts    `json:"oldest_row,omitempty"`
-	Retention *RetentionFacts `json:"retention,omitempty"`
-	Event     *EventFacts     `json:"event,omitempty"`
+	At    time.Time `json:"at"` // the server's clock; every age is against it
+	Table string    `json:"table"`
+	Slot  string    `json:"slot"`
+	// MessagesPrefix is messages.prefix when set: undelivered and
+	// oldest_row count outbox rows only, never message events.
+	MessagesPrefix string          `json:"messages_prefix,omitempty"`
+	Mapped         bool            `json:"mapped,omitempty"` // Options.Mapped: no delivery, DLQ, oldest row or retention facts
+	Leader         *LeaderFacts    `json:"leader,omitempty"`
+	SlotInfo       *SlotFacts      `json:"replication_slot,omitempty"`
+	Delivery       *DeliveryFacts  `json:"delivery,omitempty"`
+	DLQ            *DLQFacts       `json:"dlq,omitempty"`
+	Oldest         *OldestFacts    `json:"oldest_row,omitempty"`
+	Retention      *RetentionFacts `json:"retention,omitempty"`
+	Event          *EventFacts     `json:"event,omitempty"`
 	// ConnectError is set when PostgreSQL could not be reached (no secret
 	// in it: see Report's caller).
 	ConnectError string `json:"connect_error,omitempty"`
@@ -172,9 +183,15 @@ func Gather(ctx context.Context, q Querier, o Options) Facts {
 	if o.ScanTimeout <= 0 {
 		o.ScanTimeout = defaultScanTimout
 	}
-	f := Facts{Table: o.Table.String(), Slot: o.Slot}
+	f := Facts{Table: o.Table.String(), Slot: o.Slot, MessagesPrefix: o.MessagesPrefix}
 	if err := q.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&f.At); err != nil {
 		f.ConnectError = err.Error()
+		return f
+	}
+	if o.Mapped {
+		f.Mapped = true
+		f.Leader = gatherLeader(ctx, q, o, f.At)
+		f.SlotInfo = gatherSlot(ctx, q, o)
 		return f
 	}
 	h := retention.Horizon{Table: o.Table, Slot: o.Slot}

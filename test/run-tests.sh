@@ -21,7 +21,7 @@ go test -race -count=1 ./...
 start_services
 
 echo "== end-to-end tests (real PostgreSQL, real Kafka, real consumer)"
-if ! run_suite e2e "$PROGRESS" -timeout 20m -parallel 3 ./test/e2e/; then
+if ! run_suite e2e "$PROGRESS" -timeout 20m -parallel 4 ./test/e2e/; then
   echo "end-to-end tests failed (full log: $OUTBOX_TEST_RUN_DIR/e2e.log)"
   exit 1
 fi

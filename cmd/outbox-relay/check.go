@@ -44,8 +44,9 @@ func checkMain(args []string, getenv func(string) string, stdout, stderr io.Writ
 		PostgresURL: cfg.Postgres.URL, Table: tbl, Publication: cfg.Postgres.Publication, Slot: cfg.Postgres.Slot,
 		CreatePublication: cfg.Postgres.CreatePublication, LeaderEnabled: cfg.Leader.Enabled,
 		HeartbeatInterval: cfg.Heartbeat.Interval, RetentionKeep: cfg.Retention.Keep, RetentionArchive: cfg.Retention.Archive,
-		Kafka: cfg.Kafka, DeadLetterTopic: cfg.DeadLetter.Topic,
+		Kafka: cfg.Kafka, DeadLetterTopic: cfg.DeadLetter.Topic, MessagesPrefix: cfg.Messages.Prefix, Mappings: cfg.Postgres.Mappings,
 	}
+
 	if grants != "" {
 		fmt.Fprint(stdout, preflight.Grants(o, grants))
 		return exitOK

@@ -73,6 +73,10 @@ func cleanupMain(args []string, getenv func(string) string, stdout, stderr io.Wr
 		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
 		return exitConfig
 	}
+	if why := cfg.ownTableOnly("cleanup"); why != "" {
+		fmt.Fprintln(stderr, why)
+		return exitConfig
+	}
 	log := newLogger(cfg.Log, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

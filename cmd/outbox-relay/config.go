@@ -136,7 +136,7 @@ var keys = []key{
 		}},
 	{"kafka.client_id", "OUTBOX_RELAY_KAFKA_CLIENT_ID", "kafka-client-id", "Kafka client id",
 		str(func(c *Config) *string { return &c.Kafka.ClientID })},
-	{"kafka.topic_template", "OUTBOX_RELAY_TOPIC_TEMPLATE", "topic-template", "topic per event: {aggregate_type} and {event_type} are replaced; no placeholder = fixed topic",
+	{"kafka.topic_template", "OUTBOX_RELAY_TOPIC_TEMPLATE", "topic-template", "topic per event: {aggregate_type}, {event_type}, {schema} and {table} are replaced; no placeholder = fixed topic",
 		str(func(c *Config) *string { return &c.Kafka.TopicTemplate })},
 	{"kafka.auto_create_topics", "OUTBOX_RELAY_KAFKA_AUTO_CREATE_TOPICS", "kafka-auto-create-topics", "let the relay create a missing topic (needs the broker's auto.create.topics.enable); off: create topics beforehand",
 		boolean(func(c *Config) *bool { return &c.Kafka.AutoCreateTopics })},
@@ -227,6 +227,8 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Leader.InstanceID })},
 	{"heartbeat.interval", "OUTBOX_RELAY_HEARTBEAT_INTERVAL", "heartbeat-interval", "how often the leader writes a heartbeat through the slot to time outbox_relay_lag_seconds (0 = off)",
 		dur(func(c *Config) *time.Duration { return &c.Heartbeat.Interval })},
+	{"messages.prefix", "OUTBOX_RELAY_MESSAGES_PREFIX", "messages-prefix", "publish transactional pg_logical_emit_message messages with exactly this prefix as events (table-less outbox, PostgreSQL 14+; empty = off)",
+		str(func(c *Config) *string { return &c.Messages.Prefix })},
 	{"retention.keep", "OUTBOX_RELAY_RETENTION_KEEP", "retention-keep", "delete delivered rows older than this (0 = keep rows for ever)",
 		dur(func(c *Config) *time.Duration { return &c.Retention.Keep })},
 	{"retention.interval", "OUTBOX_RELAY_RETENTION_INTERVAL", "retention-interval", "how often the leader deletes delivered rows older than retention.keep",
@@ -247,6 +249,30 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.ShutdownTimeout })},
 	{"max_unacked_age", "OUTBOX_RELAY_MAX_UNACKED_AGE", "max-unacked-age", "not ready (/readyz 503) while the oldest event sent to Kafka waits longer than this for its ack",
 		dur(func(c *Config) *time.Duration { return &c.MaxUnackedAge })},
+	{"compat", "OUTBOX_RELAY_COMPAT", "compat", `debezium: read Debezium's outbox table (id, aggregatetype, aggregateid, type, payload) and write what its EventRouter writes; "" = this relay's own table and records`,
+		str(func(c *Config) *string { return &c.Compat })},
+	{"columns.id", "OUTBOX_RELAY_COLUMNS_ID", "columns-id", "event id column: bigint, uuid or text (Debezium table.field.event.id; default id)",
+		str(func(c *Config) *string { return &c.Columns.ID })},
+	{"columns.key", "OUTBOX_RELAY_COLUMNS_KEY", "columns-key", "record key column, any type (table.field.event.key; default aggregate_id, with compat aggregateid)",
+		str(func(c *Config) *string { return &c.Columns.Key })},
+	{"columns.type", "OUTBOX_RELAY_COLUMNS_TYPE", "columns-type", "event type column or none (table.field.event.type; default event_type, with compat type)",
+		str(func(c *Config) *string { return &c.Columns.Type })},
+	{"columns.payload", "OUTBOX_RELAY_COLUMNS_PAYLOAD", "columns-payload", "record value column: jsonb, json, text or bytea, published byte for byte (table.field.event.payload; default payload)",
+		str(func(c *Config) *string { return &c.Columns.Payload })},
+	{"columns.route_by", "OUTBOX_RELAY_COLUMNS_ROUTE_BY", "columns-route-by", "column whose value is {aggregate_type} in the topic template, or none (route.by.field; default aggregate_type, with compat aggregatetype)",
+		str(func(c *Config) *string { return &c.Columns.RouteBy })},
+	{"columns.headers", "OUTBOX_RELAY_COLUMNS_HEADERS", "columns-headers", "JSON object column whose keys become headers, or none (default headers, with compat none)",
+		str(func(c *Config) *string { return &c.Columns.Headers })},
+	{"columns.additional", "OUTBOX_RELAY_COLUMNS_ADDITIONAL", "columns-additional", "comma-separated column:header[:name] placed as headers (table.fields.additional.placement)",
+		func(c *Config, v string) error {
+			c.Columns.Additional = nil
+			for _, e := range strings.Split(v, ",") {
+				if e = strings.TrimSpace(e); e != "" {
+					c.Columns.Additional = append(c.Columns.Additional, e)
+				}
+			}
+			return nil
+		}},
 }
 
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).
@@ -401,7 +427,22 @@ func loadConfig(name string, args []string, getenv func(string) string, extra ..
 	if err := errors.Join(append(errs, c.Validate())...); err != nil {
 		return Config{}, err
 	}
+	obs, _ := c.Outboxes() // valid: Validate resolved them
+	c.Postgres.Mappings = relay.Mappings(obs)
 	return c, nil
+}
+
+// ownTableOnly refuses a command that reads or writes the relay's own
+// bookkeeping columns (dlq, replay, cleanup) when the config reads another
+// table, or reads it another way (compat, columns, tables): "" when the
+// command may run, else why not, naming the keys.
+func (c Config) ownTableOnly(cmd string) string {
+	if c.Postgres.Mappings == nil {
+		return ""
+	}
+	return fmt.Sprintf("outbox-relay %s works only on the relay's own outbox table (postgres.table with the default columns): "+
+		"it needs its bookkeeping columns (dead_lettered_at, published_at, created_at) and its BIGINT id, which a table read through compat, columns or tables does not have. "+
+		"Dead letters of such a table are in the dead-letter topic only; see docs/configuration.md#column-mapping", cmd)
 }
 
 // yamlKeyAtLine returns a func that maps a yaml.v3 error message

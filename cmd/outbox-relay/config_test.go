@@ -329,6 +329,7 @@ var invalidCases = []struct {
 	{key: "leader.poll_interval", env: []string{"1ms", "x"}, flag: []string{"2m"}, file: []any{"0s"}},
 	{key: "leader.instance_id", env: []string{"a\tb"}, flag: []string{strings.Repeat("x", 129)}, file: []any{"line\nbreak"}},
 	{key: "heartbeat.interval", env: []string{"50ms", "often"}, flag: []string{"-1s", "2m"}, file: []any{"1ns", 5}},
+	{key: "messages.prefix", env: []string{"outbox-relay/outbox_relay", "outbox-relay"}, flag: []string{"outbox-relay/other_slot", "a\x00b"}, file: []any{"tab\there", []string{"x"}}},
 	{key: "pprof", env: []string{"on"}, flag: []string{"2"}, file: []any{"enabled"}},
 	{key: "metrics_addr", env: []string{"9187"}, flag: []string{"localhost"}, file: []any{"metrics", []string{":1"}}},
 	{key: "log.level", env: []string{"loud", "INFO"}, flag: []string{""}, file: []any{"verbose"}},
@@ -341,6 +342,15 @@ var invalidCases = []struct {
 	{key: "exactly_once.checkpoint_topic", env: []string{"check points"}, flag: []string{"", "a/b"}, file: []any{"..", []string{"x"}}},
 	{key: "exactly_once.transaction_timeout", env: []string{"500ms", "long"}, flag: []string{"16m"}, file: []any{"0s", 60}},
 	{key: "exactly_once.transactional_id", env: []string{"a b"}, flag: []string{strings.Repeat("x", 201)}, file: []any{"line\nbreak"}},
+	{key: "compat", env: []string{"DEBEZIUM", "kafka-connect"}, flag: []string{"dbz"}, file: []any{"yes", []string{"debezium"}}},
+	{key: "columns.id", env: []string{strings.Repeat("i", 64)}, flag: []string{strings.Repeat("i", 64)}, file: []any{[]string{"id"}}},
+	{key: "columns.key", env: []string{strings.Repeat("k", 64)}, flag: []string{strings.Repeat("k", 64)}, file: []any{[]string{"k"}}},
+	{key: "columns.type", env: []string{strings.Repeat("t", 64)}, flag: []string{strings.Repeat("t", 64)}, file: []any{[]string{"t"}}},
+	{key: "columns.payload", env: []string{strings.Repeat("p", 64)}, flag: []string{strings.Repeat("p", 64)}, file: []any{[]string{"p"}}},
+	{key: "columns.route_by", env: []string{strings.Repeat("r", 64)}, flag: []string{strings.Repeat("r", 64)}, file: []any{[]string{"r"}}},
+	{key: "columns.headers", env: []string{strings.Repeat("h", 64)}, flag: []string{strings.Repeat("h", 64)}, file: []any{[]string{"h"}}},
+	{key: "columns.additional", env: []string{"type:envelope", "type", "type:header:event_id"}, flag: []string{"a:partition", "a:header:DLQ.x", "a:header:x,b:header:X"},
+		file: []any{[]string{"a:b:c:d"}, "type:header:"}},
 }
 
 // onlyKey fails unless err exists and every line of it is about key.

@@ -54,6 +54,10 @@ func dlqMain(args []string, getenv func(string) string, stdout, stderr io.Writer
 		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
 		return exitConfig
 	}
+	if why := cfg.ownTableOnly("dlq"); why != "" {
+		fmt.Fprintln(stderr, why)
+		return exitConfig
+	}
 	if sub != "list" && id <= 0 {
 		fmt.Fprintf(stderr, "dlq %s: --id is required: the outbox row id, from `outbox-relay dlq list`\n", sub)
 		return exitConfig

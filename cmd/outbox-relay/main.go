@@ -147,6 +147,24 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 		return exitFatal
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if cfg.Postgres.Mappings != nil {
+		// compat, columns or tables: the outbox tables are the user's and
+		// stay as they are; only the relay's helper tables (beside
+		// postgres.table), the publication and the slot are created.
+		if err := migrations.ApplyHelpers(ctx, conn, migrations.Names{Schema: tbl.Schema, Table: tbl.Name, Publication: cfg.Postgres.Publication}); err != nil {
+			log.Error().Err(err).Msg("migrate failed")
+			return exitFatal
+		}
+		conn.Close(context.WithoutCancel(ctx))
+		info, err := replication.Prepare(ctx, cfg.Postgres, true)
+		if err != nil {
+			log.Error().Err(err).Msg("migrate: outbox tables, slot and publication check failed")
+			return exitFatal
+		}
+		log.Info().Str("slot", cfg.Postgres.Slot).Bool("slot_created", info.Created).Str("lsn", info.ConfirmedFlush.String()).
+			Msg("migrate done: mapped outbox tables left as they are; helper tables, publication and slot ready")
+		return exitOK
+	}
 	// Before migration 0001 (CREATE TABLE IF NOT EXISTS): a missing outbox
 	// is created partitioned when postgres.partition asks for it.
 	created, err := retention.CreatePartitionedOutbox(ctx, conn, tbl, cfg.Postgres.Partition, log)

@@ -28,6 +28,10 @@ func replayMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 		fmt.Fprintf(stderr, "replay: invalid arguments or configuration:\n%v\nusage: %s\n", indent(err), replay.Usage)
 		return exitConfig
 	}
+	if why := cfg.ownTableOnly("replay"); why != "" {
+		fmt.Fprintln(stderr, why)
+		return exitConfig
+	}
 	log := newLogger(cfg.Log, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

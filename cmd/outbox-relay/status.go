@@ -55,7 +55,11 @@ func statusMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 	opts := status.Options{
 		Table: tbl, Slot: cfg.Postgres.Slot, EventID: id,
 		LeaderEnabled: cfg.Leader.Enabled, LeaseTTL: cfg.Leader.LeaseTTL,
-		Keep: retentionKeep(cfg),
+		Keep: retentionKeep(cfg), MessagesPrefix: cfg.Messages.Prefix, Mapped: cfg.Postgres.Mappings != nil,
+	}
+	if opts.Mapped && id > 0 {
+		fmt.Fprintln(stderr, cfg.ownTableOnly("status --id"))
+		return exitConfig
 	}
 	var facts status.Facts
 	conn, err := replication.Connect(ctx, cfg.Postgres.URL)

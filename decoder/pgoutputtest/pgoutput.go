@@ -194,3 +194,37 @@ func Streamed(xid uint32, msg []byte) []byte {
 	b := append([]byte{msg[0]}, be.AppendUint32(nil, xid)...)
 	return append(b, msg[1:]...)
 }
+
+// TypedCol is a column of RelationTyped: its name and type oid.
+type TypedCol struct {
+	Name string
+	OID  uint32
+}
+
+// Type oids for RelationTyped.
+const (
+	OIDBytea = 17
+	OIDInt8  = 20
+	OIDInt4  = 23
+	OIDText  = 25
+	OIDJSON  = 114
+	OIDUUID  = 2950
+	OIDJSONB = 3802
+)
+
+// RelationTyped announces a table whose columns have the given types.
+func RelationTyped(id uint32, ns, name string, cols ...TypedCol) []byte {
+	b := []byte{'R'}
+	b = be.AppendUint32(b, id)
+	b = cstr(b, ns)
+	b = cstr(b, name)
+	b = append(b, 'd')
+	b = be.AppendUint16(b, uint16(len(cols)))
+	for _, c := range cols {
+		b = append(b, 0)
+		b = cstr(b, c.Name)
+		b = be.AppendUint32(b, c.OID)
+		b = be.AppendUint32(b, 0xFFFFFFFF)
+	}
+	return b
+}

@@ -39,6 +39,7 @@ func TestKafkaDownAtStartIsWaitedFor(t *testing.T) {
 }
 
 func TestPostgresUnreachableAtStartIsRetried(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "pglate")
 	closed := freePort(t) // nothing listens there
 	r := e.launchRelay("--postgres-url", replaceHostPort(pgURL, closed), "--reconnect-max", "1s")

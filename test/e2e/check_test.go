@@ -79,6 +79,7 @@ func contains(ss []string, s string) bool {
 // a dedicated role given exactly the `--print-grants` block passes every
 // privilege check; without REPLICATION it fails naming ALTER ROLE.
 func TestCheck(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "check")
 	r, out := e.runCheck(t, "")
 	noFailures(t, r)
@@ -144,6 +145,7 @@ func TestCheck(t *testing.T) {
 // A missing publication with postgres.create_publication off fails naming
 // the CREATE PUBLICATION to run.
 func TestCheckMissingPublication(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "checkpub")
 	mustExec(t, e, "SELECT pg_drop_replication_slot($1)", e.Slot)
 	mustExec(t, e, "DELETE FROM "+e.Schema+".outbox_relay_slots WHERE slot_name = $1", e.Slot)
@@ -197,6 +199,7 @@ func TestCheckWalLevelReplica(t *testing.T) {
 // A healthy start and a clean stop log no warning, and durations carry
 // their unit.
 func TestHealthyStartNoWarning(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "nowarn")
 	r := e.startRelay()
 	e.insertRow(t, "order", "o-1", "created", `{"n":1}`, `{}`)

@@ -7,6 +7,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -78,6 +79,7 @@ type env struct {
 	name  string
 	extra []string // extra relay env
 	url   string   // the relay's postgres.url: the services' pgURL unless newEnvAt says
+	args  []string // the relay's config flags instead of flags()' (newMappedEnv)
 }
 
 // newEnv makes a test's private outbox and migrates it; configure, when
@@ -117,6 +119,9 @@ func newEnvAt(t *testing.T, name, url string, configure ...func(*testkit.Outbox)
 }
 
 func (e *env) flags() []string {
+	if e.args != nil {
+		return e.args
+	}
 	return []string{"--postgres-url", e.url, "--kafka-brokers", strings.Join(brokers, ","),
 		"--slot", e.Slot, "--publication", e.Pub, "--table", e.Table,
 		"--topic-template", e.Prefix + ".{aggregate_type}", "--log-format", "json",
@@ -295,6 +300,27 @@ func (e *env) slotLSN(t *testing.T) pglogrepl.LSN {
 	t.Helper()
 	l, err := e.Confirmed(context.Background())
 	return testkit.Must(t, l, err)
+}
+
+// haltedLSN is the WAL position of the event a halted relay stopped at, as
+// its HALTED log line names it. The slot must not be confirmed past it. A
+// WAL position read by the test before writing that event is no bound: a
+// heartbeat or another test's commit in between may be confirmed.
+func (r *relay) haltedLSN() pglogrepl.LSN {
+	r.t.Helper()
+	for _, line := range strings.Split(r.log(), "\n") {
+		if !strings.Contains(line, `"message":"HALTED`) {
+			continue
+		}
+		var rec struct{ LSN string }
+		if err := json.Unmarshal([]byte(line), &rec); err == nil && rec.LSN != "" {
+			if l, err := pglogrepl.ParseLSN(rec.LSN); err == nil {
+				return l
+			}
+		}
+	}
+	r.t.Fatalf("no HALTED log line with an lsn:\n%s", r.LogTail(3000))
+	return 0
 }
 
 func (e *env) currentLSN(t *testing.T) pglogrepl.LSN {

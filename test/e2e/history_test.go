@@ -20,6 +20,7 @@ import (
 // unit-tested in replication and exercised by a real promotion in
 // failover_test.go.
 func TestSlotBehindWatermarkIsTrusted(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "slotbehind")
 	ctx := context.Background()
 	older := e.Slot + "_older"

@@ -17,6 +17,7 @@ import (
 // its transaction, and a transaction open across samples holds the proof
 // back for every later row until it commits and is delivered.
 func TestDeliveryHorizonProvesOnlyDeliveredRows(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "horizon")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -66,6 +66,7 @@ func headerCount(m *sarama.ConsumerMessage, key string) int {
 // never reaches its topic, every record there carries exactly one event_id
 // and aggregate_id, every other event arrives, and the slot moves past it.
 func TestReservedHeadersAreDeadLettered(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "reserved")
 	ctx := context.Background()
 	dlq := e.Prefix + ".dlq"
@@ -174,6 +175,7 @@ func headerValue(m *sarama.ConsumerMessage, key string) string {
 // letter only while that fits. The relay never halts, the 100 rows after
 // them arrive, and the slot moves past all of them.
 func TestOversizedRowsNeverHalt(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "oversize")
 	ctx := context.Background()
 	dlq := e.Prefix + ".dlq"

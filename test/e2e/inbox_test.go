@@ -163,6 +163,7 @@ func again(r record) *sarama.ProducerMessage {
 // restart or rewind leaves): the inbox consumer reads every record and
 // applies each event exactly once, counting the duplicates it skipped.
 func TestInboxTopicWithDuplicatesAppliesEachEventOnce(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "inboxdup")
 	topic := e.Prefix + ".order"
 	if err := testkit.CreateTopics(brokers, 3, nil, topic); err != nil {
@@ -326,6 +327,7 @@ func TestInboxHelperProcess(t *testing.T) {
 // offsets were committed: the group redelivers those records, the next
 // consumer skips them as duplicates, and every event is applied once.
 func TestInboxKilledBetweenCommitAndOffsetCommit(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "inboxkill")
 	topic := e.Prefix + ".order"
 	if err := testkit.CreateTopics(brokers, 1, nil, topic); err != nil {
@@ -382,6 +384,7 @@ func TestInboxKilledBetweenCommitAndOffsetCommit(t *testing.T) {
 // (with its id recorded, nothing else applied); without OnGiveUp the
 // consumer stops at it, offset not marked.
 func TestInboxHandlerErrorRollsBackBoth(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "inboxerr")
 	topic := e.Prefix + ".order"
 	if err := testkit.CreateTopics(brokers, 1, nil, topic); err != nil {

@@ -121,6 +121,7 @@ func usedMetrics(t *testing.T) map[string][]string {
 // the dashboard use is exported by a running leader (a typo or a renamed
 // metric would make an alert silently never fire, a panel empty).
 func TestAlertAndDashboardMetricsAreExported(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	used := usedMetrics(t)
 	if len(used) < 20 {
 		t.Fatalf("found only %d metric names in deploy/alerts.yaml and deploy/grafana: %v", len(used), used)

@@ -31,6 +31,7 @@ func newEnvPub(t *testing.T, name string, pub func(suffix string) string) *env {
 // outboxpub (on PostgreSQL 15 the stream fails for ever; on 18 every change
 // is filtered while the slot advances).
 func TestPublicationNamesAreQuotedEndToEnd(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	for _, tt := range []struct {
 		name string
 		pub  func(string) string

@@ -24,6 +24,7 @@ import (
 // aggregate written before the failed one) is one the relay counted in
 // outbox_relay_reordered_events_total.
 func TestReturnedErrorRewindsInOrder(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "rewind")
 	topic := e.Prefix + ".order"
 	small := "2000"

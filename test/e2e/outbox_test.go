@@ -18,6 +18,7 @@ import (
 // from outbox.CopyThreshold events, COPY) and database/sql: a rollback
 // leaves nothing, a commit leaves every event in order with its headers.
 func TestOutboxWriteInCallersTransaction(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "outboxwrite")
 	ctx := outbox.WithTracestate(outbox.WithTraceparent(context.Background(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), "congo=t61rcWkgMzE")
 	w, err := outbox.NewWriter(outbox.WithTable(e.Table))

@@ -58,6 +58,7 @@ func (e *env) insertRow(t *testing.T, aggType, aggID any, eventType, payload, he
 // same topic) are all delivered in order, the slot moves on, and the
 // operator can list, replay and resolve with the CLI.
 func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "poison")
 	ctx := context.Background()
 	dlq := e.Prefix + ".dlq"
@@ -238,7 +239,6 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, "good events acked", func() bool { return r.metric("outbox_relay_events_published_total") >= 50 })
-	before := e.currentLSN(t)
 	id := e.insertRow(t, "order", "order-1", "order.updated", `{}`, `["not", "an", "object"]`)
 	if err := w.run(ctx, 30, 5, 10, 0, ""); err != nil {
 		t.Fatal(err)
@@ -257,8 +257,9 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 	if n := r.metric("outbox_relay_events_published_total"); n != 50 {
 		t.Errorf("%v events published, want 50: nothing after the poison event", n)
 	}
-	if c := e.slotLSN(t); c > before {
-		t.Fatalf("slot confirmed %s past the poison row (before %s)", c, before)
+	at := r.haltedLSN()
+	if c := e.slotLSN(t); c > at {
+		t.Fatalf("slot confirmed %s past the poison row at %s", c, at)
 	}
 	var attempts int
 	var lastErr string
@@ -275,8 +276,8 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 	if code := r.stop(syscall.SIGTERM, 15*time.Second); code != 0 {
 		t.Errorf("exit code %d after SIGTERM while halted, want 0", code)
 	}
-	if c := e.slotLSN(t); c > before {
-		t.Fatalf("slot confirmed %s past the poison row at shutdown (before %s)", c, before)
+	if c := e.slotLSN(t); c > at {
+		t.Fatalf("slot confirmed %s past the poison row at %s at shutdown", c, at)
 	}
 
 	r = e.startRelay("--dlq-topic", e.Prefix+".dlq")
@@ -288,18 +289,18 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 // When the dead letter itself cannot be written, the relay halts rather than
 // drop the event.
 func TestDeadLetterWriteFailureHalts(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "dlqfail")
 	dlq := e.Prefix + ".dlq"
 	createTopic(t, dlq, map[string]string{"max.message.bytes": "1500"})
 	r := e.startRelay("--dlq-topic", dlq)
-	before := e.currentLSN(t)
 	id := e.insertRow(t, "bad topic!", "order-1", "order.updated", `{"blob":"`+strings.Repeat("y", 3000)+`"}`, `{}`)
 	waitFor(t, 30*time.Second, "halt", func() bool { return r.metric("outbox_relay_halted") == 1 })
 	if code, body := r.get("/readyz"); code != 503 || !strings.Contains(body, "dead letter") {
 		t.Errorf("/readyz = %d %q, want 503 naming the dead-letter failure", code, body)
 	}
-	if c := e.slotLSN(t); c > before {
-		t.Fatalf("slot confirmed %s past the event whose dead letter failed (before %s)", c, before)
+	if c, at := e.slotLSN(t), r.haltedLSN(); c > at {
+		t.Fatalf("slot confirmed %s past the event at %s whose dead letter failed", c, at)
 	}
 	var lastErr string
 	waitFor(t, 10*time.Second, "row records the error", func() bool {

@@ -34,6 +34,7 @@ func requireClean(t *testing.T, rep report, allowDups bool) {
 // exactly once with every header; per aggregate the read order is commit
 // order, in the one partition murmur2(key) selects.
 func TestCleanRunExactlyOnceInOrder(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "clean")
 	r := e.startRelay()
 	w := e.newWriter(1)
@@ -76,6 +77,7 @@ func passwordOf(url string) string {
 
 // Property 3: SIGTERM mid-stream, restart: nothing lost, nothing duplicated.
 func TestSigtermRestartNoLossNoDuplicates(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "sigterm")
 	r := e.startRelay()
 	w := e.newWriter(3)
@@ -230,6 +232,7 @@ func TestBrokerDownSlotHoldsThenDelivers(t *testing.T) {
 // Property 6: an idle outbox while another table takes many writes: the
 // slot's confirmed_flush_lsn keeps advancing, so WAL is not pinned.
 func TestIdleOutboxSlotAdvances(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "idle")
 	ctx := context.Background()
 	if _, err := e.DB.Exec(ctx, "CREATE TABLE "+e.Schema+".busy (id bigserial primary key, note text)"); err != nil {
@@ -255,6 +258,7 @@ func TestIdleOutboxSlotAdvances(t *testing.T) {
 // are never published, and ALTER TABLE outbox ADD COLUMN during a run does
 // not break decoding.
 func TestOtherTablesIgnoredAndAlterTable(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "alter")
 	ctx := context.Background()
 	other := e.Schema + ".orders"
@@ -397,6 +401,7 @@ func TestPostgresRestartReconnects(t *testing.T) {
 // chunks: in-flight events never exceed the limit, and every event arrives
 // once, in order.
 func TestHugeTransactionBoundedInFlight(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "hugetxn")
 	r := e.startRelay("--max-inflight-events", "100")
 	w := e.newWriter(11)
@@ -480,6 +485,7 @@ func TestSilentReplicationConnectionIsReplaced(t *testing.T) {
 // Setups the relay must refuse, each with exit 1 and a message that names
 // the problem and the fix, instead of retrying forever or doing damage.
 func TestRefusesBadSetups(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	ctx := context.Background()
 	tests := []struct {
 		name    string
@@ -569,6 +575,7 @@ func TestRefusesBadSetups(t *testing.T) {
 // On a first start (no slot yet) a missing publication is created when
 // allowed, before the slot, and events flow.
 func TestMissingPublicationIsCreated(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "createpub")
 	e.freshStart(t)
 	r := e.startRelay()
@@ -601,6 +608,7 @@ func mustExec(t *testing.T, e *env, sql string, args ...any) {
 // would skip every event committed in between): the relay stops and says
 // how to recover.
 func TestSlotDroppedWhileRunningStops(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "slotdrop")
 	r := e.startRelay("--reconnect-min", "2s", "--reconnect-max", "3s")
 	w := e.newWriter(14)
@@ -638,6 +646,7 @@ func TestSlotDroppedWhileRunningStops(t *testing.T) {
 // every version the relay must stop with the recovery, the slot confirmed
 // no further than the first transaction written after the drop.
 func TestPublicationDroppedWhileRunningStops(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "pubdrop")
 	r := e.startRelay("--reconnect-min", "1s", "--reconnect-max", "2s")
 	w := e.newWriter(16)
@@ -679,6 +688,7 @@ func TestPublicationDroppedWhileRunningStops(t *testing.T) {
 // remembers it. After the operator clears the registry row, the relay starts
 // with a fresh slot.
 func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "slotgone")
 	r := e.startRelay()
 	w := e.newWriter(15)
@@ -710,6 +720,7 @@ func TestSlotDroppedWhileStoppedRefused(t *testing.T) {
 // listener (the consumer reads through the plain one); a wrong password
 // stops the relay with the keys to check, and the secret is never logged.
 func TestSASLScramAuthentication(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	sasl := svcs.Get("OUTBOX_TEST_KAFKA_SASL_BROKERS")
 	user, pass := svcs.Get("OUTBOX_TEST_KAFKA_SASL_USER"), svcs.Get("OUTBOX_TEST_KAFKA_SASL_PASSWORD")
 	if sasl == "" || user == "" || pass == "" {
@@ -744,6 +755,7 @@ func TestSASLScramAuthentication(t *testing.T) {
 // certificate against kafka.tls.ca_file; without the CA it stops and says
 // which key to set.
 func TestTLSProducer(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	tlsBrokers, ca := svcs.Get("OUTBOX_TEST_KAFKA_TLS_BROKERS"), svcs.Get("OUTBOX_TEST_KAFKA_TLS_CA_FILE")
 	if tlsBrokers == "" || ca == "" {
 		t.Fatal("OUTBOX_TEST_KAFKA_TLS_* not set: test/services.sh must start the TLS listener")
@@ -767,6 +779,7 @@ func TestTLSProducer(t *testing.T) {
 // migrate is idempotent: a second run applies nothing, the history records
 // each version once, and the objects it made exist.
 func TestMigrateIdempotent(t *testing.T) {
+	t.Parallel()              // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "migrate") // ran migrate once
 	out, err := exec.Command(relayBin, append([]string{"migrate"}, e.flags()...)...).CombinedOutput()
 	if err != nil {
@@ -804,6 +817,7 @@ func TestMigrateIdempotent(t *testing.T) {
 // by an older relay (over the SQL with names filled in) is accepted and
 // replaced by the file's.
 func TestMigrateChecksum(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	tests := []struct {
 		name     string
 		version  int

@@ -96,6 +96,7 @@ var (
 // recovery; following it (registry row, migrate, relay, the replay command
 // it names) puts every event in Kafka: duplicates allowed, none lost.
 func TestReplayAfterDroppedSlotDeliversEverything(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "replaydrop")
 	ctx := context.Background()
 	r := e.startRelay()
@@ -158,6 +159,7 @@ func TestReplayAfterDroppedSlotDeliversEverything(t *testing.T) {
 // for a poller) before migrate made the slot: the slot never streams them,
 // replay delivers them, and nothing else.
 func TestReplayAdoptsRowsOlderThanTheSlot(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	var old *testkit.Writer
 	var poisonID int64
 	aggType := func(a int) string {
@@ -233,6 +235,7 @@ func TestReplayAdoptsRowsOlderThanTheSlot(t *testing.T) {
 // type, up to an id) into the normal topics while the relay runs. Exactly
 // the selected rows arrive, once each, in id order per key.
 func TestReplayFeedsNewConsumerSelection(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "replayfeed")
 	ctx := context.Background()
 	r := e.startRelay()

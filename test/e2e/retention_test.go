@@ -133,6 +133,7 @@ func TestRetentionDeletesOnlyDeliveredRows(t *testing.T) {
 // until published_at is set (replay); cleanup --dry-run says why they
 // stay, and refuses while paused or with keep 0.
 func TestRetentionPausesAndRespectsTheFloor(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "retpause")
 	r := e.startRelay("--retention-keep", "1h")
 	ctx := context.Background()

@@ -53,6 +53,7 @@ func statusCheck(t *testing.T, r status.Report, name string) status.Check {
 // the horizon, a dropped slot and a missing migration each get their
 // verdict and the command that fixes them.
 func TestStatus(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "status")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

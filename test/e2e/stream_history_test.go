@@ -56,6 +56,7 @@ func (p *progress) Advanced() <-chan struct{}   { return nil }
 // One server cannot change its identity, so the earlier identity is made
 // up; a real promotion is in failover_test.go.
 func TestStreamResumesFromSlotOnChangedHistory(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "history")
 	ctx := context.Background()
 	cfg := replication.DefaultConfig()

@@ -20,6 +20,7 @@ import (
 // past all of them, and the relay stays within bounds, even with topic
 // auto-creation on.
 func TestTopicLimitBoundsWhatWritersCreate(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	const (
 		types    = 5000
 		maxTopic = 20
@@ -120,6 +121,7 @@ func TestTopicLimitBoundsWhatWritersCreate(t *testing.T) {
 // already has keeps flowing meanwhile; one it has not seen yet waits
 // behind the missing topic's metadata retries.)
 func TestMissingTopicIsNotCreatedByTheRelay(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "nocreate")
 	present, missing := e.Prefix+".order", e.Prefix+".missing"
 	if err := testkit.CreateTopics(brokers, 1, nil, present, e.Prefix+".dlq"); err != nil {

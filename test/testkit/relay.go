@@ -3,6 +3,7 @@ package testkit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -140,14 +141,29 @@ func (r *Relay) ReadyStatus() int {
 	return code
 }
 
-// WaitReady polls /readyz until it answers 200; it fails at once if the
-// relay exits.
+// WaitReady polls /readyz until it answers 200 in a settled role: the
+// leader streaming, or a standby of another instance's lease. A relay that
+// has its lease connection but has not yet taken the free lease is a ready
+// standby for a moment; a test that writes then would race the slot's
+// creation. It fails at once if the relay exits.
 func (r *Relay) WaitReady(d time.Duration) error {
 	return Poll(d, 20*time.Millisecond, func() (bool, error) {
 		if err := r.Exited(); err != nil {
 			return false, fmt.Errorf("waiting for /readyz: %w", err)
 		}
-		return r.ReadyStatus() == http.StatusOK, nil
+		code, body, _ := r.Get(context.Background(), "/readyz")
+		if code != http.StatusOK {
+			return false, nil
+		}
+		if !strings.HasPrefix(string(body), "standby") {
+			return true, nil
+		}
+		_, role, _ := r.Get(context.Background(), "/role")
+		var st struct{ Instance, Holder string }
+		if json.Unmarshal(role, &st) != nil {
+			return false, nil
+		}
+		return st.Holder != "" && st.Holder != st.Instance, nil
 	})
 }
 
