@@ -33,8 +33,10 @@ matrix: build
 
 # The long fault-injection suite (docs/chaos.md): 100k events per scenario
 # under relay and broker kills, broker pauses, PostgreSQL restarts, network
-# cuts and SIGTERM restarts; prints the table (also in
-# test/.run/chaos-table.md). Fails on any loss, order or partition violation.
+# cuts, SIGTERM restarts and leader takeovers, every scenario in both
+# delivery modes; prints the tables (also in test/.run/chaos-table.md).
+# Fails on any loss, order or partition violation, and in exactly-once mode
+# on any duplicate or partial PostgreSQL transaction visible.
 chaos: build
 	bash test/run-chaos.sh
 
@@ -58,7 +60,8 @@ unit:
 	$(GO) test -race -count=1 $(PKGS)
 
 # Benchmarks, not part of `make test` (bench/README.md): backlog drain against
-# pg_recvlogical, steady-state latency and relay profiles, on a private
+# pg_recvlogical, steady-state latency and relay profiles, the exactly-once
+# relay next to the at-least-once one (OUTBOX_BENCH_DELIVERY), on a private
 # PostgreSQL + Kafka (test/services.sh with run dir BENCH_RUN_DIR); writes
 # bench/results/. OUTBOX_BENCH_SCALE=small for a quick run, OUTBOX_BENCH_RELAY
 # to use another relay binary (default: ./cmd/outbox-relay built here).

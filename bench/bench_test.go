@@ -85,7 +85,8 @@ func TestReportAndPlots(t *testing.T) {
 		for rep := 1; rep <= 3; rep++ {
 			d.Runs = append(d.Runs,
 				drainRun{Tool: "pg_recvlogical", Rep: rep, Seconds: 0.02, EventsPerS: 50000 + float64(rep)*1000, Walsender: 0.01, ToolCPU: 0.01, Broker: math.NaN()},
-				drainRun{Tool: "relay", Rep: rep, Seconds: 0.025, AckSeconds: 0.02, EventsPerS: 40000 + float64(rep)*2000, ToolCPU: 0.01, Walsender: 0.01, Broker: 0.02, PeakRSS: 40 << 20, Records: 1000})
+				drainRun{Tool: "relay", Rep: rep, Seconds: 0.025, AckSeconds: 0.02, EventsPerS: 40000 + float64(rep)*2000, ToolCPU: 0.01, Walsender: 0.01, Broker: 0.02, PeakRSS: 40 << 20, Records: 1000},
+				drainRun{Tool: "relay_eos", Rep: rep, Seconds: 0.03, AckSeconds: 0.03, EventsPerS: 36000 + float64(rep)*1800, ToolCPU: 0.012, Walsender: 0.01, Broker: 0.03, PeakRSS: 44 << 20, Records: 1010})
 		}
 		res.Drains = append(res.Drains, d)
 	}
@@ -104,6 +105,12 @@ func TestReportAndPlots(t *testing.T) {
 		}
 		res.Latency.Phases = append(res.Latency.Phases, p)
 	}
+	res.LatencyEOS = &latencyRun{EOS: true}
+	for _, p := range res.Latency.Phases[:2] {
+		e := *p
+		e.ConsQ = []float64{60, 90, 120, 150, 200}
+		res.LatencyEOS.Phases = append(res.LatencyEOS.Phases, &e)
+	}
 	res.First = &firstPublish{AutoCreate: true, WallMs: []float64{120, 80, 2600, 95, 110}, StampMs: []float64{118, 79, 2598, 94, 108}}
 	dir := t.TempDir()
 	if err := plotDrain(res, filepath.Join(dir, "d.png")); err != nil {
@@ -115,7 +122,10 @@ func TestReportAndPlots(t *testing.T) {
 	md := res.markdown("x")
 	for _, want := range []string{"| Drain, 100 rows/txn: relay >= 0.8x pg_recvlogical | 0.85x (min 0.82x, max 0.87x) | met |", "x-drain.png", "x-latency.png", "**relay not sustained**", "> 60 s",
 		"| First event to a new topic at a consumer <= 500 ms (info) | 110 ms median (min 80 ms, max 2600 ms), before COMMIT -> consumer | met |",
-		"| wall: before COMMIT -> consumer | 80 ms | 110 ms | 2600 ms |"} {
+		"| wall: before COMMIT -> consumer | 80 ms | 110 ms | 2600 ms |",
+		"| Drain, 100 rows/txn: exactly-once >= 0.85x at-least-once | 0.90x (min 0.90x, max 0.90x) | met |",
+		"| **ratio exactly-once / at-least-once** | 0.90x | 0.90x | 0.90x |",
+		"| 1000 | 1000 | 1000 | 2.5 ms | 60.0 ms | 11.0 ms | 120.0 ms | 2.0 ms / 9.0 ms | 2.0 ms / 9.0 ms | ok |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -15,7 +15,7 @@ import (
 
 // drainRun is one drain of the backlog by one tool.
 type drainRun struct {
-	Tool       string // "pg_recvlogical" or "relay"
+	Tool       string // "pg_recvlogical", "relay" or "relay_eos" (delivery: exactly_once)
 	Rep        int
 	Order      int // 1 = drained first in its repeat
 	Slot       string
@@ -70,24 +70,47 @@ func (s *drainShape) ratios() []float64 {
 	return out
 }
 
+// eosRatios are relay exactly-once / relay at-least-once events/s, per
+// repeat (side by side on the same backlog).
+func (s *drainShape) eosRatios() []float64 {
+	alo := map[int]float64{}
+	for _, r := range s.runs("relay") {
+		alo[r.Rep] = r.EventsPerS
+	}
+	var out []float64
+	for _, r := range s.runs("relay_eos") {
+		if v, ok := alo[r.Rep]; ok && v > 0 {
+			out = append(out, r.EventsPerS/v)
+		}
+	}
+	return out
+}
+
 // runDrain measures one shape: create every slot it needs, then insert the
 // backlog once, then drain it with pg_recvlogical and the relay, alternately
 // first, `repeats` times, each from a fresh slot made before the backlog.
 func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 	sh := &drainShape{PerTxn: perTxn, Events: b.sc.DrainEvents}
 	profile := b.profile && perTxn == b.profileShape
-	type slotPair struct{ rec, rel string }
+	type slotPair struct{ rec, rel, eos string } // eos: "" when exactly-once is not measured
 	var slots []slotPair
 	for rep := 1; rep <= b.sc.Repeats; rep++ {
-		slots = append(slots, slotPair{
+		sp := slotPair{
 			rec: fmt.Sprintf("%s_d%d_r%d_recv", b.pg.schema, perTxn, rep),
 			rel: fmt.Sprintf("%s_d%d_r%d_relay", b.pg.schema, perTxn, rep),
-		})
+		}
+		if b.eos {
+			sp.eos = fmt.Sprintf("%s_d%d_r%d_eos", b.pg.schema, perTxn, rep)
+		}
+		slots = append(slots, sp)
 	}
 	profSlot := fmt.Sprintf("%s_d%d_prof", b.pg.schema, perTxn)
 	var all []string
 	for _, s := range slots {
 		all = append(all, s.rec, s.rel)
+		if s.eos != "" {
+			all = append(all, s.eos)
+		}
 	}
 	if profile {
 		all = append(all, profSlot)
@@ -133,6 +156,9 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 			for _, s := range slots[i:] {
 				b.pg.dropSlot(ctx, s.rec)
 				b.pg.dropSlot(ctx, s.rel)
+				if s.eos != "" {
+					b.pg.dropSlot(ctx, s.eos)
+				}
 			}
 			break
 		}
@@ -142,11 +168,23 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 		if !recFirst {
 			order = []string{"relay", "pg_recvlogical"}
 		}
+		if s.eos != "" {
+			// Exactly-once next to at-least-once: first in one repeat in
+			// three, else after them (the first reader warms the caches).
+			order = append(order, "relay_eos")
+			if rep%3 == 0 {
+				order = append([]string{"relay_eos"}, order[:2]...)
+			}
+		}
 		for j, tool := range order {
 			var r drainRun
-			if tool == "pg_recvlogical" {
+			switch tool {
+			case "pg_recvlogical":
 				r = b.drainRecvlogical(ctx, s.rec, end, sh.Events)
-			} else {
+			case "relay_eos":
+				r = b.drainRelay(ctx, s.eos, end, sh.Events, fmt.Sprintf("d%dr%deos", perTxn, rep), nil, "--delivery", "exactly_once")
+				r.Tool = "relay_eos"
+			default:
 				r = b.drainRelay(ctx, s.rel, end, sh.Events, fmt.Sprintf("d%dr%d", perTxn, rep), nil)
 			}
 			r.Rep, r.Order = rep, j+1
@@ -159,6 +197,9 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 		}
 		b.pg.dropSlot(ctx, s.rec)
 		b.pg.dropSlot(ctx, s.rel)
+		if s.eos != "" {
+			b.pg.dropSlot(ctx, s.eos)
+		}
 		repDur = time.Since(repStart)
 	}
 	if profile {
@@ -191,7 +232,7 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 
 func extraRun(r drainRun) string {
 	s := ""
-	if r.Tool == "relay" {
+	if strings.HasPrefix(r.Tool, "relay") {
 		s += fmt.Sprintf(", all acked at %.2fs, CPU %.2fs, HWM %.0f MiB", r.AckSeconds, r.ToolCPU, float64(r.PeakRSS)/(1<<20))
 	}
 	if !math.IsNaN(r.Walsender) {
@@ -301,8 +342,9 @@ type profileResult struct {
 
 // drainRelay runs the relay from the slot until its confirmed_flush_lsn
 // reaches end and Kafka acked every event. With prof set, the relay runs with
-// --pprof and its CPU and allocation profiles are fetched meanwhile.
-func (b *bench) drainRelay(ctx context.Context, slot string, end int64, events int, tag string, prof *profileResult) drainRun {
+// --pprof and its CPU and allocation profiles are fetched meanwhile; flags
+// go to the relay (--delivery exactly_once).
+func (b *bench) drainRelay(ctx context.Context, slot string, end int64, events int, tag string, prof *profileResult, flags ...string) drainRun {
 	r := drainRun{Tool: "relay", Slot: slot, Walsender: math.NaN(), ToolCPU: math.NaN(), Broker: math.NaN()}
 	prefix := b.topicPrefix + tag
 	topic := prefix + ".order"
@@ -311,7 +353,7 @@ func (b *bench) drainRelay(ctx context.Context, slot string, end int64, events i
 		return r
 	}
 	defer b.kafka.deleteTopic(topic)
-	var extra []string
+	extra := flags
 	if prof != nil {
 		extra = append(extra, "--pprof")
 	}

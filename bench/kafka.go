@@ -110,14 +110,14 @@ type latencyConsumer struct {
 	lat []float64 // milliseconds
 }
 
-func (k *kafka) consume(topic string) (*latencyConsumer, error) {
+func (k *kafka) consume(topic string, opts ...testkit.ReadOption) (*latencyConsumer, error) {
 	lc := &latencyConsumer{}
 	c, err := testkit.Consume(k.brokers, []string{topic}, 30*time.Second, func(m *sarama.ConsumerMessage) {
 		ms := float64(time.Since(m.Timestamp)) / float64(time.Millisecond)
 		lc.mu.Lock()
 		lc.lat = append(lc.lat, ms)
 		lc.mu.Unlock()
-	})
+	}, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -148,4 +148,32 @@ func (lc *latencyConsumer) close() []float64 {
 	defer lc.mu.Unlock()
 	slices.Sort(lc.lat)
 	return lc.lat
+}
+
+// warmTransactions prepares the broker for exactly-once relays before any is
+// measured: the first transactional producer on a fresh cluster waits (about
+// 10 s here) while the broker creates its __transaction_state topic, and the
+// first exactly-once relay creates the checkpoint topic. Both are one-time
+// costs of the cluster, not of a drain, so a throwaway transactional
+// producer initialises once, and the checkpoint topic is made as the relay
+// would make it (1 partition, compacted).
+func (k *kafka) warmTransactions(id string) error {
+	compact := "compact"
+	if err := testkit.CreateTopics(k.brokers, 1, map[string]*string{"cleanup.policy": &compact}, testkit.CheckpointTopic); err != nil {
+		return err
+	}
+	cfg := saramaCfg()
+	cfg.Producer.Idempotent = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Transaction.ID = id
+	cfg.Producer.Transaction.Timeout = 10 * time.Second
+	cfg.Net.MaxOpenRequests = 1
+	var err error
+	for start := time.Now(); time.Since(start) < time.Minute; time.Sleep(500 * time.Millisecond) {
+		var p sarama.AsyncProducer
+		if p, err = sarama.NewAsyncProducer(k.brokers, cfg); err == nil { // InitProducerId
+			return p.Close()
+		}
+	}
+	return fmt.Errorf("transactional producer warm-up: %w", err)
 }

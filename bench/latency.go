@@ -96,22 +96,40 @@ func rateName(r int) string {
 	return fmt.Sprintf("%d/s", r)
 }
 
+// eosRates are the offered rates of the exactly-once latency run (issue 14:
+// commit-to-visible at 1k and 5k events/s), those of the scale's rates.
+var eosRates = []int{1000, 5000}
+
 // latencyRun is the steady-state part: one relay, phases in increasing rate.
 type latencyRun struct {
+	EOS     bool // delivery: exactly_once, read_committed consumers
 	Phases  []*latPhase
 	PeakRSS int64 // VmHWM of the relay at the end
 	Err     string
 }
 
-func (b *bench) runLatency(ctx context.Context) *latencyRun {
-	out := &latencyRun{}
-	slot := b.pg.schema + "_lat"
+// runLatency measures the scale's rates with an at-least-once relay, or,
+// with eos, the eosRates among them with an exactly-once relay
+// (--delivery exactly_once) and read_committed consumers: commit to visible.
+func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
+	out := &latencyRun{EOS: eos}
+	slot, name, base, rates := b.pg.schema+"_lat", "latency", "lat", b.sc.Rates
+	var flags []string
+	if eos {
+		slot, name, base, rates = b.pg.schema+"_lateos", "latency-eos", "lateos", nil
+		flags = []string{"--delivery", "exactly_once"}
+		for _, r := range b.sc.Rates {
+			if slices.Contains(eosRates, r) {
+				rates = append(rates, r)
+			}
+		}
+	}
 	if _, err := b.pg.createSlot(ctx, slot); err != nil {
 		out.Err = err.Error()
 		return out
 	}
 	defer b.pg.dropSlot(ctx, slot)
-	rp, err := b.startRelay("latency", slot, b.topicPrefix+"lat.{aggregate_type}")
+	rp, err := b.startRelay(name, slot, b.topicPrefix+base+".{aggregate_type}", flags...)
 	if err != nil {
 		out.Err = err.Error()
 		return out
@@ -121,19 +139,23 @@ func (b *bench) runLatency(ctx context.Context) *latencyRun {
 		out.Err = err.Error()
 		return out
 	}
-	for _, rate := range b.sc.Rates {
-		p := b.latencyPhase(ctx, rp, slot, rate)
+	mode := ""
+	if eos {
+		mode = " exactly-once"
+	}
+	for _, rate := range rates {
+		p := b.latencyPhase(ctx, rp, slot, rate, base, eos)
 		out.Phases = append(out.Phases, p)
 		if p.Err != "" {
-			logf("latency %-6s FAILED: %s", p.name(), p.Err)
+			logf("latency%s %-6s FAILED: %s", mode, p.name(), p.Err)
 			if err := rp.exited(); err != nil {
 				out.Err = err.Error()
 				return out
 			}
 			continue
 		}
-		logf("latency %-6s generated %6.0f ev/s, delivered %6.0f ev/s, ack p50 %s p99 %s p99.9 %s, consumer p99 %s, relay CPU %3.0f%%, RSS %3.0f MiB [%s]",
-			p.name(), p.achieved(), p.delivered(), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), msq(p.ConsQ[2]),
+		logf("latency%s %-6s generated %6.0f ev/s, delivered %6.0f ev/s, ack p50 %s p99 %s p99.9 %s, consumer p50 %s p99 %s, relay CPU %3.0f%%, RSS %3.0f MiB [%s]",
+			mode, p.name(), p.achieved(), p.delivered(), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), msq(p.ConsQ[0]), msq(p.ConsQ[2]),
 			100*share(p.RelayCPU, p.LoadS), float64(p.RelayRSSMax)/(1<<20), strings.ReplaceAll(phaseStatus(p), "*", ""))
 		if ctx.Err() != nil {
 			break
@@ -145,7 +167,7 @@ func (b *bench) runLatency(ctx context.Context) *latencyRun {
 	return out
 }
 
-func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, rate int) *latPhase {
+func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, rate int, base string, eos bool) *latPhase {
 	p := &latPhase{Rate: rate, CatchUpS: math.NaN()}
 	prefix := fmt.Sprintf("r%d", rate)
 	var topics []string
@@ -159,13 +181,17 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 		}
 	}()
 	for _, txn := range b.sc.LatencyShapes {
-		t := b.topicPrefix + "lat." + aggTypeFor(prefix, txn)
+		t := b.topicPrefix + base + "." + aggTypeFor(prefix, txn)
 		if err := b.kafka.createTopic(t); err != nil {
 			p.Err = err.Error()
 			return p
 		}
 		topics = append(topics, t)
-		lc, err := b.kafka.consume(t)
+		var opts []testkit.ReadOption
+		if eos {
+			opts = append(opts, testkit.ReadCommitted) // visible = committed in Kafka
+		}
+		lc, err := b.kafka.consume(t, opts...)
 		if err != nil {
 			p.Err = err.Error()
 			return p

@@ -16,7 +16,7 @@
 // It writes a dated markdown report, PNG figures and profile summaries to
 // bench/results/ and prints the targets with met/missed. See bench/README.md.
 //
-// Usage: outbox-bench [-env FILE] [-relay BIN] [-results DIR] [-scale full|small] [-budget 11m]
+// Usage: outbox-bench [-env FILE] [-relay BIN] [-results DIR] [-scale full|small] [-budget 15m]
 package main
 
 import (
@@ -116,6 +116,7 @@ type bench struct {
 	fillSessions int
 	profile      bool
 	profileShape int
+	eos          bool // measure delivery: exactly_once next to at_least_once
 	parts        map[string]bool
 	// drainDeadline: no drain repeat starts that would end after it (the
 	// run's time budget minus what the latency part needs).
@@ -162,7 +163,8 @@ func run() int {
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
 	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first; also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
-	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 11*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
+	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 15*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
+	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
 	flag.Parse()
 
@@ -187,6 +189,16 @@ func run() int {
 		b.parts[strings.TrimSpace(p)] = true
 	}
 	b.profile = b.parts["profile"] && b.parts["drain"]
+	for _, d := range strings.Split(*deliveryFlag, ",") {
+		switch strings.TrimSpace(d) {
+		case "exactly_once":
+			b.eos = true
+		case "at_least_once", "":
+		default:
+			logf("-delivery %q: use at_least_once and/or exactly_once, comma-separated", *deliveryFlag)
+			return 2
+		}
+	}
 	if b.self, err = os.Executable(); err != nil {
 		logf("%v", err)
 		return 2
@@ -256,11 +268,23 @@ func run() int {
 		logf("%v", err)
 		return 1
 	}
+	if b.eos {
+		t0 := time.Now()
+		if err := b.kafka.warmTransactions("outbox-bench-warmup-" + runID); err != nil {
+			logf("%v", err)
+			return 1
+		}
+		logf("broker ready for transactions (first InitProducerId, checkpoint topic) in %s", time.Since(t0).Round(10*time.Millisecond))
+	}
 
 	if *budget > 0 {
 		reserve := 30 * time.Second // setup, cleanup, report
 		if b.parts["latency"] {
-			reserve += time.Duration(len(sc.Rates)) * (sc.PhaseDur + 10*time.Second)
+			phases := len(sc.Rates)
+			if b.eos {
+				phases += len(eosRates)
+			}
+			reserve += time.Duration(phases) * (sc.PhaseDur + 10*time.Second)
 		}
 		if b.parts["first"] {
 			reserve += 30 * time.Second
@@ -283,9 +307,15 @@ func run() int {
 		}
 	}
 	if b.parts["latency"] && ctx.Err() == nil {
-		res.Latency = b.runLatency(ctx)
+		res.Latency = b.runLatency(ctx, false)
 		if res.Latency.Err != "" {
 			res.Errors = append(res.Errors, "latency: "+res.Latency.Err)
+		}
+		if b.eos && ctx.Err() == nil {
+			res.LatencyEOS = b.runLatency(ctx, true)
+			if res.LatencyEOS.Err != "" {
+				res.Errors = append(res.Errors, "latency exactly-once: "+res.LatencyEOS.Err)
+			}
 		}
 	}
 	if b.parts["first"] && ctx.Err() == nil {

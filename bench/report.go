@@ -22,10 +22,13 @@ type results struct {
 	Flags    []string
 	Drains   []*drainShape
 	Latency  *latencyRun
-	First    *firstPublish
-	Stream   *streamResult // the "stream" part
-	Binary   *binaryResult // the "binary" part
-	Errors   []string
+	// LatencyEOS: the same with delivery: exactly_once and read_committed
+	// consumers, at eosRates (nil: not measured).
+	LatencyEOS *latencyRun
+	First      *firstPublish
+	Stream     *streamResult // the "stream" part
+	Binary     *binaryResult // the "binary" part
+	Errors     []string
 }
 
 // target is one goal of the issue with its measured value.
@@ -54,11 +57,13 @@ func (r *results) drain(perTxn int) *drainShape {
 	return nil
 }
 
-func (r *results) phase(rate int) *latPhase {
-	if r.Latency == nil {
+func (r *results) phase(rate int) *latPhase { return phaseOf(r.Latency, rate) }
+
+func phaseOf(l *latencyRun, rate int) *latPhase {
+	if l == nil {
 		return nil
 	}
-	for _, p := range r.Latency.Phases {
+	for _, p := range l.Phases {
 		if p.Rate == rate && p.Err == "" {
 			return p
 		}
@@ -129,6 +134,15 @@ func (r *results) targets() []target {
 				m += " (relay not sustained)"
 			}
 			ts = append(ts, target{name, m, status(v <= g.limit, !math.IsNaN(v))})
+		} else {
+			ts = append(ts, target{name, "not measured", "n/a"})
+		}
+	}
+	{
+		name := "Drain, 100 rows/txn: exactly-once >= 0.85x at-least-once"
+		if d := r.drain(100); d != nil && len(d.eosRatios()) > 0 {
+			m := summarize(d.eosRatios())
+			ts = append(ts, target{name, fmt.Sprintf("%.2fx (min %.2fx, max %.2fx)", m.Med, m.Min, m.Max), status(m.Med >= 0.85, true)})
 		} else {
 			ts = append(ts, target{name, "not measured", "n/a"})
 		}
@@ -253,6 +267,12 @@ func (r *results) markdown(asset string) string {
 		row("relay events/s (to confirmed_flush_lsn)", get(rel, func(x drainRun) float64 { return x.EventsPerS }), f0)
 		row("relay events/s (to the last ack)", get(rel, func(x drainRun) float64 { return ev / x.AckSeconds }), f0)
 		row("**ratio relay / pg_recvlogical**", d.ratios(), func(v float64) string { return fmt.Sprintf("%.2fx", v) })
+		if eos := d.runs("relay_eos"); len(eos) > 0 {
+			row("relay exactly-once events/s (to confirmed_flush_lsn)", get(eos, func(x drainRun) float64 { return x.EventsPerS }), f0)
+			row("**ratio exactly-once / at-least-once**", d.eosRatios(), func(v float64) string { return fmt.Sprintf("%.2fx", v) })
+			row("relay exactly-once CPU, ms per 1k events", get(eos, func(x drainRun) float64 { return x.ToolCPU / ev * 1e6 }), f2)
+			row("relay exactly-once peak RSS (VmHWM), MiB", get(eos, func(x drainRun) float64 { return float64(x.PeakRSS) / mib }), func(v float64) string { return fmt.Sprintf("%.1f", v) })
+		}
 		row("relay CPU, ms per 1k events", get(rel, func(x drainRun) float64 { return x.ToolCPU / ev * 1e6 }), f2)
 		row("walsender CPU, ms per 1k events (pg_recvlogical)", get(rec, func(x drainRun) float64 { return x.Walsender / ev * 1e6 }), f2)
 		row("walsender CPU, ms per 1k events (relay)", get(rel, func(x drainRun) float64 { return x.Walsender / ev * 1e6 }), f2)
@@ -346,6 +366,30 @@ func (r *results) markdown(asset string) string {
 		}
 		w("\nRelay peak RSS over the whole latency run (VmHWM): %.1f MiB. The slot lag includes up to one status interval (1 s) of acked but not yet confirmed WAL.\n\n", float64(r.Latency.PeakRSS)/mib)
 		w("Status: *generator behind* = it committed < 95%% of the offered events or > 1%% of its transactions started > 10 ms after their slot (a limit of the generator and the database on this machine, not of the relay); *relay not sustained* = in the steady part of the phase (from 20%% of the schedule to its end) the relay acked < 95%% of the generated events/s, so its backlog (the slot lag) grew, or it never caught up after the load. *delivered* is that steady acked rate.\n\n")
+	}
+
+	if r.LatencyEOS != nil {
+		w("### Exactly-once next to at-least-once\n\n")
+		w("A second relay on its own slot with `--delivery exactly_once` (otherwise the same flags), at %s events/s with the same generator; its consumers read with `isolation.level=read_committed`, so *commit->visible* is receive time minus the commit time for records of committed Kafka transactions only. The at-least-once columns are the phases above.\n\n", joinInts(eosRates))
+		if r.LatencyEOS.Err != "" {
+			w("**Error:** %s\n\n", r.LatencyEOS.Err)
+		}
+		w("| offered events/s | at-least-once delivered | exactly-once delivered | commit->visible p50, at-least-once | exactly-once | p99, at-least-once | exactly-once | ack p50 / p99, at-least-once | exactly-once | status, exactly-once |\n")
+		w("|---:|---:|---:|---:|---:|---:|---:|---|---|---|\n")
+		for _, e := range r.LatencyEOS.Phases {
+			if e.Err != "" {
+				w("| %d | | | | | | | | | failed: %s |\n", e.Rate, e.Err)
+				continue
+			}
+			a := r.phase(e.Rate)
+			if a == nil {
+				a = &latPhase{SteadyDelivered: math.NaN(), ConsQ: []float64{math.NaN(), 0, math.NaN()}, AckQ: []float64{math.NaN(), 0, math.NaN()}}
+			}
+			w("| %d | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s | %s |\n", e.Rate, f0(a.delivered()), f0(e.delivered()),
+				msq(a.ConsQ[0]), msq(e.ConsQ[0]), msq(a.ConsQ[2]), msq(e.ConsQ[2]), fmtSec(a.AckQ[0]), fmtSec(a.AckQ[2]),
+				fmtSec(e.AckQ[0]), fmtSec(e.AckQ[2]), phaseStatus(e))
+		}
+		w("\n")
 	}
 
 	w("## 3. Profiles\n\n")

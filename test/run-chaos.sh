@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # run-chaos.sh: what `make chaos` runs. Starts ONE PostgreSQL and ONE Kafka,
 # runs the long fault-injection suite (test/chaos with OUTBOX_CHAOS=long,
-# docs/chaos.md), prints its table, stops the services. Any loss, order or
+# docs/chaos.md), every scenario in both delivery modes (at_least_once,
+# exactly_once), prints its tables, stops the services. Any loss, order or
 # partition violation, any failed assertion, or a service that cannot start
-# fails the run. OUTBOX_CHAOS_RELAY_BIN runs a prebuilt relay instead of a
+# fails the run, and so does any duplicate or partial PostgreSQL transaction
+# in exactly-once mode. OUTBOX_CHAOS_RELAY_BIN runs a prebuilt relay instead of a
 # -race build of ./cmd/outbox-relay.
 set -euo pipefail
 cd "$(dirname "$0")/.."

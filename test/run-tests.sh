@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-tests.sh: what `make test` runs. Checks the alert rules, runs the unit
 # tests, starts ONE PostgreSQL (15) and ONE Kafka, runs the end-to-end suite
-# and the short fault-injection (chaos) suite, then the end-to-end smoke
+# and the short fault-injection (chaos) suite (each scenario in one delivery
+# mode, at_least_once or exactly_once: docs/chaos.md), then the end-to-end smoke
 # subset on PostgreSQL 14, 16, 17 and 18 in turn against the same Kafka
 # (OUTBOX_PG_SMOKE_VERSIONS, test/lib.sh), stops the services. Any failure,
 # including a service, a PostgreSQL version or promtool that cannot start,

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/test/proxy"
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // scale sizes the suite: short in make test, long in make chaos.
@@ -32,15 +34,17 @@ type scale struct {
 	netRounds                 int           // rounds of blackhole, reset, refuse on each network path
 	longCut                   time.Duration // one more Kafka blackhole, past the producer's 30s read timeout (0: none)
 	sigterms                  int
+	leaderKills               int
 	rate                      int           // events/s the writer aims at at most: windows stretch to fit
 	deliver                   time.Duration // bound on the relay catching up at the end
 }
 
 var (
 	shortScale = scale{name: "short", events: 4000, aggregates: 300, relayKills: 3, pausedKills: 2, brokerKills: 1,
-		brokerPauses: 1, pgRestarts: 2, netRounds: 1, sigterms: 2, rate: 1000, deliver: 2 * time.Minute}
+		brokerPauses: 1, pgRestarts: 2, netRounds: 1, sigterms: 2, leaderKills: 1, rate: 1000, deliver: 2 * time.Minute}
 	longScale = scale{name: "long", events: 100_000, aggregates: 1000, relayKills: 12, pausedKills: 6, brokerKills: 3,
-		brokerPauses: 3, pgRestarts: 4, netRounds: 2, longCut: 40 * time.Second, sigterms: 5, rate: 2000, deliver: 10 * time.Minute}
+		brokerPauses: 3, pgRestarts: 4, netRounds: 2, longCut: 40 * time.Second, sigterms: 5, leaderKills: 6, rate: 2000,
+		deliver: 10 * time.Minute}
 )
 
 const (
@@ -51,9 +55,19 @@ const (
 	refuseFor        = 4 * time.Second
 )
 
+// delivery is the relay's delivery mode (OUTBOX_RELAY_DELIVERY) a scenario
+// runs in. Exactly-once consumers read with read_committed.
+type delivery string
+
+const (
+	atLeastOnce delivery = "at_least_once"
+	exactlyOnce delivery = "exactly_once"
+)
+
 // scenario is one fault type against its own outbox and workload.
 type scenario struct {
-	name    string // subtest, schema and topic name
+	name    string   // subtest, schema and topic name
+	short   delivery // the short scale runs it in this mode only ("": both)
 	faults  int
 	per     time.Duration // about how long one fault takes: paces the writer
 	prepare func(s *run)  // before the first relay starts: settings, proxies
@@ -63,45 +77,80 @@ type scenario struct {
 
 func scenarios() []scenario {
 	return []scenario{
+		// relay_kill9 runs in both modes even in the short run: the kills
+		// with the broker stopped are each mode's core proof.
 		{name: "relay_kill9", faults: sc.relayKills, per: 3 * time.Second, inject: killRelay, verify: verifyKills},
-		{name: "broker_kill9", faults: sc.brokerKills, per: 10 * time.Second, inject: killBroker},
-		{name: "broker_pause", faults: sc.brokerPauses, per: 8 * time.Second, prepare: func(s *run) {
+		{name: "broker_kill9", short: exactlyOnce, faults: sc.brokerKills, per: 10 * time.Second, inject: killBroker},
+		{name: "broker_pause", short: atLeastOnce, faults: sc.brokerPauses, per: 8 * time.Second, prepare: func(s *run) {
 			s.relayCfg = append(s.relayCfg,
 				"OUTBOX_RELAY_POSTGRES_URL="+withOption(pgURL, "wal_sender_timeout", walSenderTimeout.String()),
 				"OUTBOX_RELAY_MAX_INFLIGHT_EVENTS=200") // small: the loop blocks on backpressure during the pause
+			if s.mode == exactlyOnce { // a Kafka transaction fits the in-flight limit (and holds whole 50-event transactions)
+				s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_EXACTLY_ONCE_MAX_BATCH_EVENTS=100")
+			}
 		}, inject: pauseBroker},
-		{name: "pg_restart", faults: sc.pgRestarts, per: 3 * time.Second, inject: restartPostgres},
-		{name: "net_kafka", faults: len(kafkaCuts()), per: 5 * time.Second, prepare: func(s *run) {
+		{name: "pg_restart", short: atLeastOnce, faults: sc.pgRestarts, per: 3 * time.Second, inject: restartPostgres},
+		{name: "net_kafka", short: exactlyOnce, faults: len(kafkaCuts()), per: 5 * time.Second, prepare: func(s *run) {
 			s.proxy = newProxy(s.t, "127.0.0.1:"+proxyPort, proxyTo)
 			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_KAFKA_BROKERS="+s.proxy.Addr())
 		}, inject: func(s *run, i int) { cutNetwork(s, kafkaCuts()[i], false) }},
-		{name: "net_postgres", faults: len(pgCuts()), per: 6 * time.Second, prepare: func(s *run) {
+		{name: "net_postgres", short: atLeastOnce, faults: len(pgCuts()), per: 6 * time.Second, prepare: func(s *run) {
 			s.proxy = newProxy(s.t, "127.0.0.1:0", "127.0.0.1:"+pgPort)
 			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_POSTGRES_URL="+withHostPort(s.t, pgURL, s.proxy.Addr()),
 				"OUTBOX_RELAY_RECEIVE_TIMEOUT=5s")
 		}, inject: func(s *run, i int) { cutNetwork(s, pgCuts()[i], true) }},
-		{name: "sigterm", faults: sc.sigterms, per: 3 * time.Second, inject: sigtermRelay, verify: func(s *run, res result) {
+		{name: "sigterm", short: exactlyOnce, faults: sc.sigterms, per: 3 * time.Second, inject: sigtermRelay, verify: func(s *run, res result) {
 			perStop, _ := attribute(res, s.restarts)
 			s.note("duplicates per stop: %v", perStop)
 			if res.Duplicates != 0 {
 				s.t.Errorf("%d duplicates after SIGTERM restarts: a clean stop must republish nothing", res.Duplicates)
 			}
 		}},
+		{name: "leader_kill9", short: exactlyOnce, faults: sc.leaderKills, per: 5 * time.Second, prepare: func(s *run) {
+			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_LEADER_LEASE_TTL=3s", "OUTBOX_RELAY_LEADER_RENEW_INTERVAL=500ms",
+				"OUTBOX_RELAY_LEADER_POLL_INTERVAL=200ms")
+		}, inject: killLeader, verify: verifyTakeovers},
 	}
 }
 
-// TestChaos runs every scenario, then prints the table and writes it to
-// $OUTBOX_TEST_RUN_DIR/chaos-table.md.
+// runsIn: whether scn runs in mode. OUTBOX_CHAOS_DELIVERY picks the modes of
+// every scenario; without it the long scale runs each scenario in both and
+// the short one (make test) in its short mode only.
+func runsIn(scn scenario, mode delivery) bool {
+	switch {
+	case len(deliveries) > 0:
+		return slices.Contains(deliveries, mode)
+	case sc.name == "short" && scn.short != "":
+		return scn.short == mode
+	}
+	return true
+}
+
+// TestChaos runs every scenario in each delivery mode, then prints one table
+// per mode and writes them to $OUTBOX_TEST_RUN_DIR/chaos-table.md.
 func TestChaos(t *testing.T) {
-	var rows []row
-	for i, scn := range scenarios() {
-		t.Run(scn.name, func(t *testing.T) {
-			s := &run{t: t, sc: scn, count: map[string]*[2]int{}, net: map[string]*netStat{}}
-			defer func() { rows = append(rows, s.row(t.Failed())) }()
-			s.execute(uint64(time.Now().UnixNano()) + uint64(i))
+	rows := map[delivery][]row{}
+	modes := []delivery{atLeastOnce, exactlyOnce}
+	for m, mode := range modes {
+		t.Run(string(mode), func(t *testing.T) {
+			for i, scn := range scenarios() {
+				if !runsIn(scn, mode) {
+					continue
+				}
+				t.Run(scn.name, func(t *testing.T) {
+					s := &run{t: t, sc: scn, mode: mode, count: map[string]*[2]int{}, net: map[string]*netStat{}}
+					defer func() { rows[mode] = append(rows[mode], s.row(t.Failed())) }()
+					s.execute(uint64(time.Now().UnixNano()) + uint64(10*m+i))
+				})
+			}
 		})
 	}
-	md := table(rows)
+	var md string
+	for _, mode := range modes {
+		if len(rows[mode]) > 0 {
+			md += fmt.Sprintf("**%s** (%s scale)\n\n%s\n", mode, sc.name, table(rows[mode]))
+		}
+	}
 	fmt.Printf("\n%s\n", md)
 	path := filepath.Join(runDir, "chaos-table.md")
 	if err := os.WriteFile(path, []byte(md), 0o644); err != nil {
@@ -114,9 +163,11 @@ func TestChaos(t *testing.T) {
 type run struct {
 	t        *testing.T
 	sc       scenario
+	mode     delivery
 	e        *env
 	w        *writer
-	r        *relay   // the current relay process
+	r        *relay   // the current relay process (the leader)
+	standby  *relay   // leader_kill9: the relay waiting for the lease
 	relayCfg []string // relay settings beyond the base config
 	proxy    *proxy.Proxy
 
@@ -126,6 +177,9 @@ type run struct {
 	restarts []restart // relay restarts (kill -9, SIGTERM)
 	notes    []string
 	res      *result
+
+	readPoints int // reads while no relay ran (after a kill or SIGTERM)
+	partialMid int // partial PostgreSQL transactions seen at them
 }
 
 // restart is one relay death and restart.
@@ -137,7 +191,8 @@ type restart struct {
 func (s *run) execute(seed uint64) {
 	t := s.t
 	t.Logf("%s scale: %d events over %d aggregates, %d faults, seed %d", sc.name, sc.events, sc.aggregates, s.sc.faults, seed)
-	s.e = newEnv(t, s.sc.name)
+	t.Logf("delivery %s", s.mode)
+	s.e = newEnv(t, s.sc.name, s.mode)
 	defer s.logWarnings() // also after a failed assertion
 	if s.sc.prepare != nil {
 		s.sc.prepare(s)
@@ -149,10 +204,21 @@ func (s *run) execute(seed uint64) {
 	events, retries := s.w.snapshot()
 	t.Logf("workload and faults took %s; writer retried %d statements", time.Since(start).Round(time.Second), retries)
 	recs, parts := s.e.consume(t, sc.deliver)
-	res := check(events, recs, parts, s.e.Prefix)
+	res := check(s.mode, events, recs, parts, s.e.Prefix)
 	s.res = &res
-	t.Logf("written %d, delivered %d (%d records), lost %d, duplicates %d, order violations %d, wrong partition %d",
-		res.Written, res.Delivered, res.Records, res.Lost, res.Duplicates, res.OrderViolations, res.PartitionViolations)
+	t.Logf("written %d, delivered %d (%d records), lost %d, duplicates %d, order violations %d, wrong partition %d, "+
+		"partial transactions %d at the end and %d at %d read points",
+		res.Written, res.Delivered, res.Records, res.Lost, res.Duplicates, res.OrderViolations, res.PartitionViolations,
+		res.PartialTxns, s.partialMid, s.readPoints)
+	if s.mode == exactlyOnce {
+		if res.Duplicates != 0 {
+			t.Errorf("%d duplicates (event ids %v): exactly-once delivers each event once", res.Duplicates, firstN(res.DuplicateIDs, 10))
+		}
+		if res.PartialTxns+s.partialMid != 0 {
+			t.Errorf("partial PostgreSQL transactions visible to a read_committed consumer: %d at the end, %d at the %d read points",
+				res.PartialTxns, s.partialMid, s.readPoints)
+		}
+	}
 	s.r.alive()
 	if s.sc.verify != nil {
 		s.sc.verify(s, res)
@@ -308,6 +374,7 @@ func killRelay(s *run, i int) {
 		s.r.stop(syscall.SIGKILL, 10*time.Second)
 		s.relayGone()
 	}
+	s.readPoint()
 	s.r = s.e.startRelay(s.relayCfg...)
 }
 
@@ -565,8 +632,72 @@ func sigtermRelay(s *run, i int) {
 	} else {
 		s.note("stop %d (%s): slot at the final status update %s", i+1, took, final)
 	}
+	s.readPoint()
 	s.r = s.e.startRelay(s.relayCfg...)
 }
+
+// killLeader: kill -9 of the leader while a standby waits for the lease
+// (TTL 3 s); the standby must take over and stream, and the killed one comes
+// back as the next standby.
+func killLeader(s *run, i int) {
+	if s.standby == nil {
+		s.standby = s.e.startStandby(s.relayCfg...)
+	}
+	sleepJitter(time.Second)
+	s.fault("leader kill -9, standby takes over")
+	s.r.stop(syscall.SIGKILL, 10*time.Second)
+	killed := time.Now()
+	s.relayGone()
+	s.r, s.standby = s.standby, nil
+	s.e.waitStreaming(s.r, 90*time.Second, 0)
+	s.note("takeover %d: the standby streamed %s after the kill", i+1, time.Since(killed).Round(100*time.Millisecond))
+	s.standby = s.e.startStandby(s.relayCfg...)
+}
+
+// verifyTakeovers: as verifyKills, every duplicate explained by a takeover
+// (at-least-once resends only what the slot had not confirmed); the standby
+// left at the end stops cleanly.
+func verifyTakeovers(s *run, res result) {
+	perKill, unexplained := attribute(res, s.restarts)
+	s.note("duplicates per takeover: %v", perKill)
+	if unexplained > 0 {
+		s.t.Errorf("%d duplicates of events the slot had confirmed before every later takeover: only unconfirmed events may be resent", unexplained)
+	}
+	if s.standby != nil {
+		if code := s.standby.stop(syscall.SIGTERM, time.Minute); code != 0 {
+			s.t.Errorf("standby SIGTERM: exit code %d, want 0", code)
+		}
+	}
+}
+
+// readPoint reads every topic now, while no relay runs (after a kill or a
+// SIGTERM, before the next relay starts), and counts the writer's
+// PostgreSQL transactions visible in part or out of commit order
+// (testkit.PartialTxns). Exactly-once: a commit the killed relay sent just
+// before it died may still be writing its transaction markers, so a
+// transaction counts only if it is still partial 5 s later (nothing can
+// complete it then: no relay runs). At-least-once promises no such thing:
+// its figure is shown, not asserted.
+func (s *run) readPoint() {
+	partial := func() (int, []string) {
+		recs, _ := s.e.read(s.t)
+		return testkit.PartialTxns(s.w.Events(), recs) // events after the read: every visible one is in it
+	}
+	n, probs := partial()
+	if n > 0 && s.mode == exactlyOnce {
+		_ = testkit.Poll(5*time.Second, 500*time.Millisecond, func() (bool, error) {
+			n, probs = partial()
+			return n == 0, nil
+		})
+	}
+	s.readPoints++
+	s.partialMid += n
+	if n > 0 {
+		s.t.Logf("read point %d: %d partial transaction(s): %s", s.readPoints, n, strings.Join(probs, "; "))
+	}
+}
+
+func firstN[T any](xs []T, n int) []T { return xs[:min(n, len(xs))] }
 
 func newProxy(t *testing.T, listen, target string) *proxy.Proxy {
 	t.Helper()
@@ -622,14 +753,18 @@ type row struct {
 	scenario, faults   string
 	injected, inFlight int
 	res                *result
+	partialMid         int
 	notes              string
 	failed             bool
 }
 
 func (s *run) row(failed bool) row {
-	r := row{scenario: s.sc.name, res: s.res, failed: failed}
+	r := row{scenario: s.sc.name, res: s.res, partialMid: s.partialMid, failed: failed}
 	var fs []string
 	notes := s.notes
+	if s.readPoints > 0 {
+		notes = append(notes, fmt.Sprintf("partial transactions at %d read points with no relay running: %d", s.readPoints, s.partialMid))
+	}
 	for _, k := range s.kinds {
 		c := s.count[k]
 		r.injected += c[0]
@@ -648,13 +783,13 @@ func (s *run) row(failed bool) row {
 
 func table(rows []row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| scenario | faults | injected | in flight | written | delivered | lost | duplicates | order violations | wrong partition | result | notes |\n")
-	fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
+	fmt.Fprintf(&b, "| scenario | faults | injected | in flight | written | delivered | lost | duplicates | order violations | wrong partition | partial txns | result | notes |\n")
+	fmt.Fprintf(&b, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 	for _, r := range rows {
-		nums := "- | - | - | - | - | -"
+		nums := "- | - | - | - | - | - | -"
 		if r.res != nil {
-			nums = fmt.Sprintf("%d | %d | %d | %d | %d | %d", r.res.Written, r.res.Delivered, r.res.Lost, r.res.Duplicates,
-				r.res.OrderViolations, r.res.PartitionViolations)
+			nums = fmt.Sprintf("%d | %d | %d | %d | %d | %d | %d", r.res.Written, r.res.Delivered, r.res.Lost, r.res.Duplicates,
+				r.res.OrderViolations, r.res.PartitionViolations, r.res.PartialTxns+r.partialMid)
 		}
 		verdict := "pass"
 		if r.failed {

@@ -35,6 +35,7 @@ type env struct {
 	*testkit.Outbox
 	t     *testing.T
 	name  string
+	mode  delivery
 	other string // schema.orders: a non-outbox table in the same publication
 	logs  int    // relay logs started
 }
@@ -42,15 +43,19 @@ type env struct {
 // aggTypes route events to two topics (prefix.order, prefix.payment).
 var aggTypes = []string{"order", "payment"}
 
-func newEnv(t *testing.T, name string) *env {
+func newEnv(t *testing.T, name string, mode delivery) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	o, err := testkit.NewOutbox(ctx, svcs, "chaos", name)
+	id := name
+	if mode == exactlyOnce {
+		id = "eos_" + name
+	}
+	o, err := testkit.NewOutbox(ctx, svcs, "chaos", id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{Outbox: o, t: t, name: name, other: o.Schema + ".orders"}
+	e := &env{Outbox: o, t: t, name: name, mode: mode, other: o.Schema + ".orders"}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -119,7 +124,7 @@ type relay struct {
 
 // relayEnv is the base configuration; later entries override earlier ones.
 func (e *env) relayEnv(metrics string) []string {
-	return []string{
+	env := []string{
 		"OUTBOX_RELAY_POSTGRES_URL=" + pgURL,
 		"OUTBOX_RELAY_SLOT=" + e.Slot,
 		"OUTBOX_RELAY_PUBLICATION=" + e.Pub,
@@ -133,6 +138,13 @@ func (e *env) relayEnv(metrics string) []string {
 		// poison event would show up as an event in the wrong topic.
 		"OUTBOX_RELAY_DLQ_TOPIC=" + e.Prefix + ".dlq",
 	}
+	if e.mode == exactlyOnce {
+		// The checkpoint topic stays the default one (shared by the
+		// scenarios, keyed by each slot's transactional id): it is not under
+		// the prefix, so the delivery check never reads it.
+		env = append(env, "OUTBOX_RELAY_DELIVERY=exactly_once")
+	}
+	return env
 }
 
 // startRelay starts a relay with the base config plus extra KEY=value
@@ -156,6 +168,32 @@ func (e *env) startRelay(extra ...string) *relay {
 	r := &relay{Relay: tr, t: e.t}
 	e.t.Cleanup(r.Kill)
 	e.waitStreaming(r, 90*time.Second, 0)
+	return r
+}
+
+// startStandby starts a relay like startRelay while another one leads, and
+// waits until it answers as a standby.
+func (e *env) startStandby(extra ...string) *relay {
+	e.t.Helper()
+	addr, err := testkit.FreeAddr()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.logs++
+	tr, err := testkit.StartRelay(testkit.RelayConfig{
+		Bin: relayBin, Args: []string{"run"}, Metrics: addr,
+		DropEnv: "OUTBOX_RELAY_", Env: append(e.relayEnv(addr), extra...),
+		LogPath: filepath.Join(runDir, "chaos-relay-logs", fmt.Sprintf("%s-%d.log", e.Slot, e.logs)),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &relay{Relay: tr, t: e.t}
+	e.t.Cleanup(r.Kill)
+	waitFor(e.t, 90*time.Second, "the second relay to answer as a standby", func() bool {
+		r.alive()
+		return r.standby()
+	})
 	return r
 }
 
@@ -203,6 +241,14 @@ func (r *relay) ready() bool {
 	defer cancel()
 	code, body, err := r.Get(ctx, "/readyz")
 	return err == nil && code == 200 && !strings.HasPrefix(string(body), "standby")
+}
+
+// standby: /readyz says this process waits for the lease.
+func (r *relay) standby() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, body, err := r.Get(ctx, "/readyz")
+	return err == nil && strings.HasPrefix(string(body), "standby")
 }
 
 func (r *relay) metric(name string) float64 { return r.Metric(name) }
@@ -338,8 +384,9 @@ func (w *writer) last() pglogrepl.LSN      { return w.LastLSN() }
 // consume waits until the slot confirmed everything written before it was
 // called (bounded by d; a relay that is stuck is reported as loss, not
 // waited on forever), then reads every partition of every topic under the
-// env's prefix from the oldest offset to the high-water mark. The consumer
-// uses the broker's direct listener, never a proxy under test.
+// env's prefix from the oldest offset to the high-water mark (exactly-once:
+// read_committed, to the last stable offset). The consumer uses the
+// broker's direct listener, never a proxy under test.
 func (e *env) consume(t *testing.T, d time.Duration) ([]record, map[string]int) {
 	t.Helper()
 	if end, err := e.lsn("SELECT pg_current_wal_lsn()::text"); err != nil {
@@ -347,14 +394,26 @@ func (e *env) consume(t *testing.T, d time.Duration) ([]record, map[string]int) 
 	} else if err := e.WaitConfirmed(context.Background(), end, d); err != nil {
 		t.Errorf("the relay is stuck: %v", err)
 	}
-	recs, parts, err := testkit.ReadToEnd(brokers, e.Prefix+".", time.Minute)
+	return e.read(t)
+}
+
+// read reads every partition of every topic under the env's prefix to its
+// end now, as the mode's consumers do (exactly-once: read_committed).
+func (e *env) read(t *testing.T) ([]record, map[string]int) {
+	t.Helper()
+	var opts []testkit.ReadOption
+	if e.mode == exactlyOnce {
+		opts = append(opts, testkit.ReadCommitted)
+	}
+	recs, parts, err := testkit.ReadToEnd(brokers, e.Prefix+".", time.Minute, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return recs, parts
 }
 
-// check compares the records with the committed events (testkit.Check).
-func check(events []event, recs []record, partitions map[string]int, prefix string) result {
-	return testkit.Check(events, recs, partitions, prefix)
+// check compares the records with the committed events (testkit.CheckWith;
+// exactly-once: every duplicate and partial transaction is a problem).
+func check(mode delivery, events []event, recs []record, partitions map[string]int, prefix string) result {
+	return testkit.CheckWith(testkit.CheckOptions{ExactlyOnce: mode == exactlyOnce}, events, recs, partitions, prefix)
 }

@@ -10,6 +10,13 @@
 // events per scenario, more faults); the default is the short one that
 // `make test` runs. OUTBOX_CHAOS_RELAY_BIN runs a prebuilt relay instead of
 // building ../../cmd/outbox-relay with -race.
+//
+// Every scenario runs in both delivery modes (TestChaos/<mode>/<scenario>):
+// at_least_once, and exactly_once (OUTBOX_RELAY_DELIVERY=exactly_once,
+// read_committed consumers, 0 duplicates and 0 partial PostgreSQL
+// transactions asserted). The short scale runs each scenario in one mode
+// (scenario.short); OUTBOX_CHAOS_DELIVERY=at_least_once|exactly_once|both
+// overrides that for every scenario.
 package chaos
 
 import (
@@ -33,6 +40,9 @@ var (
 	relayBin  string
 	runDir    string // relay logs and the table go here
 	sc        scale
+	// OUTBOX_CHAOS_DELIVERY: the delivery modes every scenario runs in
+	// (empty: the scale's choice, runsIn).
+	deliveries []delivery
 )
 
 func TestMain(m *testing.M) {
@@ -55,6 +65,16 @@ func mainErr(m *testing.M) int {
 		sc = longScale
 	default:
 		fmt.Fprintf(os.Stderr, "FAIL: OUTBOX_CHAOS=%q: use short (default) or long\n", mode)
+		return 1
+	}
+	switch d := os.Getenv("OUTBOX_CHAOS_DELIVERY"); d {
+	case "":
+	case string(atLeastOnce), string(exactlyOnce):
+		deliveries = []delivery{delivery(d)}
+	case "both":
+		deliveries = []delivery{atLeastOnce, exactlyOnce}
+	default:
+		fmt.Fprintf(os.Stderr, "FAIL: OUTBOX_CHAOS_DELIVERY=%q: use at_least_once, exactly_once or both (default: both in long, split in short)\n", d)
 		return 1
 	}
 	tmp, err := os.MkdirTemp("", "outbox-relay-chaos")

@@ -20,6 +20,8 @@ type Report struct {
 	Duplicates          int                     // records beyond an event's first
 	OrderViolations     int                     // per aggregate, a seq read after a later one
 	PartitionViolations int                     // not in the partition murmur2(key) picks, or an aggregate over several
+	PartialTxns         int                     // writer transactions seen in part, or out of commit order (PartialTxns)
+	Checkpoints         int                     // records of the checkpoint topic, skipped: not events
 	DuplicateIDs        []int64                 // event id of each duplicate record
 	Extra               map[int64]int           // event id -> copies beyond the first
 	CommitLSN           map[int64]pglogrepl.LSN // pg_lsn header of each duplicated event
@@ -32,14 +34,38 @@ func (r *Report) problem(format string, a ...any) {
 	}
 }
 
+// CheckpointTopic is the relay's default exactly-once checkpoint topic
+// (exactly_once.checkpoint_topic). Its records are the relay's own
+// bookkeeping, never events: every check skips them.
+const CheckpointTopic = "outbox-relay.checkpoints"
+
+// CheckOptions select the stricter checks of exactly-once delivery.
+type CheckOptions struct {
+	// ExactlyOnce: every duplicate and every partial PostgreSQL
+	// transaction (PartialTxns) is a problem, not only counted.
+	ExactlyOnce bool
+	// SkipTopics are more topics whose records are not events (besides
+	// CheckpointTopic), e.g. a checkpoint topic configured under the prefix.
+	SkipTopics []string
+}
+
 // Check compares what a consumer read with what a Writer committed: every
 // event at least once (distinct event_id), in topic prefix+"."+type, keyed by
 // its aggregate, with the payload and every header the relay promises; the
 // first delivery of each aggregate's events in commit order, within the one
 // partition murmur2(key) picks of partitions[topic] (a topic missing from
-// partitions is a violation).
+// partitions is a violation). Duplicates and partial transactions are
+// counted; CheckWith with ExactlyOnce makes them problems.
 func Check(events []Event, recs []Record, partitions map[string]int, prefix string) Report {
-	rep := Report{Written: len(events), Records: len(recs), Extra: map[int64]int{}, CommitLSN: map[int64]pglogrepl.LSN{}}
+	return CheckWith(CheckOptions{}, events, recs, partitions, prefix)
+}
+
+// CheckWith is Check with options. Records of CheckpointTopic and of
+// opt.SkipTopics are counted in Checkpoints and otherwise ignored.
+func CheckWith(opt CheckOptions, events []Event, recs []Record, partitions map[string]int, prefix string) Report {
+	rep := Report{Written: len(events), Extra: map[int64]int{}, CommitLSN: map[int64]pglogrepl.LSN{}}
+	recs = skipCheckpoints(&rep, recs, opt.SkipTopics)
+	rep.Records = len(recs)
 	byID := make(map[int64]Event, len(events))
 	for _, ev := range events {
 		byID[ev.ID] = ev
@@ -63,6 +89,9 @@ func Check(events []Event, recs []Record, partitions map[string]int, prefix stri
 			rep.DuplicateIDs = append(rep.DuplicateIDs, id)
 			rep.Extra[id]++
 			rep.CommitLSN[id], _ = pglogrepl.ParseLSN(r.Headers["pg_lsn"])
+			if opt.ExactlyOnce {
+				rep.problem("event_id=%d (%s seq %d) delivered again at %s/%d@%d: exactly-once allows one copy", id, ev.Agg, ev.Seq, r.Topic, r.Partition, r.Offset)
+			}
 			continue
 		}
 		checkRecord(&rep, r, ev, prefix)
@@ -73,6 +102,13 @@ func Check(events []Event, recs []Record, partitions map[string]int, prefix stri
 		firsts[ev.Agg] = append(firsts[ev.Agg], first{r.Partition, r.Offset, ev.Seq})
 	}
 	rep.Delivered = len(seen)
+	var partial []string
+	rep.PartialTxns, partial = PartialTxns(events, recs)
+	if opt.ExactlyOnce {
+		for _, p := range partial {
+			rep.problem("%s", p)
+		}
+	}
 	for _, ev := range events {
 		if seen[ev.ID] == 0 {
 			rep.Lost++
@@ -93,6 +129,91 @@ func Check(events []Event, recs []Record, partitions map[string]int, prefix stri
 		}
 	}
 	return rep
+}
+
+func skipCheckpoints(rep *Report, recs []Record, more []string) []Record {
+	out := recs[:0:0]
+	for _, r := range recs {
+		if r.Topic == CheckpointTopic || slices.Contains(more, r.Topic) {
+			rep.Checkpoints++
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// PartialTxns finds the writer transactions (Event.Txn) that recs, read
+// at one read point, show in part: some but not all of the transaction's
+// events were read; or whose events interleave out of commit order: in a
+// partition, by offset, the first delivery of an event of transaction T
+// comes after one of a later transaction. It returns how many transactions
+// are affected (each counted once) and a description of the first 20.
+// Events without a transaction number (Txn 0) are not looked at.
+// Duplicates (an event's later copies) are not looked at: Check counts
+// them. Records of events not in events, and of the checkpoint topic,
+// are ignored, so recs may be read while the writer goes on.
+func PartialTxns(events []Event, recs []Record) (int, []string) {
+	size := map[int64]int{}
+	byID := make(map[int64]Event, len(events))
+	for _, ev := range events {
+		if ev.Txn != 0 { // 0: not written by a Writer, transaction unknown
+			byID[ev.ID] = ev
+			size[ev.Txn]++
+		}
+	}
+	type pos struct {
+		topic     string
+		partition int32
+	}
+	firsts := map[pos][]Record{}
+	seen := map[int64]bool{}
+	got := map[int64]int{} // txn -> distinct events read
+	for _, r := range recs {
+		id, err := strconv.ParseInt(r.Headers["event_id"], 10, 64)
+		ev, ok := byID[id]
+		if err != nil || !ok || r.Topic == CheckpointTopic || seen[id] {
+			continue
+		}
+		seen[id] = true
+		got[ev.Txn]++
+		firsts[pos{r.Topic, r.Partition}] = append(firsts[pos{r.Topic, r.Partition}], r)
+	}
+	bad := map[int64]string{}
+	for _, txn := range slices.Sorted(maps.Keys(got)) {
+		if got[txn] < size[txn] {
+			bad[txn] = fmt.Sprintf("PostgreSQL transaction %d visible in part: %d of its %d events read", txn, got[txn], size[txn])
+		}
+	}
+	ps := slices.SortedFunc(maps.Keys(firsts), func(a, b pos) int {
+		return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.partition, b.partition))
+	})
+	for _, p := range ps {
+		rs := firsts[p]
+		slices.SortFunc(rs, func(a, b Record) int { return cmp.Compare(a.Offset, b.Offset) })
+		var maxTxn int64
+		var maxAt int64
+		for _, r := range rs {
+			id, _ := strconv.ParseInt(r.Headers["event_id"], 10, 64)
+			txn := byID[id].Txn
+			if txn < maxTxn {
+				if _, dup := bad[txn]; !dup {
+					bad[txn] = fmt.Sprintf("PostgreSQL transaction %d out of commit order: event_id=%d at %s/%d@%d after transaction %d at offset %d",
+						txn, id, p.topic, p.partition, r.Offset, maxTxn, maxAt)
+				}
+			} else if txn > maxTxn {
+				maxTxn, maxAt = txn, r.Offset
+			}
+		}
+	}
+	var out []string
+	for _, txn := range slices.Sorted(maps.Keys(bad)) {
+		if len(out) == 20 {
+			break
+		}
+		out = append(out, bad[txn])
+	}
+	return len(bad), out
 }
 
 // checkRecord compares the first delivery of ev with what was written.

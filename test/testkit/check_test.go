@@ -85,3 +85,102 @@ func TestReadServicesRequire(t *testing.T) {
 		t.Fatal("a missing env file must be an error")
 	}
 }
+
+// TestCheckExactlyOnce: each way exactly-once delivery can fail is detected
+// (counted, and a problem in ExactlyOnce mode); checkpoint records are never
+// events.
+func TestCheckExactlyOnce(t *testing.T) {
+	// One partition: commit order across aggregates is visible in offsets.
+	parts := map[string]int{"t.order": 1}
+	// Transaction 1: order-1 seq 1 and order-2 seq 1; transaction 2: order-1 seq 2.
+	x1 := Event{ID: 1, Type: "order", Agg: "order-1", Seq: 1, Txn: 1}
+	y1 := Event{ID: 2, Type: "order", Agg: "order-2", Seq: 1, Txn: 1}
+	x2 := Event{ID: 3, Type: "order", Agg: "order-1", Seq: 2, Txn: 2}
+	// Transaction 3: order-3 seq 1, alone.
+	z1 := Event{ID: 4, Type: "order", Agg: "order-3", Seq: 1, Txn: 3}
+	events := []Event{x1, y1, x2, z1}
+	ckpt := Record{Topic: CheckpointTopic, Key: "outbox-relay-slot", Value: []byte(`{"slot":"slot","commit_lsn":"0/16B3748"}`)}
+	own := Record{Topic: "t.checkpoints", Key: "outbox-relay-slot", Value: []byte(`{}`)}
+	for _, c := range []struct {
+		name                       string
+		recs                       []Record
+		skip                       []string
+		lost, dups, partial, ckpts int
+		problem                    string // in ExactlyOnce mode; "" = none
+	}{
+		{"clean", []Record{rec(x1, 0, 0), rec(y1, 0, 1), rec(x2, 0, 2), rec(z1, 0, 3)}, nil, 0, 0, 0, 0, ""},
+		{"checkpoint records are not events", []Record{rec(x1, 0, 0), rec(y1, 0, 1), ckpt, rec(x2, 0, 2), ckpt, rec(z1, 0, 3), ckpt},
+			nil, 0, 0, 0, 3, ""},
+		{"checkpoint topic configured elsewhere", []Record{rec(x1, 0, 0), rec(y1, 0, 1), rec(x2, 0, 2), rec(z1, 0, 3), own},
+			[]string{"t.checkpoints"}, 0, 0, 0, 1, ""},
+		{"an unknown checkpoint topic is not skipped", []Record{rec(x1, 0, 0), rec(y1, 0, 1), rec(x2, 0, 2), rec(z1, 0, 3), own},
+			nil, 0, 0, 0, 0, "was not written by this test"},
+		{"duplicate", []Record{rec(x1, 0, 0), rec(y1, 0, 1), rec(x2, 0, 2), rec(z1, 0, 3), rec(z1, 0, 4)}, nil, 0, 1, 0, 0,
+			"exactly-once allows one copy"},
+		{"whole transaction resent", []Record{rec(x1, 0, 0), rec(y1, 0, 1), rec(x1, 0, 2), rec(y1, 0, 3), rec(x2, 0, 4), rec(z1, 0, 5)},
+			nil, 0, 2, 0, 0, "exactly-once allows one copy"},
+		{"transaction seen in part", []Record{rec(x1, 0, 0), rec(x2, 0, 1), rec(z1, 0, 2)}, nil, 1, 0, 1, 0,
+			"transaction 1 visible in part: 1 of its 2 events"},
+		{"transactions interleaved", []Record{rec(x1, 0, 0), rec(z1, 0, 1), rec(y1, 0, 2), rec(x2, 0, 3)}, nil, 0, 0, 2, 0,
+			"transaction 1 out of commit order: event_id=2"},
+		{"later transaction first", []Record{rec(z1, 0, 0), rec(x1, 0, 1), rec(y1, 0, 2), rec(x2, 0, 3)}, nil, 0, 0, 2, 0,
+			"out of commit order"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, eos := range []bool{false, true} {
+				rep := CheckWith(CheckOptions{ExactlyOnce: eos, SkipTopics: c.skip}, events, c.recs, parts, "t")
+				if rep.Lost != c.lost || rep.Duplicates != c.dups || rep.PartialTxns != c.partial || rep.Checkpoints != c.ckpts ||
+					rep.OrderViolations != 0 || rep.PartitionViolations != 0 {
+					t.Fatalf("exactly-once %v: lost %d dups %d partial %d checkpoints %d order %d partition %d, want %d %d %d %d 0 0; problems %q",
+						eos, rep.Lost, rep.Duplicates, rep.PartialTxns, rep.Checkpoints, rep.OrderViolations, rep.PartitionViolations,
+						c.lost, c.dups, c.partial, c.ckpts, rep.Problems)
+				}
+				found := false
+				for _, p := range rep.Problems {
+					found = found || (c.problem != "" && strings.Contains(p, c.problem))
+				}
+				switch {
+				case eos && c.problem != "" && !found:
+					t.Fatalf("exactly-once: problems %q, want one containing %q", rep.Problems, c.problem)
+				case c.problem == "" && len(rep.Problems) > 0:
+					t.Fatalf("exactly-once %v: problems %q, want none", eos, rep.Problems)
+				case !eos && c.lost == 0 && !strings.Contains(c.problem, "not written") && len(rep.Problems) > 0:
+					t.Fatalf("at-least-once: problems %q: duplicates and partial transactions are only counted", rep.Problems)
+				}
+			}
+		})
+	}
+}
+
+// TestPartialTxnsReadPoint: a read point taken while the writer goes on
+// (events not in the list, transactions not read at all) finds only
+// transactions seen in part.
+func TestPartialTxnsReadPoint(t *testing.T) {
+	a := Event{ID: 1, Type: "order", Agg: "order-1", Seq: 1, Txn: 1}
+	b := Event{ID: 2, Type: "order", Agg: "order-2", Seq: 1, Txn: 1}
+	c := Event{ID: 3, Type: "order", Agg: "order-1", Seq: 2, Txn: 2}
+	later := Event{ID: 9, Type: "order", Agg: "order-9", Seq: 1, Txn: 9}
+	noTxn := Event{ID: 5, Type: "order", Agg: "order-5", Seq: 1}
+	noTxn2 := Event{ID: 6, Type: "order", Agg: "order-5", Seq: 2}
+	events := []Event{a, b, c, noTxn, noTxn2}
+	for _, tc := range []struct {
+		name    string
+		recs    []Record
+		partial int
+	}{
+		{"nothing read yet", nil, 0},
+		{"first transaction whole, second not yet", []Record{rec(a, 0, 0), rec(b, 1, 0)}, 0},
+		{"first transaction in part", []Record{rec(a, 0, 0)}, 1},
+		{"event of a transaction not yet in the list", []Record{rec(a, 0, 0), rec(b, 1, 0), rec(later, 0, 1)}, 0},
+		{"events without a transaction number", []Record{rec(noTxn, 0, 0)}, 0},
+		{"duplicate of an earlier transaction after a later one", []Record{rec(a, 0, 0), rec(b, 1, 0), rec(c, 0, 1), rec(a, 0, 2)}, 0},
+		{"across partitions, commit order per partition", []Record{rec(c, 0, 0), rec(b, 1, 0), rec(a, 1, 1)}, 0},
+		{"checkpoint records", []Record{{Topic: CheckpointTopic, Headers: map[string]string{"event_id": "1"}}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if n, probs := PartialTxns(events, tc.recs); n != tc.partial || len(probs) != n {
+				t.Fatalf("PartialTxns = %d %q, want %d", n, probs, tc.partial)
+			}
+		})
+	}
+}

@@ -1,6 +1,8 @@
 package testkit
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -37,6 +39,23 @@ func SaramaConfig() *sarama.Config {
 	cfg.ClientID = "outbox-testkit"
 	cfg.Consumer.Return.Errors = true
 	cfg.Consumer.MaxWaitTime = 100 * time.Millisecond
+	return cfg
+}
+
+// ReadOption changes how the consume and read helpers read.
+type ReadOption func(*sarama.Config)
+
+// ReadCommitted reads with isolation.level=read_committed
+// (Consumer.IsolationLevel = sarama.ReadCommitted), as exactly-once
+// consumers must: records of open or aborted Kafka transactions are never
+// seen, and ReadToEnd reads to the last stable offset.
+var ReadCommitted ReadOption = func(c *sarama.Config) { c.Consumer.IsolationLevel = sarama.ReadCommitted }
+
+func readConfig(opts []ReadOption) *sarama.Config {
+	cfg := SaramaConfig()
+	for _, o := range opts {
+		o(cfg)
+	}
 	return cfg
 }
 
@@ -153,8 +172,8 @@ type Consumer struct {
 // Consume starts reading topics; a topic that does not exist yet, or a
 // partition without a leader yet, is waited for until d passes. handle is
 // called from one goroutine per partition, in offset order per partition.
-func Consume(brokers []string, topics []string, d time.Duration, handle func(*sarama.ConsumerMessage)) (*Consumer, error) {
-	client, err := sarama.NewClient(brokers, SaramaConfig())
+func Consume(brokers []string, topics []string, d time.Duration, handle func(*sarama.ConsumerMessage), opts ...ReadOption) (*Consumer, error) {
+	client, err := sarama.NewClient(brokers, readConfig(opts))
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)
 	}
@@ -236,10 +255,10 @@ func (c *Consumer) Close() {
 
 // ReadUntil reads every partition of topics from the start until it has at
 // least want records and no new one came for quiet, or d passes.
-func ReadUntil(brokers []string, topics []string, want int, d, quiet time.Duration) ([]Record, error) {
+func ReadUntil(brokers []string, topics []string, want int, d, quiet time.Duration, opts ...ReadOption) ([]Record, error) {
 	deadline := time.Now().Add(d)
 	ch := make(chan Record, 1024)
-	c, err := Consume(brokers, topics, d, func(m *sarama.ConsumerMessage) { ch <- toRecord(m) })
+	c, err := Consume(brokers, topics, d, func(m *sarama.ConsumerMessage) { ch <- toRecord(m) }, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -271,17 +290,15 @@ func ReadUntil(brokers []string, topics []string, want int, d, quiet time.Durati
 // ReadToEnd reads every partition of every topic whose name starts with
 // prefix from the oldest offset to the high-water mark it has now; it also
 // returns each topic's partition count. Any consume error is an error.
-func ReadToEnd(brokers []string, prefix string, stuck time.Duration) ([]Record, map[string]int, error) {
-	client, err := sarama.NewClient(brokers, SaramaConfig())
+// With ReadCommitted it reads to the last stable offset instead, and sees
+// only records of committed Kafka transactions (and non-transactional ones).
+func ReadToEnd(brokers []string, prefix string, stuck time.Duration, opts ...ReadOption) ([]Record, map[string]int, error) {
+	cfg := readConfig(opts)
+	client, err := sarama.NewClient(brokers, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kafka client: %w", err)
 	}
 	defer client.Close()
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kafka consumer: %w", err)
-	}
-	defer consumer.Close()
 	if err := client.RefreshMetadata(); err != nil {
 		return nil, nil, fmt.Errorf("kafka metadata: %w", err)
 	}
@@ -301,7 +318,7 @@ func ReadToEnd(brokers []string, prefix string, stuck time.Duration) ([]Record, 
 		}
 		partitions[tp] = len(parts)
 		for _, p := range parts {
-			recs, err := readPartition(client, consumer, tp, p, stuck)
+			recs, err := readPartition(client, tp, p, cfg.Consumer.IsolationLevel, stuck)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -311,31 +328,108 @@ func ReadToEnd(brokers []string, prefix string, stuck time.Duration) ([]Record, 
 	return out, partitions, nil
 }
 
-func readPartition(client sarama.Client, consumer sarama.Consumer, tp string, p int32, stuck time.Duration) ([]Record, error) {
-	hwm, err := client.GetOffset(tp, p, sarama.OffsetNewest)
+// readPartition reads tp/p from the oldest offset to its end now: the
+// high-water mark, or with read_committed the last stable offset. A sarama
+// PartitionConsumer does not tell how far it has read when the last records
+// before the end are ones it never hands out (transaction markers, and with
+// read_committed aborted records), so this fetches itself and filters
+// exactly like sarama's consumer: control batches are skipped, and with
+// read_committed so are the transactional batches of a producer from the
+// first offset of one of its aborted transactions (the broker lists them)
+// to its abort marker.
+func readPartition(client sarama.Client, tp string, p int32, iso sarama.IsolationLevel, stuck time.Duration) ([]Record, error) {
+	broker, err := client.Leader(tp, p)
 	if err != nil {
-		return nil, fmt.Errorf("high-water mark of %s/%d: %w", tp, p, err)
+		return nil, fmt.Errorf("leader of %s/%d: %w", tp, p, err)
 	}
-	if hwm == 0 {
-		return nil, nil
-	}
-	pc, err := consumer.ConsumePartition(tp, p, sarama.OffsetOldest)
+	oreq := sarama.NewOffsetRequest(client.Config().Version)
+	oreq.IsolationLevel = iso
+	oreq.AddBlock(tp, p, sarama.OffsetNewest, 1)
+	oresp, err := broker.GetAvailableOffsets(oreq)
 	if err != nil {
-		return nil, fmt.Errorf("consume %s/%d: %w", tp, p, err)
+		return nil, fmt.Errorf("end offset of %s/%d: %w", tp, p, err)
 	}
-	defer pc.Close()
+	ob := oresp.GetBlock(tp, p)
+	if ob == nil || !errors.Is(ob.Err, sarama.ErrNoError) {
+		return nil, fmt.Errorf("end offset of %s/%d: %v", tp, p, ob)
+	}
+	lso := ob.Offset          // the end: last stable offset or high-water mark
+	if len(ob.Offsets) == 1 { // old response versions
+		lso = ob.Offsets[0]
+	}
+	offset, err := client.GetOffset(tp, p, sarama.OffsetOldest)
+	if err != nil {
+		return nil, fmt.Errorf("oldest offset of %s/%d: %w", tp, p, err)
+	}
 	var out []Record
-	for {
-		select {
-		case m := <-pc.Messages():
-			out = append(out, toRecord(m))
-			if m.Offset >= hwm-1 {
-				return out, nil
+	aborted := map[int64]bool{} // producer ids inside an aborted transaction
+	maxBytes := int32(4 << 20)
+	last := time.Now()
+	for offset < lso {
+		if time.Since(last) > stuck {
+			return nil, fmt.Errorf("consume %s/%d: stuck at offset %d before %d", tp, p, offset, lso)
+		}
+		req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: maxBytes,
+			Isolation: iso, SessionID: 0, SessionEpoch: -1}
+		req.AddBlock(tp, p, offset, maxBytes, -1)
+		resp, err := broker.Fetch(req)
+		if err != nil {
+			return nil, fmt.Errorf("fetch %s/%d@%d: %w", tp, p, offset, err)
+		}
+		b := resp.GetBlock(tp, p)
+		if b == nil {
+			return nil, fmt.Errorf("fetch %s/%d@%d: no block in the response", tp, p, offset)
+		}
+		if !errors.Is(b.Err, sarama.ErrNoError) {
+			return nil, fmt.Errorf("fetch %s/%d@%d: %w", tp, p, offset, b.Err)
+		}
+		txns := slices.Clone(b.AbortedTransactions)
+		slices.SortFunc(txns, func(a, b *sarama.AbortedTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
+		before := offset
+		for _, rs := range b.RecordsSet {
+			rb := rs.RecordBatch
+			if rb == nil {
+				return nil, fmt.Errorf("fetch %s/%d@%d: a legacy message set", tp, p, offset)
 			}
-		case err := <-pc.Errors():
-			return nil, fmt.Errorf("consume %s/%d: %w", tp, p, err)
-		case <-time.After(stuck):
-			return nil, fmt.Errorf("consume %s/%d: stuck before offset %d", tp, p, hwm-1)
+			if rb.PartialTrailingRecord {
+				break // cut off at MaxBytes: fetched again from here
+			}
+			end := rb.FirstOffset + int64(rb.LastOffsetDelta) + 1
+			for len(txns) > 0 && txns[0].FirstOffset < end {
+				aborted[txns[0].ProducerID] = true
+				txns = txns[1:]
+			}
+			switch {
+			case rb.Control:
+				// Key: version int16, type int16 (0 abort, 1 commit).
+				if len(rb.Records) > 0 && len(rb.Records[0].Key) >= 4 && binary.BigEndian.Uint16(rb.Records[0].Key[2:4]) == 0 {
+					delete(aborted, rb.ProducerID)
+				}
+			case iso == sarama.ReadCommitted && rb.IsTransactional && aborted[rb.ProducerID]:
+			default:
+				for _, r := range rb.Records {
+					off := rb.FirstOffset + r.OffsetDelta
+					if off < offset || off >= lso {
+						continue
+					}
+					h := make(map[string]string, len(r.Headers))
+					for _, rh := range r.Headers {
+						h[string(rh.Key)] = string(rh.Value)
+					}
+					ts := rb.FirstTimestamp.Add(r.TimestampDelta)
+					if rb.LogAppendTime {
+						ts = rb.MaxTimestamp
+					}
+					out = append(out, Record{tp, p, off, string(r.Key), r.Value, h, ts})
+				}
+			}
+			offset = max(offset, end)
+		}
+		if offset > before {
+			last = time.Now()
+		} else if len(b.RecordsSet) > 0 && maxBytes < 64<<20 {
+			maxBytes *= 2 // one batch larger than a fetch
 		}
 	}
+	return out, nil
 }

@@ -20,6 +20,7 @@ type Event struct {
 	Agg     string // aggregate_id, the Kafka key
 	Seq     int    // 1-based position within its aggregate, in commit order
 	Written int    // events committed before this one (its place in the workload)
+	Txn     int64  // the writer's PostgreSQL transaction (1, 2, ... in commit order)
 }
 
 // Headers every event carries (Check verifies them on each record).
@@ -131,6 +132,9 @@ func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) err
 	if len(got) != n {
 		return fmt.Errorf("transaction %d: %d rows back, want %d", w.txn, len(got), n)
 	}
+	for i := range got {
+		got[i].Txn = w.txn
+	}
 	w.add(got, last)
 	return nil
 }
@@ -139,6 +143,7 @@ func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) err
 // over k "order" aggregates (order-0, order-3, ...); use it on a writer
 // that wrote nothing yet.
 func (w *Writer) BigTxn(ctx context.Context, n, k int) error {
+	w.txn++
 	var got []Event
 	err := w.scan(ctx, &got, nil, `INSERT INTO `+w.Table+` (aggregate_type, aggregate_id, event_type, payload, headers)
 		SELECT 'order', 'order-' || (g % $2) * 3, 'order.updated',
@@ -149,6 +154,9 @@ func (w *Writer) BigTxn(ctx context.Context, n, k int) error {
 		RETURNING id, aggregate_type, aggregate_id, (payload->>'seq')::int`, n, k)
 	if err != nil {
 		return fmt.Errorf("big transaction: %w", err)
+	}
+	for i := range got {
+		got[i].Txn = w.txn
 	}
 	w.add(got, 0)
 	return nil
