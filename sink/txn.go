@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -437,27 +438,29 @@ func (p *TxnProducer) ReadCheckpoint(ctx context.Context, topic string, key []by
 // control batches and the batches of aborted transactions, and returns
 // the next offset to fetch and the value of the last record with key.
 func readBatches(block *sarama.FetchResponseBlock, offset int64, key []byte) (int64, []byte) {
-	aborted := map[int64]int64{} // producer id -> first offset of its aborted transaction
-	for _, a := range block.AbortedTransactions {
-		if f, ok := aborted[a.ProducerID]; !ok || a.FirstOffset < f {
-			aborted[a.ProducerID] = a.FirstOffset
-		}
-	}
+	// The aborted transactions in offset order, taken as the batches pass
+	// them, as the Java consumer does: a producer id keeps its id across
+	// restarts (only the epoch moves), so one id may have many.
+	aborted := slices.Clone(block.AbortedTransactions)
+	slices.SortFunc(aborted, func(a, b *sarama.AbortedTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
 	abortedOpen := map[int64]bool{}
 	var last []byte
 	next := offset
 	for _, rs := range block.RecordsSet {
 		b := rs.RecordBatch
-		if b == nil || (b.PartialTrailingRecord && len(b.Records) == 0) {
+		if b == nil {
 			continue
+		}
+		if b.PartialTrailingRecord {
+			break // cut off at the fetch's size limit: fetched again from next
 		}
 		end := b.FirstOffset + int64(b.LastOffsetDelta) + 1
+		for len(aborted) > 0 && aborted[0].FirstOffset < end {
+			abortedOpen[aborted[0].ProducerID] = true
+			aborted = aborted[1:]
+		}
 		if end <= next {
 			continue
-		}
-		if f, ok := aborted[b.ProducerID]; ok && f <= b.FirstOffset+int64(b.LastOffsetDelta) {
-			abortedOpen[b.ProducerID] = true
-			delete(aborted, b.ProducerID)
 		}
 		switch {
 		case b.Control:

@@ -49,6 +49,20 @@ func TestReadBatches(t *testing.T) {
 			dataBatch(0, 1, true, "k", "a"), marker(1, 1, true),
 			dataBatch(2, 1, true, "k", "zombie"), marker(3, 1, false),
 		}, []*sarama.AbortedTransaction{{ProducerID: 1, FirstOffset: 2}}, 4, "a"},
+		// A transactional id keeps its producer id across restarts (only the
+		// epoch moves): every kill leaves an aborted transaction of the same
+		// producer id, and each must be skipped, not just the first.
+		{"the same producer id aborted twice, committed in between", 0, []*sarama.Records{
+			dataBatch(0, 1, true, "k", "a"), marker(1, 1, true),
+			dataBatch(2, 1, true, "k", "zombie1"), marker(3, 1, false),
+			dataBatch(4, 1, true, "k", "b"), marker(5, 1, true),
+			dataBatch(6, 1, true, "k", "zombie2"), marker(7, 1, false),
+		}, []*sarama.AbortedTransaction{{ProducerID: 1, FirstOffset: 2}, {ProducerID: 1, FirstOffset: 6}}, 8, "b"},
+		{"aborted transactions listed out of order", 0, []*sarama.Records{
+			dataBatch(0, 1, true, "k", "zombie1"), marker(1, 1, false),
+			dataBatch(2, 1, true, "k", "a"), marker(3, 1, true),
+			dataBatch(4, 1, true, "k", "zombie2"), marker(5, 1, false),
+		}, []*sarama.AbortedTransaction{{ProducerID: 1, FirstOffset: 4}, {ProducerID: 1, FirstOffset: 0}}, 6, "a"},
 		{"other keys (other slots) are not ours", 0, []*sarama.Records{
 			dataBatch(0, 1, true, "k", "a", "other", "x"), marker(2, 1, true),
 		}, nil, 3, "a"},
