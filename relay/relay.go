@@ -226,10 +226,16 @@ func (r *Relay) Health() Health {
 	case r.elector == nil:
 		h.Reason = "starting"
 	default:
-		if st := r.elector.Status(); st.Connected {
-			h.Ready, h.Reason = true, "standby: lease connection up, ready to take over from "+st.Holder
-		} else {
+		switch st := r.elector.Status(); {
+		case !st.Connected:
 			h.Reason = "standby: lease connection down: " + st.LastError
+		case st.Holder == "" || st.Holder == st.Instance:
+			// Nobody leads yet (a first start, a lease just freed) or this
+			// instance won and its term is starting: ready only once it
+			// streams, not a moment before as a standby of no one.
+			h.Reason = "standby: no leader yet, electing"
+		default:
+			h.Ready, h.Reason = true, "standby: lease connection up, ready to take over from "+st.Holder
 		}
 	}
 	return h
