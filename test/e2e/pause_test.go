@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // kafka-pause returns only once every broker thread is stopped: kill -STOP
@@ -16,9 +18,14 @@ import (
 // took for unacked. Checked right after each of several pauses, since the
 // window is short.
 func TestKafkaPauseStopsEveryBrokerThread(t *testing.T) {
-	pid := svcs.Vars["OUTBOX_TEST_KAFKA_PID"]
+	// Read now, not at start: a test that restarts the broker changes it.
+	cur, err := testkit.LoadServices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := cur.Vars["OUTBOX_TEST_KAFKA_PID"]
 	if pid == "" {
-		t.Skip("OUTBOX_TEST_KAFKA_PID is not set: the broker is not a local process")
+		t.Fatal("OUTBOX_TEST_KAFKA_PID is not set: start the services with test/services.sh, which runs the broker as a local process")
 	}
 	for i := range 10 {
 		svc(t, "kafka-pause")
