@@ -235,26 +235,23 @@ func (p *TxnProducer) Abort(ctx context.Context) (err error, records map[*Messag
 // settle waits until every record sent in the transaction has come back
 // from sarama's channels, then returns their errors and starts over.
 func (p *TxnProducer) settle(ctx context.Context) map[*Message]error {
+	take := func() map[*Message]error { // caller holds mu
+		failed := p.failed
+		p.failed = map[*Message]error{}
+		p.sent, p.returned = 0, 0
+		return failed
+	}
 	for {
 		p.mu.Lock()
-		if p.returned >= p.sent {
-			failed := p.failed
-			p.failed = map[*Message]error{}
-			p.sent, p.returned = 0, 0
-			p.mu.Unlock()
-			return failed
+		if p.returned >= p.sent || ctx.Err() != nil {
+			defer p.mu.Unlock()
+			return take()
 		}
 		ch := p.changed
 		p.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			p.mu.Lock()
-			failed := p.failed
-			p.failed = map[*Message]error{}
-			p.sent, p.returned = 0, 0
-			p.mu.Unlock()
-			return failed
 		}
 	}
 }
