@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // drainRun is one drain of the backlog by one tool.
@@ -27,7 +29,11 @@ type drainRun struct {
 	Broker     float64 // seconds
 	PeakRSS    int64   // bytes (relay VmHWM)
 	Records    int64   // records in the topic afterwards (relay)
-	Err        string
+	// relay_eos only, from its metrics: Kafka transactions committed and
+	// aborted, and the mean commit time (CommitTxn: flush and EndTxn).
+	Txns, Aborted int
+	CommitMs      float64
+	Err           string
 }
 
 // drainShape is everything measured for one transaction shape.
@@ -238,6 +244,9 @@ func extraRun(r drainRun) string {
 	if !math.IsNaN(r.Walsender) {
 		s += fmt.Sprintf(", walsender CPU %.2fs", r.Walsender)
 	}
+	if r.Txns > 0 {
+		s += fmt.Sprintf(", %d Kafka transactions (%d aborted), commit %.1f ms mean", r.Txns, r.Aborted, r.CommitMs)
+	}
 	return s
 }
 
@@ -442,6 +451,17 @@ func (b *bench) drainRelay(ctx context.Context, slot string, end int64, events i
 	r.EventsPerS = float64(events) / r.Seconds
 	// Confirmed means acked; check it with the relay's counter and the topic.
 	pub := rp.published(topic)
+	if ss, err := rp.scrape(); err == nil {
+		if n, ok := testkit.SumMetric(ss, "outbox_relay_kafka_transactions_total", map[string]string{"result": "committed"}); ok {
+			r.Txns = int(n)
+			a, _ := testkit.SumMetric(ss, "outbox_relay_kafka_transactions_total", map[string]string{"result": "aborted"})
+			r.Aborted = int(a)
+			sum, _ := testkit.SumMetric(ss, "outbox_relay_kafka_transaction_commit_seconds_sum", nil)
+			if cnt, _ := testkit.SumMetric(ss, "outbox_relay_kafka_transaction_commit_seconds_count", nil); cnt > 0 {
+				r.CommitMs = sum / cnt * 1000
+			}
+		}
+	}
 	if r.AckSeconds == 0 {
 		r.AckSeconds = r.Seconds // acked no later than confirmed
 	}

@@ -62,6 +62,11 @@ type ExactlyOnceConfig struct {
 	// MaxBatchInterval closes a Kafka transaction this long after it opened
 	// (at the next PostgreSQL transaction boundary).
 	MaxBatchInterval time.Duration `yaml:"max_batch_interval"`
+	// MaxBatchIdle commits a Kafka transaction as soon as no PostgreSQL
+	// transaction followed its last one for this long and no commit is in
+	// flight: a quiet stream is visible in milliseconds, a busy one still
+	// batches (0: off, batches close by size and age only).
+	MaxBatchIdle time.Duration `yaml:"max_batch_idle"`
 	// CheckpointTopic is the compacted topic of the checkpoint records.
 	CheckpointTopic string `yaml:"checkpoint_topic"`
 	// TransactionTimeout is transaction.timeout.ms of the producer.
@@ -153,7 +158,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 30 * time.Second,
 		MaxUnackedAge:   30 * time.Second,
 		Delivery:        AtLeastOnce,
-		ExactlyOnce: ExactlyOnceConfig{MaxBatchEvents: 5000, MaxBatchInterval: 100 * time.Millisecond,
+		ExactlyOnce: ExactlyOnceConfig{MaxBatchEvents: 5000, MaxBatchInterval: 100 * time.Millisecond, MaxBatchIdle: time.Millisecond,
 			CheckpointTopic: "outbox-relay.checkpoints", TransactionTimeout: time.Minute},
 	}
 }
@@ -228,6 +233,8 @@ func (e ExactlyOnceConfig) validate(maxBatch int) error {
 	}
 	if e.MaxBatchInterval < time.Millisecond || e.MaxBatchInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("exactly_once.max_batch_interval: %s is out of range: use 1ms..1m (default 100ms)", e.MaxBatchInterval))
+	} else if e.MaxBatchIdle < 0 || e.MaxBatchIdle > e.MaxBatchInterval {
+		errs = append(errs, fmt.Errorf("exactly_once.max_batch_idle: %s is out of range: use 0 (off)..exactly_once.max_batch_interval (%s) (default 1ms)", e.MaxBatchIdle, e.MaxBatchInterval))
 	}
 	if err := sink.ValidTopic(e.CheckpointTopic); err != nil {
 		errs = append(errs, fmt.Errorf("exactly_once.checkpoint_topic: %w (default outbox-relay.checkpoints)", err))

@@ -73,6 +73,14 @@ type exactlyOnce struct {
 	commitDone chan struct{} // closed when the commit in flight is settled
 	pending    []*sink.Message
 	begun      bool // the Kafka transaction of msgs has begun at the producer
+	// exactly_once.max_batch_idle: the open Kafka transaction is committed
+	// once no PostgreSQL transaction followed the last one (lastTxn) for
+	// this long and no commit is in flight; idleTimer checks it (armed
+	// while idleArmed).
+	lastTxn   time.Time
+	idleTimer *time.Timer
+	idleArmed bool
+	stopped   bool // the term ended: no commit starts any more
 }
 
 // txnSink is what exactlyOnce needs of the transactional producer
@@ -337,6 +345,10 @@ func (e *exactlyOnce) resume(ctx context.Context) error {
 func (e *exactlyOnce) stop() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.stopped = true
+	if e.idleTimer != nil {
+		e.idleTimer.Stop()
+	}
 	e.waitCommitLocked()
 	if e.b.open {
 		e.failLocked(errors.New("relay stopping"), nil, false)
@@ -423,9 +435,60 @@ func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
 	// The age check here too, not only on the timer: under load the loop
 	// goes from one PostgreSQL transaction to the next and the timer would
 	// rarely find the boundary.
-	if full := e.b.after(commit, end); (full || e.b.due(time.Now())) && !e.committing {
+	now := time.Now()
+	e.lastTxn = now
+	if full := e.b.after(commit, end); (full || e.b.due(now)) && !e.committing {
 		e.startCommitLocked()
+		return
 	}
+	e.armIdleLocked(e.cfg.ExactlyOnce.MaxBatchIdle)
+}
+
+// armIdleLocked makes idleCheck run in d unless it is armed already, a
+// commit is in flight (its end checks instead) or nothing is open.
+// Caller holds mu.
+func (e *exactlyOnce) armIdleLocked(d time.Duration) {
+	if d <= 0 || e.idleArmed || e.committing || !e.b.open || e.stopped {
+		return
+	}
+	e.idleArmed = true
+	if e.idleTimer == nil {
+		e.idleTimer = time.AfterFunc(d, e.idleCheck)
+	} else {
+		e.idleTimer.Reset(d)
+	}
+}
+
+// idleCheck commits the open Kafka transaction when the stream has been
+// idle for max_batch_idle since its last PostgreSQL transaction; otherwise
+// it looks again when that would be the case.
+func (e *exactlyOnce) idleCheck() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.idleArmed = false
+	if e.discard || e.committing || e.stopped || !e.b.open || e.b.inPG {
+		return // a commit's end, or the next after, looks again
+	}
+	if wait := e.cfg.ExactlyOnce.MaxBatchIdle - time.Since(e.lastTxn); wait > 0 {
+		e.armIdleLocked(wait)
+		return
+	}
+	e.startCommitLocked()
+}
+
+// commitNextLocked follows a commit: the transaction that collected
+// records meanwhile is committed at once when it is due or the stream went
+// idle (group commit), else when it will be. Caller holds mu.
+func (e *exactlyOnce) commitNextLocked() {
+	if e.discard || e.stopped || !e.b.open || e.b.inPG {
+		return
+	}
+	now := time.Now()
+	if idle := e.cfg.ExactlyOnce.MaxBatchIdle; e.b.due(now) || idle > 0 && now.Sub(e.lastTxn) >= idle {
+		e.startCommitLocked()
+		return
+	}
+	e.armIdleLocked(e.cfg.ExactlyOnce.MaxBatchIdle - now.Sub(e.lastTxn))
 }
 
 // flush ends the session's Kafka transaction (Drain): committed when it
@@ -520,6 +583,7 @@ func (e *exactlyOnce) finishCommit(batch []*sink.Message, commitLSN, endLSN pglo
 			m.Done(nil)
 		}
 		e.sendPendingLocked(ctx)
+		e.commitNextLocked()
 		return
 	}
 	if err == nil {

@@ -135,6 +135,7 @@ func newEOSHarness(t *testing.T, f *fakeTxn, maxBatch int, interval time.Duratio
 	cfg.Postgres.Slot, cfg.Delivery = "s", ExactlyOnce
 	cfg.InFlight = InFlightConfig{MaxEvents: 10, MaxBytes: 1 << 20}
 	cfg.ExactlyOnce.MaxBatchEvents, cfg.ExactlyOnce.MaxBatchInterval = maxBatch, interval
+	cfg.ExactlyOnce.MaxBatchIdle = 0 // batches by size and age; TestExactlyOnceIdleCommit sets it
 	e := &exactlyOnce{cfg: cfg, prod: f, m: newEOSMetrics(nil), log: zerolog.Nop(),
 		ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1),
 		b: batcher{maxEvents: maxBatch, inflightEvents: 10, inflightBytes: 1 << 20, interval: interval}}
@@ -202,6 +203,76 @@ func TestExactlyOnceCommitIsTheAck(t *testing.T) {
 	}
 	if ids, cp := f.events(e.cfg.ExactlyOnce.CheckpointTopic); strings.Join(ids, ",") != "1,2,3,4" || cp != pglogrepl.LSN(200).String() {
 		t.Fatalf("after Drain visible %v checkpoint %s", ids, cp)
+	}
+}
+
+// max_batch_idle: a quiet stream's transaction is committed once idle, not
+// max_batch_interval (an hour here) after it opened, and what arrived while
+// a commit was in flight is committed right after it (group commit), with
+// no further PostgreSQL transaction to trigger it.
+func TestExactlyOnceIdleCommit(t *testing.T) {
+	release := make(chan struct{})
+	f := &fakeTxn{}
+	h, e := newEOSHarness(t, f, 10, time.Hour)
+	e.mu.Lock()
+	e.cfg.ExactlyOnce.MaxBatchIdle = 20 * time.Millisecond
+	// The second commit is slow: two transactions arrive meanwhile.
+	e.prod = &gatedCommit{fakeTxn: f, gate: func(n int) {
+		if n == 2 {
+			<-release
+		}
+	}}
+	e.mu.Unlock()
+	if err := h.txn(100, 110, order("1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFlushed(110)
+	if err := h.txn(200, 210, order("2", "a")); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, "the second commit to start", func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.committing })
+	if err := h.txn(300, 310, order("3", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.txn(400, 410, order("4", "b")); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	h.waitFlushed(410)
+	ids, cp := f.events(e.cfg.ExactlyOnce.CheckpointTopic)
+	if strings.Join(ids, ",") != "1,2,3,4" || cp != pglogrepl.LSN(400).String() {
+		t.Fatalf("visible %v checkpoint %s, want 1,2,3,4 and %s", ids, cp, pglogrepl.LSN(400))
+	}
+	f.mu.Lock()
+	commits := f.commits
+	f.mu.Unlock()
+	if commits != 3 {
+		t.Errorf("%d commits, want 3 (the two transactions that waited for the slow commit share one)", commits)
+	}
+}
+
+// gatedCommit calls gate(n) before the n-th commit, outside the fake's lock.
+type gatedCommit struct {
+	*fakeTxn
+	n    int
+	gate func(n int)
+}
+
+func (g *gatedCommit) Commit(ctx context.Context) (error, map[*sink.Message]error) {
+	g.n++ // commits never overlap
+	g.gate(g.n)
+	return g.fakeTxn.Commit(ctx)
+}
+
+// waitCond polls cond until it holds or 5 s passed.
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

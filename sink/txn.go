@@ -44,7 +44,7 @@ type TxnProducer struct {
 	sent     int
 	returned int
 	failed   map[*Message]error // per record errors of the current transaction
-	changed  chan struct{}      // closed and replaced when returned grows
+	changed  chan struct{}      // closed and replaced when returned reaches sent
 }
 
 // NewTxn validates cfg and builds the transactional sarama configuration
@@ -174,8 +174,12 @@ func (p *TxnProducer) returnedOne(m *Message, err error) {
 	if err != nil && m != nil {
 		p.failed[m] = err
 	}
-	close(p.changed)
-	p.changed = make(chan struct{})
+	// Only settle and Sync wait, and only for every record back: a wake-up
+	// (and a new channel) per record would cost more than the record.
+	if p.returned >= p.sent {
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
 }
 
 // Connected reports whether the last transaction (or Open) went through.

@@ -339,6 +339,7 @@ var invalidCases = []struct {
 	{key: "delivery", env: []string{"exactly-once", "EXACTLY_ONCE"}, flag: []string{"", "at_most_once"}, file: []any{"once", 1}},
 	{key: "exactly_once.max_batch_events", env: []string{"0", "x"}, flag: []string{"-1"}, file: []any{0, "many"}},
 	{key: "exactly_once.max_batch_interval", env: []string{"0s", "soon"}, flag: []string{"2m"}, file: []any{"100us", 5}},
+	{key: "exactly_once.max_batch_idle", env: []string{"-1ms", "later"}, flag: []string{"200ms"}, file: []any{"-5ms", 5}},
 	{key: "exactly_once.checkpoint_topic", env: []string{"check points"}, flag: []string{"", "a/b"}, file: []any{"..", []string{"x"}}},
 	{key: "exactly_once.transaction_timeout", env: []string{"500ms", "long"}, flag: []string{"16m"}, file: []any{"0s", 60}},
 	{key: "exactly_once.transactional_id", env: []string{"a b"}, flag: []string{strings.Repeat("x", 201)}, file: []any{"line\nbreak"}},
