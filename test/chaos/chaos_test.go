@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -89,7 +90,7 @@ func scenarios() []scenario {
 				s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_EXACTLY_ONCE_MAX_BATCH_EVENTS=100")
 			}
 		}, inject: pauseBroker},
-		{name: "pg_restart", short: atLeastOnce, faults: sc.pgRestarts, per: 3 * time.Second, inject: restartPostgres},
+		{name: "pg_restart", short: atLeastOnce, faults: sc.pgRestarts, per: 3 * time.Second, prepare: sampleWAL, inject: restartPostgres},
 		{name: "net_kafka", short: exactlyOnce, faults: len(kafkaCuts()), per: 5 * time.Second, prepare: func(s *run) {
 			s.proxy = newProxy(s.t, "127.0.0.1:"+proxyPort, proxyTo)
 			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_KAFKA_BROKERS="+s.proxy.Addr())
@@ -180,6 +181,8 @@ type run struct {
 
 	readPoints int // reads while no relay ran (after a kill or SIGTERM)
 	partialMid int // partial PostgreSQL transactions seen at them
+
+	wal *walTimeline // pg_restart: when the server wrote each WAL position
 }
 
 // restart is one relay death and restart.
@@ -495,18 +498,129 @@ func pauseBroker(s *run, i int) {
 		reconnects, s.r.metric("outbox_relay_replication_reconnects_total"), peak)
 }
 
+// maxSlotBack bounds how far back (in time the server took to write the
+// WAL between them) a PostgreSQL restart may put the slot's confirmed
+// position behind what the relay had confirmed: before 17 the server writes
+// a logical slot's confirmed_flush_lsn to disk only when a confirmation
+// also moves restart_lsn or catalog_xmin, so the relay makes it do so about
+// every replication.SlotSaveInterval (1 s); the rest is margin for the
+// relay's next confirmation under load. Without that a restart put the slot
+// back to its last write, seconds or minutes back (to its creation in the
+// short run), and every event since was published again.
+const maxSlotBack = 3 * time.Second
+
 // restartPostgres: the same relay process must come back streaming on a new
-// walsender by itself.
+// walsender by itself, and the slot may go back by at most maxSlotBack of
+// what the relay had confirmed (the events after it are published again).
 func restartPostgres(s *run, i int) {
 	t := s.t
 	mode := []string{"fast", "immediate"}[i%2]
 	pid := s.e.walsender(t)
 	s.fault("postgres restart -m " + mode)
+	before := s.e.confirmed(t) // the relay's last confirmation, as the server holds it in memory
+	at := time.Now()
 	svc(t, "pg-restart", mode)
 	s.e.DB.Reset() // pooled connections died with the server
 	start := time.Now()
 	s.e.waitStreaming(s.r, 90*time.Second, pid)
-	s.note("%s: streaming again %s after the restart", mode, time.Since(start).Round(100*time.Millisecond))
+	from := s.resumedFrom(at)
+	back := s.wal.span(from, before)
+	s.note("%s: streaming again %s after the restart; confirmed %s before it, resumed at %s (%s of WAL back)", mode,
+		time.Since(start).Round(100*time.Millisecond), before, from, back.Round(100*time.Millisecond))
+	if back > maxSlotBack {
+		t.Errorf("restart %d (%s): the slot went back from %s (confirmed before the restart) to %s, %s of WAL writing, more than %s: "+
+			"the server did not keep the relay's confirmations, and every event acked since is published again",
+			i+1, mode, before, from, back.Round(100*time.Millisecond), maxSlotBack)
+	}
+}
+
+// walSample is the server's WAL end at a moment.
+type walSample struct {
+	at  time.Time
+	lsn pglogrepl.LSN
+}
+
+// walTimeline samples pg_current_wal_lsn() every 20 ms, so a WAL position
+// can be given the time the server wrote it.
+type walTimeline struct {
+	mu      sync.Mutex
+	samples []walSample
+}
+
+// sampleWAL starts the scenario's WAL timeline (until the test ends).
+func sampleWAL(s *run) {
+	w := &walTimeline{}
+	s.wal = w
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	s.t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if l, err := s.e.lsn("SELECT pg_current_wal_lsn()::text"); err == nil { // fails while the server restarts
+				w.mu.Lock()
+				w.samples = append(w.samples, walSample{time.Now(), l})
+				w.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+}
+
+// written is when the WAL first reached l: the first sample at or past it
+// (the first sample for a position before the timeline began).
+func (w *walTimeline) written(l pglogrepl.LSN) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, x := range w.samples {
+		if x.lsn >= l {
+			return x.at
+		}
+	}
+	return time.Now()
+}
+
+// span is how long the server took to write the WAL from from to to (0
+// when from is not before to).
+func (w *walTimeline) span(from, to pglogrepl.LSN) time.Duration {
+	if from >= to {
+		return 0
+	}
+	return w.written(to).Sub(w.written(from))
+}
+
+// resumedFrom is the position of the current relay's first replication
+// session started after since ("replication started" in its log).
+func (s *run) resumedFrom(since time.Time) pglogrepl.LSN {
+	path := filepath.Join(runDir, "chaos-relay-logs", fmt.Sprintf("%s-%d.log", s.e.Slot, s.e.logs))
+	f, err := os.Open(path)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l struct {
+			Message, LSN string
+			Time         time.Time
+		}
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Message == "replication started" && l.Time.After(since) {
+			lsn, err := pglogrepl.ParseLSN(l.LSN)
+			if err != nil {
+				s.t.Fatalf("%s: replication started at %q: %v", path, l.LSN, err)
+			}
+			return lsn
+		}
+	}
+	s.t.Fatalf("%s: no replication session started after %s", path, since.Format(time.RFC3339Nano))
+	return 0
 }
 
 // netCut is one network fault on a proxied path, healed after hold.
