@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -52,14 +53,36 @@ type SlotSaver struct {
 	interval  time.Duration
 	confirmed func() pglogrepl.LSN
 	log       zerolog.Logger
-	// saved is called after each record written (tests); may be nil.
-	saved func()
+	m         *SlotSaveMetrics
+}
+
+// SlotSaveMetrics count what SlotSavers did. They live as long as the
+// process: build them once and give them to every term's SlotSaver.
+type SlotSaveMetrics struct {
+	saves, errors prometheus.Counter
+}
+
+// NewSlotSaveMetrics registers the counters on reg (nil: unregistered).
+func NewSlotSaveMetrics(reg prometheus.Registerer) *SlotSaveMetrics {
+	m := &SlotSaveMetrics{
+		saves: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_saves_total",
+			Help: "Running-transactions records the leader had PostgreSQL write (a temporary logical slot) so that its next confirmation makes the server write the slot's confirmed position to disk."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_save_errors_total",
+			Help: "Failed attempts to have PostgreSQL write such a record; while they fail, a PostgreSQL restart may put the slot back further (duplicates, no loss)."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.saves, m.errors)
+	}
+	return m
 }
 
 // NewSlotSaver allocates; it does not connect. confirmed returns the flush
 // position of the relay's last status update (Stream.Confirmed).
-func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl.LSN, log zerolog.Logger) *SlotSaver {
-	return &SlotSaver{url: cfg.URL, interval: interval, confirmed: confirmed,
+func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl.LSN, log zerolog.Logger, m *SlotSaveMetrics) *SlotSaver {
+	if m == nil {
+		m = NewSlotSaveMetrics(nil)
+	}
+	return &SlotSaver{url: cfg.URL, interval: interval, confirmed: confirmed, m: m,
 		log: log.With().Str("component", "slot-save").Logger()}
 }
 
@@ -92,6 +115,7 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			s.m.errors.Inc()
 			if conn != nil {
 				conn.Close(context.WithoutCancel(ctx))
 				conn = nil
@@ -108,9 +132,7 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 		}
 		failing = false
 		last = c
-		if s.saved != nil {
-			s.saved()
-		}
+		s.m.saves.Inc()
 	}
 }
 
