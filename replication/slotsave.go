@@ -86,8 +86,9 @@ func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl
 		log: log.With().Str("component", "slot-save").Logger()}
 }
 
-// Run logs a running-transactions record every interval in which the
-// confirmed position moved, until ctx ends; it returns nil.
+// Run logs a running-transactions record at most every interval, whenever
+// the confirmed position moved since the last one, until ctx ends; it
+// returns nil.
 func (s *SlotSaver) Run(ctx context.Context) error {
 	var conn *pgx.Conn
 	defer func() {
@@ -97,10 +98,16 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 			conn.Close(cctx)
 		}
 	}()
-	t := time.NewTicker(s.interval)
+	// Look often, write at most every interval, the first time as soon as
+	// the term confirmed something: a term starts after a PostgreSQL
+	// restart, and another restart may follow within the second.
+	t := time.NewTicker(min(s.interval/10, 100*time.Millisecond))
 	defer t.Stop()
-	var last pglogrepl.LSN
-	failing := false
+	var (
+		last    pglogrepl.LSN
+		tried   time.Time
+		failing bool
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -108,9 +115,10 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		c := s.confirmed()
-		if c == 0 || c <= last {
-			continue // nothing new to keep
+		if c == 0 || c <= last || time.Since(tried) < s.interval {
+			continue // nothing new to keep, or too soon
 		}
+		tried = time.Now()
 		if err := s.save(ctx, &conn); err != nil {
 			if ctx.Err() != nil {
 				return nil
