@@ -111,10 +111,19 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 		add("wal_level", Fail, p.WalLevel+": logical replication needs logical",
 			"ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL")
 	}
-	if p.Slot.Exists {
+	// The leader also needs a free slot for a moment about every second
+	// (replication.SlotSaver's temporary slot).
+	saverFix := fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL: the leader creates a temporary slot "+
+		"about every second so the server writes the relay's slot position; without one a PostgreSQL restart republishes more events (duplicates, no loss)", p.MaxSlots+1)
+	free := p.MaxSlots - p.UsedSlots
+	if p.Slot.Exists && free > 0 {
 		add("replication_slots", OK, fmt.Sprintf("%d of %d used; the relay's slot exists", p.UsedSlots, p.MaxSlots), "")
-	} else if free := p.MaxSlots - p.UsedSlots; free > 0 {
+	} else if p.Slot.Exists {
+		add("replication_slots", Warn, fmt.Sprintf("%d of %d used; the relay's slot exists, none free for the leader's temporary slot", p.UsedSlots, p.MaxSlots), saverFix)
+	} else if free > 1 {
 		add("replication_slots", OK, fmt.Sprintf("%d of %d used: %d free for the relay's slot", p.UsedSlots, p.MaxSlots, free), "")
+	} else if free == 1 {
+		add("replication_slots", Warn, fmt.Sprintf("%d of %d used: 1 free for the relay's slot, none for the leader's temporary slot", p.UsedSlots, p.MaxSlots), saverFix)
 	} else {
 		add("replication_slots", Fail, fmt.Sprintf("%d of %d used: none free for slot %s", p.UsedSlots, p.MaxSlots, o.Slot),
 			fmt.Sprintf("ALTER SYSTEM SET max_replication_slots = %d; then restart PostgreSQL (or drop an unused slot: SELECT slot_name, active FROM pg_replication_slots)", p.MaxSlots+2))

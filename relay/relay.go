@@ -58,6 +58,8 @@ type Relay struct {
 	dlqRows  prometheus.Gauge
 	// heartbeats counts every term's heartbeats; process-wide.
 	heartbeats *replication.HeartbeatMetrics
+	// slotSaves counts every term's replication.SlotSaver; process-wide.
+	slotSaves *replication.SlotSaveMetrics
 	// retention metrics live in the base registry: a standby exports 0.
 	retention *retention.Metrics
 
@@ -96,6 +98,7 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 		Help: "Outbox rows dead-lettered and not yet replayed or resolved (outbox-relay dlq list)."})
 	r.base.MustRegister(r.dlqRows, newReadyGauge(r.Health))
 	r.heartbeats = replication.NewHeartbeatMetrics(r.base)
+	r.slotSaves = replication.NewSlotSaveMetrics(r.base)
 	// Registered here, not in a term's registry, so that a standby exports 0.
 	r.base.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "outbox_relay_lag_seconds",
 		Help: "Age of the oldest committed outbox event not yet acked by Kafka (nor dead-lettered), including events not yet read from the slot, " +

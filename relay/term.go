@@ -170,6 +170,11 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		hb := replication.NewHeartbeater(cfg.Postgres, cfg.Heartbeat.Interval, t.pipe.Emitted, t.log, r.heartbeats)
 		g.Go(func() error { return hb.Run(after) })
 	}
+	// Leader only: makes the server write the slot's confirmed position
+	// (replication.SlotSaver), so a PostgreSQL restart takes it back by
+	// about a second, not to its last write.
+	saver := replication.NewSlotSaver(cfg.Postgres, replication.SlotSaveInterval, t.stream.Confirmed, t.log, r.slotSaves)
+	g.Go(func() error { return saver.Run(after) })
 	if t.cleaner != nil {
 		g.Go(func() error { return t.cleaner.Run(after) })
 	}

@@ -517,6 +517,10 @@ func (s *Stream) sendStatus(requestReply bool) error {
 	return nil
 }
 
+// Confirmed is the Flush of the last status update sent (0 before the
+// first); safe from any goroutine.
+func (s *Stream) Confirmed() pglogrepl.LSN { return s.lastConfirmed() }
+
 // lastConfirmed is the Flush of the last status update.
 func (s *Stream) lastConfirmed() pglogrepl.LSN {
 	s.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -89,7 +90,8 @@ func scenarios() []scenario {
 				s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_EXACTLY_ONCE_MAX_BATCH_EVENTS=100")
 			}
 		}, inject: pauseBroker},
-		{name: "pg_restart", short: atLeastOnce, faults: sc.pgRestarts, per: 3 * time.Second, inject: restartPostgres},
+		{name: "pg_restart", short: atLeastOnce, faults: sc.pgRestarts, per: 3 * time.Second, prepare: sampleWAL, inject: restartPostgres,
+			verify: verifyPGRestarts},
 		{name: "net_kafka", short: exactlyOnce, faults: len(kafkaCuts()), per: 5 * time.Second, prepare: func(s *run) {
 			s.proxy = newProxy(s.t, "127.0.0.1:"+proxyPort, proxyTo)
 			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_KAFKA_BROKERS="+s.proxy.Addr())
@@ -180,6 +182,9 @@ type run struct {
 
 	readPoints int // reads while no relay ran (after a kill or SIGTERM)
 	partialMid int // partial PostgreSQL transactions seen at them
+
+	wal      *walTimeline       // pg_restart: when the server wrote each WAL position
+	slotBack [][2]pglogrepl.LSN // pg_restart: per restart, where the relay resumed and what it had confirmed before
 }
 
 // restart is one relay death and restart.
@@ -495,18 +500,157 @@ func pauseBroker(s *run, i int) {
 		reconnects, s.r.metric("outbox_relay_replication_reconnects_total"), peak)
 }
 
+// maxSlotBack bounds how far back (in time the server took to write the
+// WAL between them) a PostgreSQL restart may put the slot's confirmed
+// position behind what the relay had confirmed. Before 17 the server writes
+// a logical slot's confirmed_flush_lsn to disk only when a confirmation also
+// moves restart_lsn or catalog_xmin (17 also writes it at a clean shutdown;
+// a crash loses it on every version), so the relay makes that happen about
+// every replication.SlotSaveInterval (1 s; measured 0 to 0.6 s back); the
+// rest is margin for its next confirmation under load. Without that a
+// restart put the slot back to its last write, seconds or minutes back (to
+// its creation in the short run), and every event since was published again.
+const maxSlotBack = 2500 * time.Millisecond
+
 // restartPostgres: the same relay process must come back streaming on a new
-// walsender by itself.
+// walsender by itself, and the slot may go back by at most maxSlotBack of
+// what the relay had confirmed (the events after it are published again).
 func restartPostgres(s *run, i int) {
 	t := s.t
 	mode := []string{"fast", "immediate"}[i%2]
 	pid := s.e.walsender(t)
 	s.fault("postgres restart -m " + mode)
+	before := s.e.confirmed(t) // the relay's last confirmation, as the server holds it in memory
+	at := time.Now()
 	svc(t, "pg-restart", mode)
 	s.e.DB.Reset() // pooled connections died with the server
 	start := time.Now()
 	s.e.waitStreaming(s.r, 90*time.Second, pid)
-	s.note("%s: streaming again %s after the restart", mode, time.Since(start).Round(100*time.Millisecond))
+	from := s.resumedFrom(at)
+	s.slotBack = append(s.slotBack, [2]pglogrepl.LSN{from, before})
+	back := s.wal.span(from, before)
+	s.note("%s: streaming again %s after the restart; confirmed %s before it, resumed at %s (%s of WAL back)", mode,
+		time.Since(start).Round(100*time.Millisecond), before, from, back.Round(100*time.Millisecond))
+	if back > maxSlotBack {
+		t.Errorf("restart %d (%s): the slot went back from %s (confirmed before the restart) to %s, %s of WAL writing, more than %s: "+
+			"the server did not keep the relay's confirmations, and every event acked since is published again",
+			i+1, mode, before, from, back.Round(100*time.Millisecond), maxSlotBack)
+	}
+}
+
+// verifyPGRestarts splits the duplicates: those the server forgot (commit
+// LSN between where the relay resumed and what it had confirmed before the
+// restart) and the others (not yet confirmed at a restart: in flight, or
+// acked after the last status update), which at-least-once resends anyway.
+func verifyPGRestarts(s *run, res result) {
+	forgot := make([]int, len(s.slotBack))
+	total, charged := 0, 0
+	for id, extra := range res.Extra {
+		total += extra
+		l := res.CommitLSN[id]
+		var cands []int
+		for i, b := range s.slotBack {
+			if b[0] <= l && l < b[1] {
+				cands = append(cands, i)
+			}
+		}
+		n := min(extra, len(cands)) // the latest restarts that could have resent it
+		for _, i := range cands[len(cands)-n:] {
+			forgot[i]++
+		}
+		charged += n
+	}
+	s.note("duplicates of events confirmed before a restart and forgotten by the server, per restart: %v; not yet confirmed at a restart: %d",
+		forgot, total-charged)
+}
+
+// walSample is the server's WAL end at a moment.
+type walSample struct {
+	at  time.Time
+	lsn pglogrepl.LSN
+}
+
+// walTimeline samples pg_current_wal_lsn() every 20 ms, so a WAL position
+// can be given the time the server wrote it.
+type walTimeline struct {
+	mu      sync.Mutex
+	samples []walSample
+}
+
+// sampleWAL starts the scenario's WAL timeline (until the test ends).
+func sampleWAL(s *run) {
+	w := &walTimeline{}
+	s.wal = w
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	s.t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if l, err := s.e.lsn("SELECT pg_current_wal_lsn()::text"); err == nil { // fails while the server restarts
+				w.mu.Lock()
+				w.samples = append(w.samples, walSample{time.Now(), l})
+				w.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+}
+
+// written is when the WAL first reached l: the first sample at or past it
+// (the first sample for a position before the timeline began).
+func (w *walTimeline) written(l pglogrepl.LSN) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, x := range w.samples {
+		if x.lsn >= l {
+			return x.at
+		}
+	}
+	return time.Now()
+}
+
+// span is how long the server took to write the WAL from from to to (0
+// when from is not before to).
+func (w *walTimeline) span(from, to pglogrepl.LSN) time.Duration {
+	if from >= to {
+		return 0
+	}
+	return w.written(to).Sub(w.written(from))
+}
+
+// resumedFrom is the position of the current relay's first replication
+// session started after since ("replication started" in its log).
+func (s *run) resumedFrom(since time.Time) pglogrepl.LSN {
+	path := filepath.Join(runDir, "chaos-relay-logs", fmt.Sprintf("%s-%d.log", s.e.Slot, s.e.logs))
+	f, err := os.Open(path)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l struct {
+			Message, LSN string
+			Time         time.Time
+		}
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Message == "replication started" && l.Time.After(since) {
+			lsn, err := pglogrepl.ParseLSN(l.LSN)
+			if err != nil {
+				s.t.Fatalf("%s: replication started at %q: %v", path, l.LSN, err)
+			}
+			return lsn
+		}
+	}
+	s.t.Fatalf("%s: no replication session started after %s", path, since.Format(time.RFC3339Nano))
+	return 0
 }
 
 // netCut is one network fault on a proxied path, healed after hold.

@@ -1,0 +1,183 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// SlotSaveInterval is how often, at most, a SlotSaver has the server log a
+// running-transactions record (while the relay's confirmed position moves).
+const SlotSaveInterval = time.Second
+
+// slotSaveQuery makes the server write an xl_running_xacts record: creating
+// a logical slot logs one (ReplicationSlotReserveWal) before it builds its
+// snapshot. The slot is temporary and dropped by the same statement (a
+// failed statement drops it too; so does the end of the session). Its name
+// is unique per backend, so relays on other slots never collide.
+const slotSaveQuery = "SELECT pg_drop_replication_slot(slot_name) FROM pg_create_logical_replication_slot('outbox_relay_save_' || pg_backend_pid(), 'pgoutput', true)"
+
+// SlotSaver makes PostgreSQL write the slot's confirmed position to disk
+// soon after the relay confirms it, so that a PostgreSQL restart or crash
+// takes the slot back by about SlotSaveInterval, not to wherever it was
+// last written.
+//
+// Why it is needed: before PostgreSQL 17 the server writes a logical slot's
+// confirmed_flush_lsn to disk only when a status update also moves the
+// slot's restart_lsn or catalog_xmin (LogicalConfirmReceivedLocation); a
+// shutdown checkpoint writes only slots so marked (17 also writes a slot
+// whose confirmed position moved, at shutdown; a crash loses it on every
+// version). restart_lsn and catalog_xmin move only when a status update
+// confirms past a running-transactions record decoded through the slot,
+// and the server writes those only every 15 s (bgwriter, under write load)
+// and at checkpoints. So after a restart the slot is back where it was up
+// to 15 s or more before, and a new session starts there (startFrom: the
+// relay never starts past the slot). Here, each interval in which the
+// relay's confirmed position moved, one statement on a normal connection
+// logs such a record; the next status update past it makes the server
+// write the slot.
+//
+// It changes nothing the relay confirms or where it starts. It needs the
+// REPLICATION attribute (the relay has it) and one free slot of
+// max_replication_slots for a moment; failures are logged and retried,
+// never fatal.
+type SlotSaver struct {
+	url       string
+	interval  time.Duration
+	confirmed func() pglogrepl.LSN
+	log       zerolog.Logger
+	m         *SlotSaveMetrics
+}
+
+// SlotSaveMetrics count what SlotSavers did. They live as long as the
+// process: build them once and give them to every term's SlotSaver.
+type SlotSaveMetrics struct {
+	saves, errors prometheus.Counter
+}
+
+// NewSlotSaveMetrics registers the counters on reg (nil: unregistered).
+func NewSlotSaveMetrics(reg prometheus.Registerer) *SlotSaveMetrics {
+	m := &SlotSaveMetrics{
+		saves: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_saves_total",
+			Help: "Running-transactions records the leader had PostgreSQL write (a temporary logical slot) so that its next confirmation makes the server write the slot's confirmed position to disk."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_save_errors_total",
+			Help: "Failed attempts to have PostgreSQL write such a record; while they fail, a PostgreSQL restart may put the slot back further (duplicates, no loss)."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.saves, m.errors)
+	}
+	return m
+}
+
+// NewSlotSaver allocates; it does not connect. confirmed returns the flush
+// position of the relay's last status update (Stream.Confirmed).
+func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl.LSN, log zerolog.Logger, m *SlotSaveMetrics) *SlotSaver {
+	if m == nil {
+		m = NewSlotSaveMetrics(nil)
+	}
+	return &SlotSaver{url: cfg.URL, interval: interval, confirmed: confirmed, m: m,
+		log: log.With().Str("component", "slot-save").Logger()}
+}
+
+// Run logs a running-transactions record at most every interval, whenever
+// the confirmed position moved since the last one, until ctx ends; it
+// returns nil.
+func (s *SlotSaver) Run(ctx context.Context) error {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			conn.Close(cctx)
+		}
+	}()
+	// Look often, write at most every interval, the first time as soon as
+	// the term confirmed something: a term starts after a PostgreSQL
+	// restart, and another restart may follow within the second.
+	t := time.NewTicker(min(s.interval/10, 100*time.Millisecond))
+	defer t.Stop()
+	var (
+		last    pglogrepl.LSN
+		tried   time.Time
+		failing bool
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		c := s.confirmed()
+		if c == 0 || c <= last || time.Since(tried) < s.interval {
+			continue // nothing new to keep, or too soon
+		}
+		tried = time.Now()
+		if err := s.save(ctx, &conn); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.m.errors.Inc()
+			if conn != nil {
+				conn.Close(context.WithoutCancel(ctx))
+				conn = nil
+			}
+			if !failing {
+				s.log.Warn().Err(err).Str("hint", slotSaveHint(err)).
+					Msg("cannot make PostgreSQL write the slot's confirmed position; after a PostgreSQL restart events acked since its last write are published again (duplicates, no loss); retrying")
+			}
+			failing = true
+			continue
+		}
+		if failing {
+			s.log.Info().Msg("slot's confirmed position written by PostgreSQL again")
+		}
+		failing = false
+		last = c
+		s.m.saves.Inc()
+	}
+}
+
+func (s *SlotSaver) save(ctx context.Context, conn **pgx.Conn) error {
+	if *conn == nil {
+		c, err := Connect(ctx, s.url)
+		if err != nil {
+			return err
+		}
+		// Building the temporary slot's snapshot waits for the transactions
+		// running at the record; the record is written first, so giving up
+		// early loses nothing.
+		if _, err := c.Exec(ctx, "SET statement_timeout = '5s'"); err != nil {
+			c.Close(context.WithoutCancel(ctx))
+			return fmt.Errorf("set statement_timeout: %w", err)
+		}
+		*conn = c
+	}
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := (*conn).Exec(qctx, slotSaveQuery); err != nil {
+		return fmt.Errorf("log a running-transactions record (a temporary logical slot): %w", err)
+	}
+	return nil
+}
+
+// slotSaveHint says what to do about errors retrying cannot fix.
+func slotSaveHint(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "53400": // configuration_limit_exceeded: all replication slots are in use
+		return "raise max_replication_slots by one: the relay needs a free slot for a moment"
+	case "42501": // insufficient_privilege
+		return "the relay's role needs the REPLICATION attribute (ALTER ROLE <role> REPLICATION)"
+	}
+	return ""
+}
