@@ -119,7 +119,15 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 			continue // nothing new to keep, or too soon
 		}
 		tried = time.Now()
-		if err := s.save(ctx, &conn); err != nil {
+		err := s.save(ctx, &conn)
+		if isStatementTimeout(err) {
+			// The record is written first; only the temporary slot's
+			// snapshot waited for a long transaction, which pins the slot
+			// anyway until it ends. Not a failure worth a warning.
+			s.log.Debug().Err(err).Msg("slot save: a long transaction is running; the slot's restart_lsn cannot pass it until it ends")
+			err = nil
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -153,7 +161,7 @@ func (s *SlotSaver) save(ctx context.Context, conn **pgx.Conn) error {
 		// Building the temporary slot's snapshot waits for the transactions
 		// running at the record; the record is written first, so giving up
 		// early loses nothing.
-		if _, err := c.Exec(ctx, "SET statement_timeout = '5s'"); err != nil {
+		if _, err := c.Exec(ctx, "SET statement_timeout = '1s'"); err != nil {
 			c.Close(context.WithoutCancel(ctx))
 			return fmt.Errorf("set statement_timeout: %w", err)
 		}
@@ -165,6 +173,13 @@ func (s *SlotSaver) save(ctx context.Context, conn **pgx.Conn) error {
 		return fmt.Errorf("log a running-transactions record (a temporary logical slot): %w", err)
 	}
 	return nil
+}
+
+// isStatementTimeout reports a statement cancelled by statement_timeout
+// (SQLSTATE 57014).
+func isStatementTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }
 
 // slotSaveHint says what to do about errors retrying cannot fix.
