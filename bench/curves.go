@@ -55,7 +55,7 @@ func curveScaleFor(name string) curveScale {
 	if strings.HasPrefix(name, "small") {
 		c.PayloadBytes, c.TopicEvents, c.AggEvents, c.BigTxnRows, c.RTTEvents = 5<<20, 10_000, 20_000, 50_000, 10_000
 	} else {
-		c.PayloadBytes, c.TopicEvents, c.AggEvents, c.BigTxnRows, c.RTTEvents = 50<<20, 100_000, 300_000, 1_000_000, 200_000
+		c.PayloadBytes, c.TopicEvents, c.AggEvents, c.BigTxnRows, c.RTTEvents = 50<<20, 200_000, 300_000, 1_000_000, 200_000
 	}
 	return c
 }
@@ -443,9 +443,6 @@ func (b *bench) curveBigTxn(ctx context.Context, cs curveScale) *curvePoint {
 	}
 	p.FillS = time.Since(ft).Seconds()
 	b.curveDrain(ctx, p, slot, end, prefix, curveEnv{})
-	spilled := 0.0
-	p.Note = fmt.Sprintf("insert+commit %.1fs", p.FillS)
-	_ = spilled
 	return p
 }
 
