@@ -60,7 +60,7 @@ unit:
 	$(GO) test -race -count=1 $(PKGS)
 
 # Benchmarks, not part of `make test` (bench/README.md): backlog drain against
-# pg_recvlogical, steady-state latency and relay profiles, the exactly-once
+# pg_recvlogical, steady-state latency, relay profiles, cost curves, the exactly-once
 # relay next to the at-least-once one (OUTBOX_BENCH_DELIVERY), on a private
 # PostgreSQL + Kafka (test/services.sh with run dir BENCH_RUN_DIR); writes
 # bench/results/. OUTBOX_BENCH_SCALE=small for a quick run, OUTBOX_BENCH_RELAY
@@ -82,12 +82,12 @@ bench:
 	  bash test/services.sh stop; \
 	  exit $$rc
 
-# Cost curves (issue 16, bench/README.md "Cost curves"): payload size, topics,
-# aggregates, one large transaction, +1 ms round trip to Kafka and to
-# PostgreSQL through test/proxy. Its own target (about 10 minutes at full
-# scale, more than the 8 a `make bench` part may take); the same services
-# handling as bench; writes bench/results/*-curves.* (latest-curves.* at full
-# scale), which the main report links.
+# Cost curves alone (issue 16, bench/README.md part 5; also the last part of
+# `make bench`): payload size, topics, aggregates, one large transaction,
+# +1 ms round trip to Kafka and to PostgreSQL through test/proxy; about 6
+# minutes at full scale. The same services handling as bench; writes
+# bench/results/*-curves.* (latest-curves.* at full scale), which the main
+# report links.
 bench-curves:
 	@mkdir -p "$(BENCH_RUN_DIR)"
 	$(GO) build -o "$(BENCH_RUN_DIR)/outbox-bench" ./bench

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,6 +88,8 @@ type curvePoint struct {
 	FillS      float64
 	Note       string
 	Load       string // 1-minute load average at the end of the drain
+	DiskW      int64  // bytes the relay wrote to / read from disk (/proc/<pid>/io: the spool)
+	DiskR      int64
 	Binds      string
 	Err        string
 }
@@ -299,6 +303,31 @@ func (b *bench) curveDrain(ctx context.Context, p *curvePoint, slot string, end 
 		p.PeakRSS = hwm
 	}
 	p.Load = strings.Fields(loadAvg() + " ?")[0]
+	p.DiskW, p.DiskR = procIO(rp.pid)
+}
+
+// procIO returns write_bytes and read_bytes of /proc/<pid>/io: what the
+// process made the kernel write to and read from the block device (its
+// spool files; 0, 0 if unreadable).
+func procIO(pid int) (w, r int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch k {
+		case "write_bytes":
+			w = n
+		case "read_bytes":
+			r = n
+		}
+	}
+	return w, r
 }
 
 // runCurves measures every family.
@@ -623,6 +652,10 @@ func bindsAt(p *curvePoint, cores int) string {
 		return "network RTT (" + shares + ")"
 	case strings.Contains(p.Label, "proxy"):
 		return "proxy hop (" + shares + ")"
+	case p.Family == "bigtxn":
+		// Nothing saturated: the time goes to receiving the whole streamed
+		// transaction into the spool before the first event can be sent.
+		return fmt.Sprintf("streaming + spool: the relay spooled %.0f MB to disk before its first ack (%s; load %s)", float64(p.DiskW)/1e6, shares, p.Load)
 	}
 	// Nothing saturated (a loaded machine gives no process a whole core):
 	// the largest share is the likeliest limit.

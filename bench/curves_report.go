@@ -10,7 +10,7 @@ import (
 // link to the latest full-scale `make bench-curves` result.
 func (r *results) curvesLink(asset string) string {
 	if r.Curves == nil {
-		return "Not part of this run: `make bench-curves` (bench/README.md) measures them; latest full-scale result: [latest-curves.md](latest-curves.md).\n\n"
+		return "Not part of this run (`curves` not in `OUTBOX_BENCH_PARTS`); `make bench-curves` measures them alone (bench/README.md); latest full-scale result: [latest-curves.md](latest-curves.md).\n\n"
 	}
 	return fmt.Sprintf("This run measured them: [%s-curves.md](%s-curves.md).\n\n", asset, asset)
 }
@@ -72,14 +72,14 @@ func (r *results) curvesMarkdown(asset string) string {
 			cores(p.RelayCPU, p.Seconds), cores(p.Walsender, p.Seconds), cores(p.Broker, p.Seconds), p.Binds)
 	}
 	w("\n## One large transaction\n\nOne transaction of %d rows (one INSERT ... SELECT, ~400 B payloads) committed behind a fresh slot, then a relay started (`postgres.streaming` auto: the server streams the transaction once it exceeds `logical_decoding_work_mem`, the relay spools it to disk, decoder/spool.go, and publishes at the commit). Times from the relay's start.\n\n", cs.BigTxnRows)
-	w("| rows | insert + commit s | start -> first ack s | start -> all acked s | start -> slot confirmed s | events/s | relay CPU s | peak RSS MiB | relay cores | walsender cores | broker cores | binds |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	w("| rows | insert + commit s | start -> first ack s | start -> all acked s | start -> slot confirmed s | events/s | relay CPU s | peak RSS MiB | relay disk write / read MB | relay cores | walsender cores | broker cores | binds |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, p := range c.family("bigtxn") {
 		if s := row(p, p.Label); s != "" {
 			w("%s", s)
 			continue
 		}
-		w("| %d | %.1f | %s | %.2f | %s | %s | %.2f | %s | %s | %s | %s | %s |\n", p.Events, p.FillS, f2(p.FirstS), p.Seconds, f2(p.ConfS), f0(p.EvPerS), p.RelayCPU, mib(p.PeakRSS),
-			cores(p.RelayCPU, p.Seconds), cores(p.Walsender, p.Seconds), cores(p.Broker, p.Seconds), p.Binds)
+		w("| %d | %.1f | %s | %.2f | %s | %s | %.2f | %s | %.0f / %.0f | %s | %s | %s | %s |\n", p.Events, p.FillS, f2(p.FirstS), p.Seconds, f2(p.ConfS), f0(p.EvPerS), p.RelayCPU, mib(p.PeakRSS),
+			float64(p.DiskW)/1e6, float64(p.DiskR)/1e6, cores(p.RelayCPU, p.Seconds), cores(p.Walsender, p.Seconds), cores(p.Broker, p.Seconds), p.Binds)
 	}
 	w("\n## 100 rows/txn drain with added round trip\n\nOne backlog of %d events behind five slots, drained in turn: direct; the relay's Kafka connection through test/proxy (bootstrap on the broker's PROXIED listener, which advertises the proxy's port, so every broker connection goes through it) with 0 and %s added round trip; its PostgreSQL connections (replication and queries) through a second proxy with 0 and %s. The proxy delays every chunk by half the round trip in each direction (`proxy.SetDelay`), pipelined.\n\n", cs.RTTEvents, cs.RTT, cs.RTT)
 	w("| path | events/s | vs direct | start -> first ack s | relay CPU us/event | relay cores | walsender cores | broker cores | binds |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n")

@@ -165,7 +165,7 @@ func run() int {
 	resultsDir := flag.String("results", getenv("OUTBOX_BENCH_RESULTS", "bench/results"), "where the report, figures and profile summaries go")
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
-	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first; also curves (cost curves, make bench-curves), stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
+	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,curves"), "what to run: drain, latency, profile, first, curves (cost curves; alone: make bench-curves); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 15*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
