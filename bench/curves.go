@@ -90,6 +90,10 @@ type curvePoint struct {
 	Load       string // 1-minute load average at the end of the drain
 	DiskW      int64  // bytes the relay wrote to / read from disk (/proc/<pid>/io: the spool)
 	DiskR      int64
+	// Whole machine over the drain, from /proc/stat: busy (not idle, not
+	// iowait) and iowait shares of all CPUs' time (NaN if unread).
+	MachBusy   float64
+	MachIOWait float64
 	Binds      string
 	Err        string
 }
@@ -235,6 +239,8 @@ func (b *bench) curveDrain(ctx context.Context, p *curvePoint, slot string, end 
 		b.brokers = env.brokers
 	}
 	broker0 := b.brokerCPU()
+	stat0, stat0ok := readCPUStat()
+	p.MachBusy, p.MachIOWait = math.NaN(), math.NaN()
 	rp, err := b.startRelay("curve-"+strings.TrimPrefix(prefix, b.topicPrefix), slot, prefix+".{aggregate_type}", extra...)
 	b.pg.url, b.brokers = savedURL, savedBrokers
 	if err != nil {
@@ -286,6 +292,9 @@ func (b *bench) curveDrain(ctx context.Context, p *curvePoint, slot string, end 
 		}
 	}
 	p.Broker = b.brokerCPU() - broker0
+	if stat1, ok := readCPUStat(); ok && stat0ok {
+		p.MachBusy, p.MachIOWait = stat1.since(stat0)
+	}
 	p.EvPerS = float64(p.Events) / p.Seconds
 	p.MBPerS = float64(p.Bytes) / 1e6 / p.Seconds
 	// Acked means the slot may be confirmed; wait for it (not timed: the
@@ -304,6 +313,46 @@ func (b *bench) curveDrain(ctx context.Context, p *curvePoint, slot string, end 
 	}
 	p.Load = strings.Fields(loadAvg() + " ?")[0]
 	p.DiskW, p.DiskR = procIO(rp.pid)
+}
+
+// cpuStat is the first line of /proc/stat: jiffies of all CPUs.
+type cpuStat struct{ total, idle, iowait float64 }
+
+func readCPUStat() (cpuStat, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuStat{}, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return cpuStat{}, false
+	}
+	var c cpuStat
+	for i, x := range f[1:] {
+		v, _ := strconv.ParseFloat(x, 64)
+		if i >= 8 { // guest time is already in user
+			break
+		}
+		c.total += v
+		switch i {
+		case 3:
+			c.idle = v
+		case 4:
+			c.iowait = v
+		}
+	}
+	return c, true
+}
+
+// since returns the busy and iowait shares of the machine's CPU time
+// between two readings.
+func (c cpuStat) since(c0 cpuStat) (busy, iowait float64) {
+	d := c.total - c0.total
+	if d <= 0 {
+		return math.NaN(), math.NaN()
+	}
+	return (d - (c.idle - c0.idle) - (c.iowait - c0.iowait)) / d, (c.iowait - c0.iowait) / d
 }
 
 // procIO returns write_bytes and read_bytes of /proc/<pid>/io: what the
@@ -637,6 +686,9 @@ func bindsAt(p *curvePoint, cores int) string {
 		}
 	}
 	shares := fmt.Sprintf("relay %.2f, walsender %.2f, broker %.2f cores", rel, ws, br)
+	if !math.IsNaN(p.MachBusy) {
+		shares += fmt.Sprintf("; machine %.0f%% busy, %.0f%% iowait", 100*p.MachBusy, 100*p.MachIOWait)
+	}
 	switch {
 	case p.Family == "payload" && p.RefEvPerS > 0 && p.EvPerS >= 0.8*p.RefEvPerS:
 		return "broker ingest (relay >= 0.8x the plain producer; " + shares + ")"
@@ -648,6 +700,12 @@ func bindsAt(p *curvePoint, cores int) string {
 		return "broker CPU (" + shares + ")"
 	case tot >= 0.85*float64(cores):
 		return fmt.Sprintf("machine CPU: all %d cores busy (%s)", cores, shares)
+	case p.MachBusy >= 0.9:
+		// The machine is busy but not with these three: other load takes
+		// the cores, and the pipeline gets what is left.
+		return "machine CPU, taken by other load (" + shares + ")"
+	case p.MachIOWait >= 0.2:
+		return "disk (" + shares + ")"
 	case strings.Contains(p.Label, "proxy +") && !strings.HasSuffix(p.Label, "+0"):
 		return "network RTT (" + shares + ")"
 	case strings.Contains(p.Label, "proxy"):

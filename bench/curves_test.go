@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,8 +21,13 @@ func TestBindsAt(t *testing.T) {
 		{"below the broker's ingest", curvePoint{Family: "payload", Seconds: 10, RelayCPU: 2, Walsender: 1, Broker: 5, EvPerS: 500, RefEvPerS: 1000}, "largest share: broker CPU"},
 		{"added round trip", curvePoint{Family: "rtt", Label: "Kafka via proxy +1ms", Seconds: 10, RelayCPU: 2, Walsender: 1, Broker: 1}, "network RTT"},
 		{"proxy without delay", curvePoint{Family: "rtt", Label: "Kafka via proxy +0", Seconds: 10, RelayCPU: 2, Walsender: 1, Broker: 1}, "proxy hop"},
+		{"machine busy with other load", curvePoint{Family: "topics", Seconds: 10, RelayCPU: 2, Walsender: 1, Broker: 1, MachBusy: 0.97}, "machine CPU, taken by other load"},
+		{"disk", curvePoint{Family: "bigtxn", Seconds: 10, RelayCPU: 2, Walsender: 1, Broker: 1, MachBusy: 0.5, MachIOWait: 0.4}, "disk"},
 		{"failed point", curvePoint{Family: "rtt", Err: "boom"}, "n/a"},
 	} {
+		if tc.p.MachBusy == 0 && tc.p.MachIOWait == 0 {
+			tc.p.MachBusy, tc.p.MachIOWait = math.NaN(), math.NaN()
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			if got := bindsAt(&tc.p, 2); !strings.HasPrefix(got, tc.want) && !strings.Contains(got, tc.want) {
 				t.Fatalf("bindsAt = %q, want %q", got, tc.want)
