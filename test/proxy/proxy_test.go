@@ -450,7 +450,7 @@ func TestSetDelay(t *testing.T) {
 	}
 	before := dial(t, p.Addr())
 	rtt(before) // connected end to end
-	const d = 30 * time.Millisecond
+	const d = 50 * time.Millisecond
 	p.SetDelay(d)
 	if p.Delay() != d {
 		t.Fatalf("Delay() = %s, want %s", p.Delay(), d)
@@ -463,20 +463,21 @@ func TestSetDelay(t *testing.T) {
 			}
 		}
 	}
-	// 8 MiB in 256 chunks of 32 KiB: one chunk per delay would take 2*256*30ms
-	// = 15 s; pipelined it takes about one round trip plus the copying.
-	msg := make([]byte, 8<<20)
+	// 4 MiB, 128 chunks of 32 KiB or more: one chunk per delay would take
+	// 2*128*50ms = 12.8 s; pipelined it takes about one round trip plus the
+	// copying.
+	msg := make([]byte, 4<<20)
 	for i := range msg {
 		msg[i] = byte(rand.IntN(256))
 	}
 	t0 := time.Now()
 	go after.Write(msg)
-	got, err := readN(after, len(msg), 10*time.Second)
+	got, err := readN(after, len(msg), 30*time.Second)
 	if err != nil || !bytes.Equal(got, msg) {
-		t.Fatalf("8 MiB through the delayed proxy: %v, intact %v", err, bytes.Equal(got, msg))
+		t.Fatalf("4 MiB through the delayed proxy: %v, intact %v", err, bytes.Equal(got, msg))
 	}
-	if el := time.Since(t0); el > 5*time.Second {
-		t.Fatalf("8 MiB took %s through a %s delay: the delay throttles the stream", el, d)
+	if el := time.Since(t0); el > 6*time.Second {
+		t.Fatalf("4 MiB took %s through a %s delay: the delay throttles the stream", el, d)
 	}
 	p.SetDelay(0)
 	rtt(after) // drains what is queued
