@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts matrix compat bench-peer
+.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts matrix compat bench-peer bench-curves
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -60,7 +60,7 @@ unit:
 	$(GO) test -race -count=1 $(PKGS)
 
 # Benchmarks, not part of `make test` (bench/README.md): backlog drain against
-# pg_recvlogical, steady-state latency and relay profiles, the exactly-once
+# pg_recvlogical, steady-state latency, relay profiles, cost curves, the exactly-once
 # relay next to the at-least-once one (OUTBOX_BENCH_DELIVERY), on a private
 # PostgreSQL + Kafka (test/services.sh with run dir BENCH_RUN_DIR); writes
 # bench/results/. OUTBOX_BENCH_SCALE=small for a quick run, OUTBOX_BENCH_RELAY
@@ -78,6 +78,27 @@ bench:
 	  rc=0; \
 	  bash test/services.sh start && \
 	    "$(BENCH_RUN_DIR)/outbox-bench" -env "$(BENCH_RUN_DIR)/env" \
+	      -relay "$${OUTBOX_BENCH_RELAY:-$(BENCH_RUN_DIR)/outbox-relay}" || rc=$$?; \
+	  bash test/services.sh stop; \
+	  exit $$rc
+
+# Cost curves alone (issue 16, bench/README.md part 5; also the last part of
+# `make bench`): payload size, topics, aggregates, one large transaction,
+# +1 ms round trip to Kafka and to PostgreSQL through test/proxy; about 6
+# minutes at full scale. The same services handling as bench; writes
+# bench/results/*-curves.* (latest-curves.* at full scale), which the main
+# report links.
+bench-curves:
+	@mkdir -p "$(BENCH_RUN_DIR)"
+	$(GO) build -o "$(BENCH_RUN_DIR)/outbox-bench" ./bench
+	@if [ -z "$$OUTBOX_BENCH_RELAY" ]; then \
+	  echo "$(GO) build -o $(BENCH_RUN_DIR)/outbox-relay ./cmd/outbox-relay"; \
+	  $(GO) build -o "$(BENCH_RUN_DIR)/outbox-relay" ./cmd/outbox-relay || exit 1; fi
+	@export OUTBOX_TEST_RUN_DIR="$(BENCH_RUN_DIR)"; \
+	  trap 'bash test/services.sh stop' INT TERM; \
+	  rc=0; \
+	  bash test/services.sh start && \
+	    "$(BENCH_RUN_DIR)/outbox-bench" -env "$(BENCH_RUN_DIR)/env" -parts curves -delivery at_least_once \
 	      -relay "$${OUTBOX_BENCH_RELAY:-$(BENCH_RUN_DIR)/outbox-relay}" || rc=$$?; \
 	  bash test/services.sh stop; \
 	  exit $$rc

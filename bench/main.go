@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -118,6 +119,8 @@ type bench struct {
 	profileShape int
 	eos          bool // measure delivery: exactly_once next to at_least_once
 	parts        map[string]bool
+	env          map[string]string // the services' env file
+	machineCores int
 	// drainDeadline: no drain repeat starts that would end after it (the
 	// run's time budget minus what the latency part needs).
 	drainDeadline time.Time
@@ -162,7 +165,7 @@ func run() int {
 	resultsDir := flag.String("results", getenv("OUTBOX_BENCH_RESULTS", "bench/results"), "where the report, figures and profile summaries go")
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
-	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first; also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
+	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,curves"), "what to run: drain, latency, profile, first, curves (cost curves; alone: make bench-curves); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 15*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
@@ -184,7 +187,8 @@ func run() int {
 	}
 	env := svc.Vars
 	b := &bench{sc: sc, runDir: filepath.Dir(*envFile), relayFlags: strings.Fields(*relayFlags),
-		goBin: getenv("GO", "go"), fillSessions: 2, profileShape: 100, parts: map[string]bool{}}
+		goBin: getenv("GO", "go"), fillSessions: 2, profileShape: 100, parts: map[string]bool{},
+		env: svc.Vars, machineCores: runtime.NumCPU()}
 	for _, p := range strings.Split(*partsFlag, ",") {
 		b.parts[strings.TrimSpace(p)] = true
 	}
@@ -335,6 +339,14 @@ func run() int {
 	if b.parts["binary"] && ctx.Err() == nil {
 		res.Binary = b.runBinary(ctx)
 	}
+	if b.parts["curves"] && ctx.Err() == nil {
+		res.Curves = b.runCurves(ctx)
+		for _, p := range res.Curves.Points {
+			if p.Err != "" {
+				res.Errors = append(res.Errors, fmt.Sprintf("curves %s %s: %s", p.Family, p.Label, p.Err))
+			}
+		}
+	}
 	if ctx.Err() != nil {
 		res.Errors = append(res.Errors, "interrupted")
 	}
@@ -388,6 +400,12 @@ func (b *bench) write(res *results, dir string, latest bool) error {
 			}
 		}
 	}
+	if res.Curves != nil {
+		if err := plotCurves(res.Curves, tmp("-curves.png")); err != nil {
+			errs = append(errs, fmt.Errorf("curves plot: %w", err))
+		}
+		files["-curves.md"] = []byte(res.curvesMarkdown(stamp))
+	}
 	files[".md"] = []byte(res.markdown(stamp))
 	for suffix, data := range files {
 		if err := os.WriteFile(tmp(suffix), data, 0o644); err != nil {
@@ -395,7 +413,23 @@ func (b *bench) write(res *results, dir string, latest bool) error {
 		}
 	}
 	logf("wrote %s", tmp(".md"))
-	if latest {
+	if latest && res.Curves != nil {
+		// The curves have latest-curves.* of their own (make bench-curves
+		// runs only them: its report must not replace latest.md).
+		data, err := os.ReadFile(tmp("-curves.png"))
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "latest-curves.png"), data, 0o644)
+		}
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, "latest-curves.md"), []byte(res.curvesMarkdown("latest")), 0o644)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		delete(files, "-curves.md")
+		logf("wrote %s", filepath.Join(dir, "latest-curves.md"))
+	}
+	if latest && (res.Curves == nil || res.Drains != nil || res.Latency != nil) {
 		files[".md"] = []byte(res.markdown("latest"))
 		for _, suffix := range []string{"-drain.png", "-latency.png"} {
 			if data, err := os.ReadFile(tmp(suffix)); err == nil {

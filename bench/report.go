@@ -28,6 +28,7 @@ type results struct {
 	First      *firstPublish
 	Stream     *streamResult // the "stream" part
 	Binary     *binaryResult // the "binary" part
+	Curves     *curvesResult // the "curves" part (curves.go)
 	Errors     []string
 }
 
@@ -439,6 +440,7 @@ func (r *results) markdown(asset string) string {
 	if r.Binary != nil {
 		w("## 6. pgoutput binary option\n\n%s", r.Binary.markdown())
 	}
+	w("## 7. Cost curves\n\n%s", r.curvesLink(asset))
 	return sb.String()
 }
 

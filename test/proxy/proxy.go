@@ -19,6 +19,10 @@
 //   - Retarget: new connections go to another address (a promoted standby,
 //     as a DNS name or virtual IP moves in a failover); current ones are
 //     untouched until Reset.
+//   - SetDelay: every chunk of bytes is delivered a fixed time after the
+//     proxy read it, in each direction, on current and new connections: a
+//     longer wire. A request/response round trip grows by twice the delay;
+//     the stream stays pipelined (bandwidth is not limited) and in order.
 //
 // It is used by the chaos suite (test/chaos) and meant for reuse by other
 // tests that need a controllable network path.
@@ -51,6 +55,7 @@ type Proxy struct {
 	links    map[*link]struct{}
 	accepted int
 	closed   bool
+	delay    time.Duration // one-way, per direction (SetDelay)
 	wg       sync.WaitGroup
 }
 
@@ -88,6 +93,23 @@ func (p *Proxy) Retarget(target string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.target = target
+}
+
+// SetDelay makes every byte read from now on arrive d later on the other
+// side, in both directions (so a round trip through the proxy grows by 2*d);
+// 0 forwards at once again. Bytes already queued keep their delivery time
+// and their order. A negative d is taken as 0.
+func (p *Proxy) SetDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = max(d, 0)
+}
+
+// Delay is the one-way delay SetDelay set.
+func (p *Proxy) Delay() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delay
 }
 
 // Stats returns the connection counts.
@@ -268,24 +290,46 @@ func (p *Proxy) handle(l *link) {
 }
 
 // pump copies src to dst while the proxy forwards. EOF is passed on as a
-// half-close; any other error resets the whole link.
+// half-close; any other error resets the whole link. While a delay is set
+// (SetDelay) the chunks go through a delayed writer instead; once one was
+// started it carries the rest of the stream, so bytes never overtake.
 func (p *Proxy) pump(l *link, dst, src *net.TCPConn) {
+	var dw *delayedWriter
+	defer func() {
+		if dw != nil {
+			dw.finish()
+		}
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		if !p.wait(l) {
 			return
 		}
 		n, err := src.Read(buf)
+		if d := p.Delay(); dw == nil && d > 0 {
+			dw = p.startDelayed(l, dst)
+		}
 		if n > 0 {
-			if !p.wait(l) { // bytes read just before a blackhole are held, not dropped
-				return
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				l.close(true)
-				return
+			if dw != nil {
+				if !dw.put(chunk{data: buf[:n], due: time.Now().Add(p.Delay())}) {
+					return
+				}
+				buf = make([]byte, 32<<10) // the queued chunk keeps the old one
+			} else {
+				if !p.wait(l) { // bytes read just before a blackhole are held, not dropped
+					return
+				}
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					l.close(true)
+					return
+				}
 			}
 		}
 		if errors.Is(err, io.EOF) {
+			if dw != nil {
+				dw.put(chunk{eof: true, due: time.Now().Add(p.Delay())})
+				return
+			}
 			_ = dst.CloseWrite()
 			return
 		}
@@ -293,6 +337,72 @@ func (p *Proxy) pump(l *link, dst, src *net.TCPConn) {
 			l.close(true)
 			return
 		}
+	}
+}
+
+// chunk is bytes read at some time, to be written at due (eof: half-close).
+type chunk struct {
+	data []byte
+	due  time.Time
+	eof  bool
+}
+
+// delayedWriter writes queued chunks to dst at their due times, in order.
+type delayedWriter struct {
+	q    chan chunk
+	done chan struct{}
+	l    *link
+}
+
+func (p *Proxy) startDelayed(l *link, dst *net.TCPConn) *delayedWriter {
+	// 256 chunks of up to 32 KiB: enough in flight for a 1 ms wire at
+	// loopback speed, and bounded.
+	w := &delayedWriter{q: make(chan chunk, 256), done: make(chan struct{}), l: l}
+	go func() {
+		defer close(w.done)
+		for c := range w.q {
+			if wait := time.Until(c.due); wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-l.done:
+					t.Stop()
+					return
+				}
+			}
+			if !p.wait(l) {
+				return
+			}
+			if c.eof {
+				_ = dst.CloseWrite()
+				return
+			}
+			if _, err := dst.Write(c.data); err != nil {
+				l.close(true)
+				return
+			}
+		}
+	}()
+	return w
+}
+
+// put queues a chunk; false if the link closed meanwhile.
+func (w *delayedWriter) put(c chunk) bool {
+	select {
+	case w.q <- c:
+		return true
+	case <-w.l.done:
+		return false
+	}
+}
+
+// finish lets the writer deliver what is queued and waits for it (or for
+// the link to close).
+func (w *delayedWriter) finish() {
+	close(w.q)
+	select {
+	case <-w.done:
+	case <-w.l.done:
 	}
 }
 

@@ -429,3 +429,60 @@ func TestRetarget(t *testing.T) {
 		t.Fatalf("Reset closed %d connections, want the old one", n)
 	}
 }
+
+// SetDelay: a round trip through the proxy takes at least twice the delay
+// (one way each direction), on a connection made before and one made after
+// SetDelay; a large stream comes back intact and in order while delayed and
+// is not throttled to one chunk per delay; SetDelay(0) forwards at once again.
+func TestSetDelay(t *testing.T) {
+	a, _ := echoServer(t)
+	p := newProxy(t, a)
+	rtt := func(c net.Conn) time.Duration {
+		t.Helper()
+		t0 := time.Now()
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readN(c, 1, 5*time.Second); err != nil {
+			t.Fatalf("echo: %v", err)
+		}
+		return time.Since(t0)
+	}
+	before := dial(t, p.Addr())
+	rtt(before) // connected end to end
+	const d = 50 * time.Millisecond
+	p.SetDelay(d)
+	if p.Delay() != d {
+		t.Fatalf("Delay() = %s, want %s", p.Delay(), d)
+	}
+	after := dial(t, p.Addr())
+	for name, c := range map[string]net.Conn{"connection made before SetDelay": before, "connection made after": after} {
+		for i := 0; i < 3; i++ {
+			if got := rtt(c); got < 2*d {
+				t.Fatalf("%s: round trip %s with a delay of %s, want >= %s", name, got, d, 2*d)
+			}
+		}
+	}
+	// 4 MiB, 128 chunks of 32 KiB or more: one chunk per delay would take
+	// 2*128*50ms = 12.8 s; pipelined it takes about one round trip plus the
+	// copying.
+	msg := make([]byte, 4<<20)
+	for i := range msg {
+		msg[i] = byte(rand.IntN(256))
+	}
+	t0 := time.Now()
+	go after.Write(msg)
+	got, err := readN(after, len(msg), 30*time.Second)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("4 MiB through the delayed proxy: %v, intact %v", err, bytes.Equal(got, msg))
+	}
+	if el := time.Since(t0); el > 6*time.Second {
+		t.Fatalf("4 MiB took %s through a %s delay: the delay throttles the stream", el, d)
+	}
+	p.SetDelay(0)
+	rtt(after) // drains what is queued
+	fresh := dial(t, p.Addr())
+	if got := rtt(fresh); got >= 2*d {
+		t.Logf("round trip %s after SetDelay(0) (a loaded machine?)", got)
+	}
+}
