@@ -85,6 +85,17 @@ func scaleFor(name string) (scale, error) {
 	if secs > 0 {
 		sc.PhaseDur = time.Duration(secs) * time.Second
 	}
+	if v := os.Getenv("OUTBOX_BENCH_LAT_SHAPES"); v != "" && err == nil {
+		sc.LatencyShapes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, e := strconv.Atoi(strings.TrimSpace(f))
+			if e != nil || n <= 0 {
+				return sc, fmt.Errorf("OUTBOX_BENCH_LAT_SHAPES=%q: want comma-separated rows per transaction", v)
+			}
+			sc.LatencyShapes = append(sc.LatencyShapes, n)
+		}
+		sc.Name = name + " (overridden)"
+	}
 	if v := os.Getenv("OUTBOX_BENCH_RATES"); v != "" && err == nil {
 		sc.Rates = nil
 		for _, f := range strings.Split(v, ",") {
@@ -151,6 +162,9 @@ func getenv(key, def string) string {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "loadgen" {
 		os.Exit(loadgenMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "forward" {
+		os.Exit(forwardMain(os.Args[2:]))
 	}
 	os.Exit(run())
 }

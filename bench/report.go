@@ -364,6 +364,26 @@ func (r *results) markdown(asset string) string {
 				pct(share(p.GenCPU, p.LoadS)), p.Gen.Conns, pct(share(p.Gen.BackendCPUS, p.LoadS)), 100*float64(p.Gen.LateOver10)/math.Max(1, float64(p.Gen.Executed)),
 				first, p.Gen.LateMaxMs, float64(p.MaxSlotLag)/mib, max(0, p.BacklogAtEnd), catch)
 		}
+		if len(r.Latency.Legs) > 1 {
+			w("\n### Side by side: relay legs and the minimal forwarder\n\n")
+			w("All legs run at the same time, each from its own slot to its own topics, on the same committed transactions (one generator): the same events at the same moment of the shared machine, so the noise of the box hits every leg alike; the price is that they share its 2 cores. The minimal forwarder (`outbox-bench forward`) is pglogrepl + sarama only: pgoutput proto 1, of each Insert the topic (aggregate_type), key (aggregate_id) and payload, the relay's producer settings (idempotent, acks=all, one request in flight, murmur2, record timestamp = commit time) with sarama's own batching (no flush setting), and the slot confirmed after the acks every second: nothing else. Each leg's consumers check its output by the payload's sequence number: every event once. CPU is the process's user+sys from /proc over the load divided by the generated events. Legs: %s.\n\n", strings.Join(r.Latency.Legs, "; "))
+			w("| offered | leg | consumer p50 | p99 | p99.9 | max | p50 - forwarder p50 | CPU us/event | CPU share | received | duplicates | missing |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			for _, p := range r.Latency.Phases {
+				if p.Err != "" {
+					continue
+				}
+				fwd := math.NaN()
+				for _, l := range p.Legs {
+					if l.Name == "forwarder" {
+						fwd = l.ConsQ[0]
+					}
+				}
+				for _, l := range p.Legs {
+					w("| %d | %s | %s | %s | %s | %s | %+.2f ms | %.1f | %s | %d | %d | %d |\n", p.Rate, l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), msq(l.ConsQ[4]),
+						l.ConsQ[0]-fwd, l.usPerEvent(p.Gen.Events), pct(share(l.CPU, p.LoadS)), l.ConsN, l.Dups, l.Missing)
+				}
+			}
+		}
 		w("\nRelay peak RSS over the whole latency run (VmHWM): %.1f MiB. The slot lag includes up to one status interval (1 s) of acked but not yet confirmed WAL.\n\n", float64(r.Latency.PeakRSS)/mib)
 		w("Status: *generator behind* = it committed < 95%% of the offered events or > 1%% of its transactions started > 10 ms after their slot (a limit of the generator and the database on this machine, not of the relay); *relay not sustained* = in the steady part of the phase (from 20%% of the schedule to its end) the relay acked < 95%% of the generated events/s, so its backlog (the slot lag) grew, or it never caught up after the load. *delivered* is that steady acked rate.\n\n")
 	}
