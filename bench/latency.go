@@ -185,10 +185,12 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 		if name == "base-0s" {
 			l.desc, flags = "base relay, --kafka-flush-frequency 0s", []string{"--kafka-flush-frequency", "0s"}
 		}
+	case "relay-p1":
+		l.desc = "relay, GOMAXPROCS=1"
 	case "forwarder":
 		l.desc = "minimal forwarder (pglogrepl + sarama, flush unset)"
 	default:
-		return nil, fmt.Errorf("OUTBOX_BENCH_LAT_LEGS: unknown leg %q (relay, relay-alt, relay-1ms, relay-0s, base, base-0s, forwarder)", name)
+		return nil, fmt.Errorf("OUTBOX_BENCH_LAT_LEGS: unknown leg %q (relay, relay-alt, relay-1ms, relay-0s, relay-p1, base, base-0s, forwarder)", name)
 	}
 	if _, err := b.pg.createSlot(context.Background(), l.slot); err != nil {
 		return nil, err
@@ -215,8 +217,11 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 	}
 	saved := b.relayBin
 	b.relayBin = bin
+	if name == "relay-p1" {
+		b.relayEnv = []string{"GOMAXPROCS=1"}
+	}
 	rp, err := b.startRelay("latency-"+name, l.slot, b.topicPrefix+l.base+".{aggregate_type}", flags...)
-	b.relayBin = saved
+	b.relayBin, b.relayEnv = saved, nil
 	if err != nil {
 		return nil, err
 	}
@@ -503,6 +508,11 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos 
 			if i%2 == 1 {
 				if n := published(); n >= 0 {
 					acks = append(acks, ackSample{time.Now(), n})
+				}
+				for _, l := range legs[1:] {
+					if l.rp != nil {
+						l.rp.scrape() // every relay leg is scraped alike: the same cost in each
+					}
 				}
 			}
 			if i%4 == 3 {

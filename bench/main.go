@@ -116,6 +116,7 @@ type bench struct {
 	runDir       string
 	relayBin     string
 	relayFlags   []string
+	relayEnv     []string // extra environment of the relay started next (a latency leg's)
 	recvlogical  string
 	goBin        string
 	self         string
