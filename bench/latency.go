@@ -147,8 +147,8 @@ type latLeg struct {
 }
 
 // legNames are the latency legs (OUTBOX_BENCH_LAT_LEGS): relay (defaults),
-// relay-alt (--kafka-flush-frequency altFlush), relay-1ms, relay-0s,
-// forwarder, and with OUTBOX_BENCH_BASE_RELAY base and base-0s.
+// relay-alt (--kafka-flush-frequency altFlush), relay-<duration> (that
+// flush frequency, e.g. relay-0s), relay-p1 (GOMAXPROCS=1), forwarder, and with OUTBOX_BENCH_BASE_RELAY base and base-0s.
 func legNames() []string {
 	var out []string
 	for _, f := range strings.Split(getenv("OUTBOX_BENCH_LAT_LEGS", "relay,relay-alt,forwarder"), ",") {
@@ -174,9 +174,8 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 		l.desc = "relay, defaults"
 	case "relay-alt":
 		l.desc, flags = "relay, --kafka-flush-frequency "+altFlush, []string{"--kafka-flush-frequency", altFlush}
-	case "relay-1ms", "relay-0s":
-		f := strings.TrimPrefix(name, "relay-")
-		l.desc, flags = "relay, --kafka-flush-frequency "+f, []string{"--kafka-flush-frequency", f}
+	case "relay-p1":
+		l.desc = "relay, GOMAXPROCS=1"
 	case "base", "base-0s":
 		if bin = os.Getenv("OUTBOX_BENCH_BASE_RELAY"); bin == "" {
 			return nil, fmt.Errorf("latency leg %s needs OUTBOX_BENCH_BASE_RELAY", name)
@@ -185,12 +184,17 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 		if name == "base-0s" {
 			l.desc, flags = "base relay, --kafka-flush-frequency 0s", []string{"--kafka-flush-frequency", "0s"}
 		}
-	case "relay-p1":
-		l.desc = "relay, GOMAXPROCS=1"
 	case "forwarder":
 		l.desc = "minimal forwarder (pglogrepl + sarama, flush unset)"
 	default:
-		return nil, fmt.Errorf("OUTBOX_BENCH_LAT_LEGS: unknown leg %q (relay, relay-alt, relay-1ms, relay-0s, relay-p1, base, base-0s, forwarder)", name)
+		// relay-<duration>: the relay with --kafka-flush-frequency <duration>
+		if f, ok := strings.CutPrefix(name, "relay-"); ok {
+			if _, err := time.ParseDuration(f); err == nil {
+				l.desc, flags = "relay, --kafka-flush-frequency "+f, []string{"--kafka-flush-frequency", f}
+				break
+			}
+		}
+		return nil, fmt.Errorf("OUTBOX_BENCH_LAT_LEGS: unknown leg %q (relay, relay-alt, relay-<flush frequency> e.g. relay-0s, relay-p1, base, base-0s, forwarder)", name)
 	}
 	if _, err := b.pg.createSlot(context.Background(), l.slot); err != nil {
 		return nil, err
