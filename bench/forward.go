@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,8 +44,22 @@ func forwardMain(args []string) int {
 	prefix := fs.String("topic-prefix", "", "topic = prefix + aggregate_type")
 	flush := fs.Duration("flush-frequency", 0, "sarama Producer.Flush.Frequency (0: unset, sarama's default)")
 	status := fs.Duration("status-interval", time.Second, "standby status update interval")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "forward:", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "forward:", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()

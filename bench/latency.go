@@ -208,6 +208,9 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 		defer lf.Close()
 		l.fwd = exec.Command(b.self, "forward", "-pg-url", b.pg.url, "-slot", l.slot, "-publication", b.pg.pub,
 			"-brokers", strings.Join(b.brokers, ","), "-topic-prefix", b.topicPrefix+l.base+".")
+		if os.Getenv("OUTBOX_BENCH_LAT_PROFILE") != "" {
+			l.fwd.Args = append(l.fwd.Args, "-cpuprofile", filepath.Join(b.runDir, "lat-forwarder-cpu.pb.gz"))
+		}
 		l.fwd.Stdout, l.fwd.Stderr = lf, lf
 		l.fwd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := l.fwd.Start(); err != nil {
