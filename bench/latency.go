@@ -78,6 +78,7 @@ type legStats struct {
 	Missing int       // generated events never received
 	CPU     float64   // seconds of the tool's process during the load
 	Profile string    // CPU profile of the phase (.pb.gz), if taken
+	AckP50  float64   // a relay leg's commit->ack median (its histogram, seconds); 0 for the forwarder
 }
 
 // usPerEvent is the tool's CPU per generated event, microseconds.
@@ -338,8 +339,8 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 			mode, p.name(), p.achieved(), p.delivered(), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), msq(p.ConsQ[0]), msq(p.ConsQ[2]),
 			100*share(p.RelayCPU, p.LoadS), float64(p.RelayRSSMax)/(1<<20), strings.ReplaceAll(phaseStatus(p), "*", ""))
 		for _, l := range p.Legs {
-			logf("  %-50s consumer p50 %s p99 %s p99.9 %s, CPU %6.1f us/event, received %d (dups %d, missing %d)",
-				l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), l.usPerEvent(p.Gen.Events), l.ConsN, l.Dups, l.Missing)
+			logf("  %-50s consumer p50 %s p99 %s p99.9 %s, CPU %6.1f us/event, received %d (dups %d, missing %d), ack p50 %s",
+				l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), l.usPerEvent(p.Gen.Events), l.ConsN, l.Dups, l.Missing, fmtSec(l.AckP50))
 		}
 		if ctx.Err() != nil {
 			break
@@ -447,6 +448,14 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos 
 		return p
 	}
 	h0 := histogram(ss0, ackHistogram)
+	legH0 := make([][]bucket, len(legs))
+	for i, l := range legs {
+		if l.rp != nil {
+			if ss, err := l.rp.scrape(); err == nil {
+				legH0[i] = histogram(ss, ackHistogram)
+			}
+		}
+	}
 	_, wpid, _ := b.pg.slotState(ctx, slot)
 	legCPU0 := make([]time.Duration, len(legs))
 	for i, l := range legs {
@@ -610,6 +619,12 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos 
 	p.AckQ = append(p.AckQ, histMax(h))
 	for i, l := range legs {
 		ls := legStats{Name: l.name, Desc: l.desc, CPU: (legCPU1[i] - legCPU0[i]).Seconds(), Profile: profiles[i]}
+		if l.rp != nil && legH0[i] != nil {
+			if ss, err := l.rp.scrape(); err == nil {
+				h := histDelta(legH0[i], histogram(ss, ackHistogram))
+				ls.AckP50 = histQuantile(0.5, h)
+			}
+		}
 		var all []float64
 		distinct := 0
 		for j := range b.sc.LatencyShapes {
