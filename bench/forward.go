@@ -164,6 +164,8 @@ func forward(ctx context.Context, url, slot, pub string, brokers []string, prefi
 			WALWritePosition: c, WALFlushPosition: c, WALApplyPosition: c})
 	}
 	next := time.Now().Add(status)
+	stop := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
+	defer stop()
 	for {
 		select {
 		case err := <-fail:
@@ -176,9 +178,10 @@ func forward(ctx context.Context, url, slot, pub string, brokers []string, prefi
 			}
 			next = time.Now().Add(status)
 		}
-		rctx, rcancel := context.WithDeadline(ctx, next)
-		raw, err := conn.ReceiveMessage(rctx)
-		rcancel()
+		// A socket deadline, not a context per read: pgconn would start a
+		// watcher for every message (the relay reads the same way).
+		_ = conn.Conn().SetReadDeadline(next)
+		raw, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) && ctx.Err() == nil {
 				continue
