@@ -57,3 +57,17 @@ func TestPayloadSeq(t *testing.T) {
 		}
 	}
 }
+
+// The extra 1-row phase at 1k events/s is reported but never stands in for
+// the mix phase of the same rate (targets, figure, exactly-once table).
+func TestOneRowPhaseNotTheTargetPhase(t *testing.T) {
+	oneRow := &latPhase{Rate: 1000, Shapes: []int{1}, OneRow: true}
+	mix := &latPhase{Rate: 1000, Shapes: []int{1, 10}}
+	l := &latencyRun{Phases: []*latPhase{oneRow, mix}}
+	if got := phaseOf(l, 1000); got != mix {
+		t.Fatalf("phaseOf(1000) = %+v, want the mix phase", got)
+	}
+	if oneRow.label() != "1000 (1-row)" || mix.label() != "1000" {
+		t.Fatalf("labels %q, %q", oneRow.label(), mix.label())
+	}
+}

@@ -40,6 +40,10 @@ type consShape struct {
 // transaction shapes).
 type latPhase struct {
 	Rate   int
+	Shapes []int // rows per transaction, the rate split evenly between them
+	// OneRow: the extra 1-row phase at oneRowRate (the low-rate
+	// figure), next to the scale's mix; not in the figure or the targets.
+	OneRow bool
 	Gen    loadResult
 	GenCPU float64 // seconds of the generator process
 	LoadS  float64 // wall seconds the generator ran (launch to exit): CPU shares
@@ -84,7 +88,24 @@ type legStats struct {
 // usPerEvent is the tool's CPU per generated event, microseconds.
 func (l *legStats) usPerEvent(events int) float64 { return 1e6 * l.CPU / float64(events) }
 
-func (p *latPhase) name() string { return rateName(p.Rate) }
+func (p *latPhase) name() string {
+	if p.OneRow {
+		return rateName(p.Rate) + " 1-row"
+	}
+	return rateName(p.Rate)
+}
+
+// label is the phase's rate in the report's tables.
+func (p *latPhase) label() string {
+	if p.OneRow {
+		return fmt.Sprintf("%d (1-row)", p.Rate)
+	}
+	return fmt.Sprint(p.Rate)
+}
+
+// oneRowRate gets an extra phase of 1-row transactions only, before the
+// mix at the same rate, when the scale's mix is not 1-row already.
+const oneRowRate = 1000
 
 // achieved is the generator's committed events/s over its configured duration.
 func (p *latPhase) achieved() float64 { return float64(p.Gen.Events) / p.Gen.DurationS }
@@ -322,8 +343,20 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 	if eos {
 		mode = " exactly-once"
 	}
+	type phaseSpec struct {
+		rate   int
+		shapes []int
+		oneRow bool
+	}
+	var specs []phaseSpec
 	for _, rate := range rates {
-		p := b.latencyPhase(ctx, legs, rate, eos)
+		if !eos && rate == oneRowRate && !slices.Equal(b.sc.LatencyShapes, []int{1}) {
+			specs = append(specs, phaseSpec{rate, []int{1}, true})
+		}
+		specs = append(specs, phaseSpec{rate, b.sc.LatencyShapes, false})
+	}
+	for _, sp := range specs {
+		p := b.latencyPhase(ctx, legs, sp.rate, sp.shapes, sp.oneRow, eos)
 		out.Phases = append(out.Phases, p)
 		if p.Err != "" {
 			logf("latency%s %-6s FAILED: %s", mode, p.name(), p.Err)
@@ -340,7 +373,7 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 			100*share(p.RelayCPU, p.LoadS), float64(p.RelayRSSMax)/(1<<20), strings.ReplaceAll(phaseStatus(p), "*", ""))
 		for _, l := range p.Legs {
 			logf("  %-50s consumer p50 %s p99 %s p99.9 %s, CPU %6.1f us/event, received %d (dups %d, missing %d), ack p50 %s",
-				l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), l.usPerEvent(p.Gen.Events), l.ConsN, l.Dups, l.Missing, fmtSec(l.AckP50))
+				l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), l.usPerEvent(p.Gen.Events), l.ConsN, l.Dups, l.Missing, fmtSec(l.ackP50()))
 		}
 		if ctx.Err() != nil {
 			break
@@ -352,10 +385,13 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 	return out
 }
 
-func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos bool) *latPhase {
-	p := &latPhase{Rate: rate, CatchUpS: math.NaN()}
+func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shapes []int, oneRow, eos bool) *latPhase {
+	p := &latPhase{Rate: rate, Shapes: shapes, OneRow: oneRow, CatchUpS: math.NaN()}
 	rp, slot := legs[0].rp, legs[0].slot
 	prefix := fmt.Sprintf("r%d", rate)
+	if oneRow {
+		prefix += "x" // topics of their own
+	}
 	var topics []string // the relay leg's
 	consumers := make([]map[int]*latencyConsumer, len(legs))
 	defer func() {
@@ -365,14 +401,14 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos 
 			}
 		}
 		for _, l := range legs {
-			for _, txn := range b.sc.LatencyShapes {
+			for _, txn := range p.Shapes {
 				b.kafka.deleteTopic(b.topicPrefix + l.base + "." + aggTypeFor(prefix, txn))
 			}
 		}
 	}()
 	for i, l := range legs {
 		consumers[i] = map[int]*latencyConsumer{}
-		for _, txn := range b.sc.LatencyShapes {
+		for _, txn := range p.Shapes {
 			t := b.topicPrefix + l.base + "." + aggTypeFor(prefix, txn)
 			if err := b.kafka.createTopic(t); err != nil {
 				p.Err = err.Error()
@@ -424,7 +460,7 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos 
 	// Warm-up: a first transaction to each topic, so the producer knows the
 	// topics' partitions and leaders before anything is measured.
 	warm := warmupEvents * len(topics)
-	for _, txn := range b.sc.LatencyShapes {
+	for _, txn := range p.Shapes {
 		if _, err := b.pg.pool.Exec(ctx, "CALL "+b.pg.schema+".bench_fill(0, $1, $2, $3)", int64(warmupEvents), int32(warmupEvents), aggTypeFor(prefix, txn)); err != nil {
 			p.Err = "warm-up: " + err.Error()
 			return p
@@ -467,7 +503,7 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos 
 
 	var stdout, stderr bytes.Buffer
 	args := []string{"loadgen", "-pg-url", b.pg.url, "-table", b.pg.table, "-agg-prefix", prefix,
-		"-rate", itoa(rate), "-mix", joinInts(b.sc.LatencyShapes), "-duration", b.sc.PhaseDur.String(),
+		"-rate", itoa(rate), "-mix", joinInts(p.Shapes), "-duration", b.sc.PhaseDur.String(),
 		"-conns", itoa(b.sc.Conns), "-seed", itoa(rate)}
 	cmd := exec.CommandContext(ctx, b.self, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -627,8 +663,8 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, eos 
 		}
 		var all []float64
 		distinct := 0
-		for j := range b.sc.LatencyShapes {
-			txn := b.sc.LatencyShapes[j]
+		for j := range p.Shapes {
+			txn := p.Shapes[j]
 			lc := consumers[i][txn]
 			lats, d, dups := lc.closeCount()
 			delete(consumers[i], txn)
@@ -691,4 +727,13 @@ func fmtSec(s float64) string {
 	default:
 		return fmt.Sprintf("%.2f s", s)
 	}
+}
+
+// ackP50 is the commit->ack median of a relay leg, NaN for the forwarder
+// (it has no histogram).
+func (l *legStats) ackP50() float64 {
+	if l.Name == "forwarder" {
+		return math.NaN()
+	}
+	return l.AckP50
 }

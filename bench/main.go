@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -296,6 +297,9 @@ func run() int {
 		reserve := 30 * time.Second // setup, cleanup, report
 		if b.parts["latency"] {
 			phases := len(sc.Rates)
+			if slices.Contains(sc.Rates, oneRowRate) && !slices.Equal(sc.LatencyShapes, []int{1}) {
+				phases++ // the 1-row phase
+			}
 			if b.eos {
 				phases += len(eosRates)
 			}
