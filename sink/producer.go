@@ -18,8 +18,8 @@ import (
 
 // sarama records go-metrics meters and histograms for every request, batch
 // and record (request rate, size and latency, records per request, ... per
-// broker and per topic: locked exponentially decaying samples, plus a
-// ticker goroutine per meter). The relay never reads them (its own metrics
+// broker and per topic: locked exponentially decaying samples, and meters
+// ticked by a goroutine every 5 s). The relay never reads them (its own metrics
 // are Prometheus'), and at low rates, one record per request, they cost a
 // measurable share of each event's CPU. go-metrics has only a global switch;
 // sarama is the only user of go-metrics in the relay.
