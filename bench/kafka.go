@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -105,17 +106,22 @@ func (k *kafka) close() {
 // receive time minus the record timestamp (the PostgreSQL commit time the
 // relay sets; Kafka keeps it in milliseconds).
 type latencyConsumer struct {
-	c   *testkit.Consumer
-	mu  sync.Mutex
-	lat []float64 // milliseconds
+	c    *testkit.Consumer
+	mu   sync.Mutex
+	lat  []float64       // milliseconds
+	seqs map[int64]int32 // records per payload "seq" (the generator numbers its events): duplicates
 }
 
 func (k *kafka) consume(topic string, opts ...testkit.ReadOption) (*latencyConsumer, error) {
-	lc := &latencyConsumer{}
+	lc := &latencyConsumer{seqs: map[int64]int32{}}
 	c, err := testkit.Consume(k.brokers, []string{topic}, 30*time.Second, func(m *sarama.ConsumerMessage) {
 		ms := float64(time.Since(m.Timestamp)) / float64(time.Millisecond)
+		seq, ok := payloadSeq(m.Value)
 		lc.mu.Lock()
 		lc.lat = append(lc.lat, ms)
+		if ok {
+			lc.seqs[seq]++
+		}
 		lc.mu.Unlock()
 	}, opts...)
 	if err != nil {
@@ -135,7 +141,40 @@ func (lc *latencyConsumer) count() int {
 func (lc *latencyConsumer) reset() {
 	lc.mu.Lock()
 	lc.lat = lc.lat[:0]
+	clear(lc.seqs)
 	lc.mu.Unlock()
+}
+
+// payloadSeq reads the "seq" number of a generated payload (jsonb prints
+// `"seq": 12`).
+func payloadSeq(v []byte) (int64, bool) {
+	i := bytes.Index(v, []byte(`"seq":`))
+	if i < 0 {
+		return 0, false
+	}
+	i += len(`"seq":`)
+	for i < len(v) && v[i] == ' ' {
+		i++
+	}
+	var n int64
+	j := i
+	for ; j < len(v) && v[j] >= '0' && v[j] <= '9'; j++ {
+		n = 10*n + int64(v[j]-'0')
+	}
+	return n, j > i
+}
+
+// closeCount is close, also returning the distinct events received and the
+// records received more than once.
+func (lc *latencyConsumer) closeCount() (lat []float64, distinct, dups int) {
+	lat = lc.close()
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	for _, n := range lc.seqs {
+		distinct++
+		dups += int(n) - 1
+	}
+	return lat, distinct, dups
 }
 
 // close stops consuming and returns the sorted latencies (ms).

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -38,6 +40,10 @@ type consShape struct {
 // transaction shapes).
 type latPhase struct {
 	Rate   int
+	Shapes []int // rows per transaction, the rate split evenly between them
+	// OneRow: the extra 1-row phase at oneRowRate (the low-rate
+	// figure), next to the scale's mix; not in the figure or the targets.
+	OneRow bool
 	Gen    loadResult
 	GenCPU float64 // seconds of the generator process
 	LoadS  float64 // wall seconds the generator ran (launch to exit): CPU shares
@@ -60,9 +66,46 @@ type latPhase struct {
 	GenBehind   bool
 	RelayBehind bool
 	Err         string
+
+	// Legs: every tool that published this phase's load side by side
+	// (legs[0] is the relay above), see latLeg.
+	Legs []legStats
 }
 
-func (p *latPhase) name() string { return rateName(p.Rate) }
+// legStats is what one tool did in one phase.
+type legStats struct {
+	Name    string
+	Desc    string
+	ConsQ   []float64 // commit->consumer ms at quantiles, then max
+	ConsN   int       // records received (duplicates included)
+	Dups    int       // records received more than once (by the payload's seq)
+	Missing int       // generated events never received
+	CPU     float64   // seconds of the tool's process during the load
+	Profile string    // CPU profile of the phase (.pb.gz), if taken
+	AckP50  float64   // a relay leg's commit->ack median (its histogram, seconds); 0 for the forwarder
+}
+
+// usPerEvent is the tool's CPU per generated event, microseconds.
+func (l *legStats) usPerEvent(events int) float64 { return 1e6 * l.CPU / float64(events) }
+
+func (p *latPhase) name() string {
+	if p.OneRow {
+		return rateName(p.Rate) + " 1-row"
+	}
+	return rateName(p.Rate)
+}
+
+// label is the phase's rate in the report's tables.
+func (p *latPhase) label() string {
+	if p.OneRow {
+		return fmt.Sprintf("%d (1-row)", p.Rate)
+	}
+	return fmt.Sprint(p.Rate)
+}
+
+// oneRowRate gets an extra phase of 1-row transactions only, before the
+// mix at the same rate, when the scale's mix is not 1-row already.
+const oneRowRate = 1000
 
 // achieved is the generator's committed events/s over its configured duration.
 func (p *latPhase) achieved() float64 { return float64(p.Gen.Events) / p.Gen.DurationS }
@@ -100,63 +143,238 @@ func rateName(r int) string {
 // commit-to-visible at 1k and 5k events/s), those of the scale's rates.
 var eosRates = []int{1000, 5000}
 
-// latencyRun is the steady-state part: one relay, phases in increasing rate.
+// latencyRun is the steady-state part: the relay (and, at-least-once, the
+// other legs side by side), phases in increasing rate.
 type latencyRun struct {
 	EOS     bool // delivery: exactly_once, read_committed consumers
+	Legs    []string
 	Phases  []*latPhase
 	PeakRSS int64 // VmHWM of the relay at the end
 	Err     string
 }
 
-// runLatency measures the scale's rates with an at-least-once relay, or,
-// with eos, the eosRates among them with an exactly-once relay
-// (--delivery exactly_once) and read_committed consumers: commit to visible.
+// altFlush is the relay's kafka.flush_frequency other than its default: the
+// relay-alt leg runs with it, so every report has both.
+const altFlush = "0s"
+
+// latLeg is one tool of the latency part. They all run at the same time,
+// each from its own slot to its own topics, on the same committed
+// transactions: the same events, the same moment of a shared machine.
+type latLeg struct {
+	name, desc string
+	slot, base string
+	rp         *relayProc // a relay leg
+	fwd        *exec.Cmd  // the forwarder
+	pid        int
+}
+
+// legNames are the latency legs (OUTBOX_BENCH_LAT_LEGS): relay (defaults),
+// relay-alt (--kafka-flush-frequency altFlush), relay-<duration> (that
+// flush frequency, e.g. relay-0s), relay-p1 (GOMAXPROCS=1), forwarder, and with OUTBOX_BENCH_BASE_RELAY base and base-0s.
+func legNames() []string {
+	var out []string
+	for _, f := range strings.Split(getenv("OUTBOX_BENCH_LAT_LEGS", "relay,relay-alt,forwarder"), ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 || out[0] != "relay" {
+		out = append([]string{"relay"}, slices.DeleteFunc(out, func(s string) bool { return s == "relay" })...)
+	}
+	return out
+}
+
+func (b *bench) startLeg(name string) (*latLeg, error) {
+	safe := strings.ReplaceAll(name, "-", "_")
+	l := &latLeg{name: name, slot: b.pg.schema + "_lat", base: "lat"}
+	if name != "relay" {
+		l.slot, l.base = b.pg.schema+"_lat_"+safe, "lat"+strings.ReplaceAll(name, "-", "")
+	}
+	bin, flags := b.relayBin, []string{}
+	switch name {
+	case "relay":
+		l.desc = "relay, defaults"
+	case "relay-alt":
+		l.desc, flags = "relay, --kafka-flush-frequency "+altFlush, []string{"--kafka-flush-frequency", altFlush}
+	case "relay-p1":
+		l.desc = "relay, GOMAXPROCS=1"
+	case "base", "base-0s":
+		if bin = os.Getenv("OUTBOX_BENCH_BASE_RELAY"); bin == "" {
+			return nil, fmt.Errorf("latency leg %s needs OUTBOX_BENCH_BASE_RELAY", name)
+		}
+		l.desc = "base relay (" + filepath.Base(bin) + "), defaults"
+		if name == "base-0s" {
+			l.desc, flags = "base relay, --kafka-flush-frequency 0s", []string{"--kafka-flush-frequency", "0s"}
+		}
+	case "forwarder":
+		l.desc = "minimal forwarder (pglogrepl + sarama, flush unset)"
+	default:
+		// relay-<duration>: the relay with --kafka-flush-frequency <duration>
+		if f, ok := strings.CutPrefix(name, "relay-"); ok {
+			if _, err := time.ParseDuration(f); err == nil {
+				l.desc, flags = "relay, --kafka-flush-frequency "+f, []string{"--kafka-flush-frequency", f}
+				break
+			}
+		}
+		return nil, fmt.Errorf("OUTBOX_BENCH_LAT_LEGS: unknown leg %q (relay, relay-alt, relay-<flush frequency> e.g. relay-0s, relay-p1, base, base-0s, forwarder)", name)
+	}
+	if _, err := b.pg.createSlot(context.Background(), l.slot); err != nil {
+		return nil, err
+	}
+	if name == "forwarder" {
+		logPath := filepath.Join(b.runDir, "forwarder.log")
+		lf, err := os.Create(logPath)
+		if err != nil {
+			return nil, err
+		}
+		defer lf.Close()
+		l.fwd = exec.Command(b.self, "forward", "-pg-url", b.pg.url, "-slot", l.slot, "-publication", b.pg.pub,
+			"-brokers", strings.Join(b.brokers, ","), "-topic-prefix", b.topicPrefix+l.base+".")
+		if os.Getenv("OUTBOX_BENCH_LAT_PROFILE") != "" {
+			l.fwd.Args = append(l.fwd.Args, "-cpuprofile", filepath.Join(b.runDir, "lat-forwarder-cpu.pb.gz"))
+		}
+		l.fwd.Stdout, l.fwd.Stderr = lf, lf
+		l.fwd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := l.fwd.Start(); err != nil {
+			return nil, err
+		}
+		l.pid = l.fwd.Process.Pid
+		return l, nil
+	}
+	if os.Getenv("OUTBOX_BENCH_LAT_PROFILE") != "" {
+		flags = append(flags, "--pprof")
+	}
+	saved := b.relayBin
+	b.relayBin = bin
+	if name == "relay-p1" {
+		b.relayEnv = []string{"GOMAXPROCS=1"}
+	}
+	rp, err := b.startRelay("latency-"+name, l.slot, b.topicPrefix+l.base+".{aggregate_type}", flags...)
+	b.relayBin, b.relayEnv = saved, nil
+	if err != nil {
+		return nil, err
+	}
+	l.rp, l.pid = rp, rp.pid
+	return l, rp.waitReady(60 * time.Second)
+}
+
+func (b *bench) stopLeg(l *latLeg) {
+	if l.rp != nil {
+		l.rp.stop()
+	}
+	if l.fwd != nil {
+		l.fwd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { l.fwd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			l.fwd.Process.Kill()
+			<-done
+		}
+	}
+	b.pg.dropSlot(context.Background(), l.slot)
+}
+
+// exited: a leg's process is gone.
+func (l *latLeg) exited() error {
+	if l.rp != nil {
+		return l.rp.exited()
+	}
+	if l.fwd.ProcessState != nil || syscall.Kill(l.pid, 0) != nil {
+		return fmt.Errorf("forwarder exited (see forwarder.log)")
+	}
+	return nil
+}
+
+// runLatency measures the scale's rates with an at-least-once relay and the
+// other legs side by side, or, with eos, the eosRates among them with an
+// exactly-once relay (--delivery exactly_once) and read_committed consumers:
+// commit to visible.
 func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 	out := &latencyRun{EOS: eos}
-	slot, name, base, rates := b.pg.schema+"_lat", "latency", "lat", b.sc.Rates
-	var flags []string
+	rates := b.sc.Rates
+	var legs []*latLeg
+	defer func() {
+		for _, l := range legs {
+			b.stopLeg(l)
+		}
+	}()
 	if eos {
-		slot, name, base, rates = b.pg.schema+"_lateos", "latency-eos", "lateos", nil
-		flags = []string{"--delivery", "exactly_once"}
+		rates = nil
 		for _, r := range b.sc.Rates {
 			if slices.Contains(eosRates, r) {
 				rates = append(rates, r)
 			}
 		}
+		l := &latLeg{name: "relay", desc: "relay, --delivery exactly_once", slot: b.pg.schema + "_lateos", base: "lateos"}
+		if _, err := b.pg.createSlot(ctx, l.slot); err != nil {
+			out.Err = err.Error()
+			return out
+		}
+		legs = append(legs, l)
+		rp, err := b.startRelay("latency-eos", l.slot, b.topicPrefix+l.base+".{aggregate_type}", "--delivery", "exactly_once")
+		if err != nil {
+			out.Err = err.Error()
+			return out
+		}
+		l.rp, l.pid = rp, rp.pid
+		if err := rp.waitReady(60 * time.Second); err != nil {
+			out.Err = err.Error()
+			return out
+		}
+	} else {
+		for _, name := range legNames() {
+			l, err := b.startLeg(name)
+			if l != nil {
+				legs = append(legs, l)
+			}
+			if err != nil {
+				out.Err = fmt.Sprintf("leg %s: %v", name, err)
+				return out
+			}
+		}
 	}
-	if _, err := b.pg.createSlot(ctx, slot); err != nil {
-		out.Err = err.Error()
-		return out
+	for _, l := range legs {
+		out.Legs = append(out.Legs, l.desc)
 	}
-	defer b.pg.dropSlot(ctx, slot)
-	rp, err := b.startRelay(name, slot, b.topicPrefix+base+".{aggregate_type}", flags...)
-	if err != nil {
-		out.Err = err.Error()
-		return out
-	}
-	defer rp.stop()
-	if err := rp.waitReady(60 * time.Second); err != nil {
-		out.Err = err.Error()
-		return out
-	}
+	rp := legs[0].rp
 	mode := ""
 	if eos {
 		mode = " exactly-once"
 	}
+	type phaseSpec struct {
+		rate   int
+		shapes []int
+		oneRow bool
+	}
+	var specs []phaseSpec
 	for _, rate := range rates {
-		p := b.latencyPhase(ctx, rp, slot, rate, base, eos)
+		if !eos && rate == oneRowRate && !slices.Equal(b.sc.LatencyShapes, []int{1}) {
+			specs = append(specs, phaseSpec{rate, []int{1}, true})
+		}
+		specs = append(specs, phaseSpec{rate, b.sc.LatencyShapes, false})
+	}
+	for _, sp := range specs {
+		p := b.latencyPhase(ctx, legs, sp.rate, sp.shapes, sp.oneRow, eos)
 		out.Phases = append(out.Phases, p)
 		if p.Err != "" {
 			logf("latency%s %-6s FAILED: %s", mode, p.name(), p.Err)
-			if err := rp.exited(); err != nil {
-				out.Err = err.Error()
-				return out
+			for _, l := range legs {
+				if err := l.exited(); err != nil {
+					out.Err = err.Error()
+					return out
+				}
 			}
 			continue
 		}
 		logf("latency%s %-6s generated %6.0f ev/s, delivered %6.0f ev/s, ack p50 %s p99 %s p99.9 %s, consumer p50 %s p99 %s, relay CPU %3.0f%%, RSS %3.0f MiB [%s]",
 			mode, p.name(), p.achieved(), p.delivered(), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), msq(p.ConsQ[0]), msq(p.ConsQ[2]),
 			100*share(p.RelayCPU, p.LoadS), float64(p.RelayRSSMax)/(1<<20), strings.ReplaceAll(phaseStatus(p), "*", ""))
+		for _, l := range p.Legs {
+			logf("  %-50s consumer p50 %s p99 %s p99.9 %s, CPU %6.1f us/event, received %d (dups %d, missing %d), ack p50 %s",
+				l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), l.usPerEvent(p.Gen.Events), l.ConsN, l.Dups, l.Missing, fmtSec(l.ackP50()))
+		}
 		if ctx.Err() != nil {
 			break
 		}
@@ -167,37 +385,50 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 	return out
 }
 
-func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, rate int, base string, eos bool) *latPhase {
-	p := &latPhase{Rate: rate, CatchUpS: math.NaN()}
+func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shapes []int, oneRow, eos bool) *latPhase {
+	p := &latPhase{Rate: rate, Shapes: shapes, OneRow: oneRow, CatchUpS: math.NaN()}
+	rp, slot := legs[0].rp, legs[0].slot
 	prefix := fmt.Sprintf("r%d", rate)
-	var topics []string
-	consumers := map[int]*latencyConsumer{}
+	if oneRow {
+		prefix += "x" // topics of their own
+	}
+	var topics []string // the relay leg's
+	consumers := make([]map[int]*latencyConsumer, len(legs))
 	defer func() {
-		for _, lc := range consumers {
-			lc.close()
+		for _, cs := range consumers {
+			for _, lc := range cs {
+				lc.close()
+			}
 		}
-		for _, t := range topics {
-			b.kafka.deleteTopic(t)
+		for _, l := range legs {
+			for _, txn := range p.Shapes {
+				b.kafka.deleteTopic(b.topicPrefix + l.base + "." + aggTypeFor(prefix, txn))
+			}
 		}
 	}()
-	for _, txn := range b.sc.LatencyShapes {
-		t := b.topicPrefix + base + "." + aggTypeFor(prefix, txn)
-		if err := b.kafka.createTopic(t); err != nil {
-			p.Err = err.Error()
-			return p
+	for i, l := range legs {
+		consumers[i] = map[int]*latencyConsumer{}
+		for _, txn := range p.Shapes {
+			t := b.topicPrefix + l.base + "." + aggTypeFor(prefix, txn)
+			if err := b.kafka.createTopic(t); err != nil {
+				p.Err = err.Error()
+				return p
+			}
+			var opts []testkit.ReadOption
+			if eos {
+				opts = append(opts, testkit.ReadCommitted) // visible = committed in Kafka
+			}
+			lc, err := b.kafka.consume(t, opts...)
+			if err != nil {
+				p.Err = err.Error()
+				return p
+			}
+			consumers[i][txn] = lc
+			if i == 0 {
+				topics = append(topics, t)
+				p.ByShape = append(p.ByShape, consShape{Txn: txn, Topic: t})
+			}
 		}
-		topics = append(topics, t)
-		var opts []testkit.ReadOption
-		if eos {
-			opts = append(opts, testkit.ReadCommitted) // visible = committed in Kafka
-		}
-		lc, err := b.kafka.consume(t, opts...)
-		if err != nil {
-			p.Err = err.Error()
-			return p
-		}
-		consumers[txn] = lc
-		p.ByShape = append(p.ByShape, consShape{Txn: txn, Topic: t})
 	}
 	published := func() float64 {
 		ss, err := rp.scrape()
@@ -211,31 +442,41 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 		}
 		return sum
 	}
-	received := func() int {
+	received := func(i int) int {
 		n := 0
-		for _, lc := range consumers {
+		for _, lc := range consumers[i] {
 			n += lc.count()
 		}
 		return n
 	}
+	allReceived := func(n int) bool {
+		for i := range legs {
+			if received(i) < n {
+				return false
+			}
+		}
+		return true
+	}
 	// Warm-up: a first transaction to each topic, so the producer knows the
 	// topics' partitions and leaders before anything is measured.
 	warm := warmupEvents * len(topics)
-	for _, txn := range b.sc.LatencyShapes {
+	for _, txn := range p.Shapes {
 		if _, err := b.pg.pool.Exec(ctx, "CALL "+b.pg.schema+".bench_fill(0, $1, $2, $3)", int64(warmupEvents), int32(warmupEvents), aggTypeFor(prefix, txn)); err != nil {
 			p.Err = "warm-up: " + err.Error()
 			return p
 		}
 	}
-	for t := time.Now(); published() < float64(warm) || received() < warm; {
+	for t := time.Now(); published() < float64(warm) || !allReceived(warm); {
 		if time.Since(t) > 30*time.Second {
 			p.Err = "warm-up events not delivered within 30s"
 			return p
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	for _, lc := range consumers {
-		lc.reset()
+	for _, cs := range consumers {
+		for _, lc := range cs {
+			lc.reset()
+		}
 	}
 	ss0, err := rp.scrape()
 	if err != nil {
@@ -243,14 +484,26 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 		return p
 	}
 	h0 := histogram(ss0, ackHistogram)
+	legH0 := make([][]bucket, len(legs))
+	for i, l := range legs {
+		if l.rp != nil {
+			if ss, err := l.rp.scrape(); err == nil {
+				legH0[i] = histogram(ss, ackHistogram)
+			}
+		}
+	}
 	_, wpid, _ := b.pg.slotState(ctx, slot)
-	relay0, _ := procCPU(rp.pid)
+	legCPU0 := make([]time.Duration, len(legs))
+	for i, l := range legs {
+		legCPU0[i], _ = procCPU(l.pid)
+	}
+	relay0 := legCPU0[0]
 	wal0, _ := procCPU(wpid)
 	broker0 := b.brokerCPU()
 
 	var stdout, stderr bytes.Buffer
 	args := []string{"loadgen", "-pg-url", b.pg.url, "-table", b.pg.table, "-agg-prefix", prefix,
-		"-rate", itoa(rate), "-mix", joinInts(b.sc.LatencyShapes), "-duration", b.sc.PhaseDur.String(),
+		"-rate", itoa(rate), "-mix", joinInts(p.Shapes), "-duration", b.sc.PhaseDur.String(),
 		"-conns", itoa(b.sc.Conns), "-seed", itoa(rate)}
 	cmd := exec.CommandContext(ctx, b.self, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -259,6 +512,27 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 	if err := cmd.Start(); err != nil {
 		p.Err = err.Error()
 		return p
+	}
+	// CPU profiles of the relay legs over the phase (OUTBOX_BENCH_LAT_PROFILE).
+	profiles := make([]string, len(legs))
+	var profWG sync.WaitGroup
+	if os.Getenv("OUTBOX_BENCH_LAT_PROFILE") != "" && !eos {
+		secs := max(1, int(b.sc.PhaseDur.Seconds())-1)
+		for i, l := range legs {
+			if l.rp == nil {
+				continue
+			}
+			profWG.Add(1)
+			go func() {
+				defer profWG.Done()
+				dst := filepath.Join(b.runDir, fmt.Sprintf("lat-%s-%s-cpu.pb.gz", rateName(rate)[:len(rateName(rate))-2], l.name))
+				if err := l.rp.fetch(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), dst); err != nil {
+					logf("latency profile %s: %v", l.name, err)
+					return
+				}
+				profiles[i] = dst
+			}()
+		}
 	}
 	// Samplers while the load runs: relay RSS (250 ms), acked events (500
 	// ms), slot lag (1 s).
@@ -287,6 +561,11 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 				if n := published(); n >= 0 {
 					acks = append(acks, ackSample{time.Now(), n})
 				}
+				for _, l := range legs[1:] {
+					if l.rp != nil {
+						l.rp.scrape() // every relay leg is scraped alike: the same cost in each
+					}
+				}
 			}
 			if i%4 == 3 {
 				if lag, err := b.pg.slotLag(ctx, slot); err == nil && lag > p.MaxSlotLag {
@@ -300,11 +579,16 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 	close(stop)
 	wg.Wait()
 	p.LoadS = tEnd.Sub(t0).Seconds()
-	relay1, _ := procCPU(rp.pid)
+	legCPU1 := make([]time.Duration, len(legs))
+	for i, l := range legs {
+		legCPU1[i], _ = procCPU(l.pid)
+	}
+	relay1 := legCPU1[0]
 	wal1, _ := procCPU(wpid)
 	p.RelayCPU = (relay1 - relay0).Seconds()
 	p.WalsenderCPU = (wal1 - wal0).Seconds()
 	p.BrokerCPU = b.brokerCPU() - broker0
+	profWG.Wait()
 	if cmd.ProcessState != nil {
 		p.GenCPU = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 	}
@@ -354,8 +638,8 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// ... and the consumer received it.
-	for t := time.Now(); time.Since(t) < 30*time.Second && received() < p.Gen.Events; {
+	// ... and every leg's consumers received it.
+	for t := time.Now(); time.Since(t) < 30*time.Second && !allReceived(p.Gen.Events); {
 		time.Sleep(20 * time.Millisecond)
 	}
 	ss1, err := rp.scrape()
@@ -369,18 +653,43 @@ func (b *bench) latencyPhase(ctx context.Context, rp *relayProc, slot string, ra
 		p.AckQ = append(p.AckQ, histQuantile(q, h))
 	}
 	p.AckQ = append(p.AckQ, histMax(h))
-	var all []float64
-	for i := range p.ByShape {
-		cs := &p.ByShape[i]
-		lats := consumers[cs.Txn].close()
-		delete(consumers, cs.Txn)
-		cs.N = len(lats)
-		cs.Q = latQuantiles(lats)
-		all = append(all, lats...)
+	for i, l := range legs {
+		ls := legStats{Name: l.name, Desc: l.desc, CPU: (legCPU1[i] - legCPU0[i]).Seconds(), Profile: profiles[i]}
+		if l.rp != nil && legH0[i] != nil {
+			if ss, err := l.rp.scrape(); err == nil {
+				h := histDelta(legH0[i], histogram(ss, ackHistogram))
+				ls.AckP50 = histQuantile(0.5, h)
+			}
+		}
+		var all []float64
+		distinct := 0
+		for j := range p.Shapes {
+			txn := p.Shapes[j]
+			lc := consumers[i][txn]
+			lats, d, dups := lc.closeCount()
+			delete(consumers[i], txn)
+			distinct += d
+			ls.Dups += dups
+			if i == 0 {
+				cs := &p.ByShape[j]
+				cs.N = len(lats)
+				cs.Q = latQuantiles(lats)
+			}
+			all = append(all, lats...)
+		}
+		slices.Sort(all)
+		ls.ConsN = len(all)
+		ls.ConsQ = latQuantiles(all)
+		ls.Missing = max(0, p.Gen.Events-distinct)
+		if i == 0 {
+			p.ConsN = ls.ConsN
+			p.ConsQ = ls.ConsQ
+		}
+		if ls.Dups > 0 || ls.Missing > 0 {
+			logf("latency %s %s: %d duplicates, %d of %d events missing", p.name(), l.name, ls.Dups, ls.Missing, p.Gen.Events)
+		}
+		p.Legs = append(p.Legs, ls)
 	}
-	slices.Sort(all)
-	p.ConsN = len(all)
-	p.ConsQ = latQuantiles(all)
 	// Verdicts. The generator is behind when it committed < 95% of the
 	// offered events or > 1% of its transactions started > 10 ms late. The
 	// relay did not sustain the load when it acked < 95% of the generated
@@ -418,4 +727,13 @@ func fmtSec(s float64) string {
 	default:
 		return fmt.Sprintf("%.2f s", s)
 	}
+}
+
+// ackP50 is the commit->ack median of a relay leg, NaN for the forwarder
+// (it has no histogram).
+func (l *legStats) ackP50() float64 {
+	if l.Name == "forwarder" {
+		return math.NaN()
+	}
+	return l.AckP50
 }

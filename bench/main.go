@@ -30,6 +30,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -86,6 +87,17 @@ func scaleFor(name string) (scale, error) {
 	if secs > 0 {
 		sc.PhaseDur = time.Duration(secs) * time.Second
 	}
+	if v := os.Getenv("OUTBOX_BENCH_LAT_SHAPES"); v != "" && err == nil {
+		sc.LatencyShapes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, e := strconv.Atoi(strings.TrimSpace(f))
+			if e != nil || n <= 0 {
+				return sc, fmt.Errorf("OUTBOX_BENCH_LAT_SHAPES=%q: want comma-separated rows per transaction", v)
+			}
+			sc.LatencyShapes = append(sc.LatencyShapes, n)
+		}
+		sc.Name = name + " (overridden)"
+	}
 	if v := os.Getenv("OUTBOX_BENCH_RATES"); v != "" && err == nil {
 		sc.Rates = nil
 		for _, f := range strings.Split(v, ",") {
@@ -106,6 +118,7 @@ type bench struct {
 	runDir       string
 	relayBin     string
 	relayFlags   []string
+	relayEnv     []string // extra environment of the relay started next (a latency leg's)
 	recvlogical  string
 	goBin        string
 	self         string
@@ -154,6 +167,9 @@ func getenv(key, def string) string {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "loadgen" {
 		os.Exit(loadgenMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "forward" {
+		os.Exit(forwardMain(os.Args[2:]))
 	}
 	os.Exit(run())
 }
@@ -285,6 +301,9 @@ func run() int {
 		reserve := 30 * time.Second // setup, cleanup, report
 		if b.parts["latency"] {
 			phases := len(sc.Rates)
+			if slices.Contains(sc.Rates, oneRowRate) && !slices.Equal(sc.LatencyShapes, []int{1}) {
+				phases++ // the 1-row phase
+			}
 			if b.eos {
 				phases += len(eosRates)
 			}

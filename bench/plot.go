@@ -198,7 +198,7 @@ func plotLatency(r *results, path string) error {
 	var bad plotter.XYs
 	lo, hi := math.Inf(1), 0.0
 	for _, p := range r.Latency.Phases {
-		if p.Err != "" {
+		if p.Err != "" || p.OneRow {
 			continue
 		}
 		x := float64(p.Rate)

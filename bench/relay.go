@@ -32,7 +32,7 @@ func (b *bench) startRelay(name, slot, topicTemplate string, extra ...string) (*
 		"--slot", slot, "--publication", b.pg.pub, "--table", b.pg.table, "--topic-template", topicTemplate,
 		"--metrics-addr", addr, "--leader-election=false", "--log-format", "json"}
 	args = append(append(args, b.relayFlags...), extra...)
-	r, err := testkit.StartRelay(testkit.RelayConfig{Bin: b.relayBin, Args: args, Metrics: addr,
+	r, err := testkit.StartRelay(testkit.RelayConfig{Bin: b.relayBin, Args: args, Metrics: addr, Env: b.relayEnv,
 		LogPath: filepath.Join(b.runDir, "relay-"+name+".log")})
 	if err != nil {
 		return nil, err

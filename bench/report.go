@@ -65,7 +65,7 @@ func phaseOf(l *latencyRun, rate int) *latPhase {
 		return nil
 	}
 	for _, p := range l.Phases {
-		if p.Rate == rate && p.Err == "" {
+		if p.Rate == rate && p.Err == "" && !p.OneRow {
 			return p
 		}
 	}
@@ -316,15 +316,21 @@ func (r *results) markdown(asset string) string {
 		if r.Latency.Err != "" {
 			w("**Error:** %s\n\n", r.Latency.Err)
 		}
+		for _, p := range r.Latency.Phases {
+			if p.OneRow {
+				w("Before the %s phase the same rate runs once more in 1-row transactions only (rows \"%s\"), the issue's low-rate figure; it is not in the figure or the targets.\n\n", rateName(p.Rate), p.label())
+				break
+			}
+		}
 		w("![latency percentiles](%s-latency.png)\n\n", asset)
 		w("| offered events/s | generated | delivered | ack p50 | ack p90 | ack p99 | ack p99.9 | ack max | consumer p50 | p90 | p99 | p99.9 | max | status |\n")
 		w("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, p := range r.Latency.Phases {
 			if p.Err != "" {
-				w("| %d | | | | | | | | | | | | | failed: %s |\n", p.Rate, p.Err)
+				w("| %s | | | | | | | | | | | | | failed: %s |\n", p.label(), p.Err)
 				continue
 			}
-			w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p.Rate,
+			w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p.label(),
 				f0(p.achieved()), f0(p.delivered()), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[1]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), fmtSec(p.AckQ[4]),
 				msq(p.ConsQ[0]), msq(p.ConsQ[1]), msq(p.ConsQ[2]), msq(p.ConsQ[3]), msq(p.ConsQ[4]), phaseStatus(p))
 		}
@@ -341,7 +347,7 @@ func (r *results) markdown(asset string) string {
 						late = 100 * float64(sh.LateOver10ms) / math.Max(1, float64(sh.Executed))
 					}
 				}
-				w("| %d | %s | %s | %.1f%% | %s | %s | %s | %s | %s |\n", p.Rate, shapeName(cs.Txn), f0(gen), late,
+				w("| %s | %s | %s | %.1f%% | %s | %s | %s | %s | %s |\n", p.label(), shapeName(cs.Txn), f0(gen), late,
 					msq(cs.Q[0]), msq(cs.Q[1]), msq(cs.Q[2]), msq(cs.Q[3]), msq(cs.Q[4]))
 			}
 		}
@@ -360,10 +366,30 @@ func (r *results) markdown(asset string) string {
 			if !math.IsNaN(p.CatchUpS) {
 				catch = fmt.Sprintf("%.2f s", p.CatchUpS)
 			}
-			w("| %d | %s | %.1f MiB | %s | %s | %s (%d) | %s | %.1f%% | %s | %.0f ms | %.1f MiB | %d | %s |\n", p.Rate,
+			w("| %s | %s | %.1f MiB | %s | %s | %s (%d) | %s | %.1f%% | %s | %.0f ms | %.1f MiB | %d | %s |\n", p.label(),
 				pct(share(p.RelayCPU, p.LoadS)), float64(p.RelayRSSMax)/mib, pct(share(p.WalsenderCPU, p.LoadS)), pct(share(p.BrokerCPU, p.LoadS)),
 				pct(share(p.GenCPU, p.LoadS)), p.Gen.Conns, pct(share(p.Gen.BackendCPUS, p.LoadS)), 100*float64(p.Gen.LateOver10)/math.Max(1, float64(p.Gen.Executed)),
 				first, p.Gen.LateMaxMs, float64(p.MaxSlotLag)/mib, max(0, p.BacklogAtEnd), catch)
+		}
+		if len(r.Latency.Legs) > 1 {
+			w("\n### Side by side: relay legs and the minimal forwarder\n\n")
+			w("All legs run at the same time, each from its own slot to its own topics, on the same committed transactions (one generator): the same events at the same moment of the shared machine, so the noise of the box hits every leg alike; the price is that they share its 2 cores. The minimal forwarder (`outbox-bench forward`) is pglogrepl + sarama only: pgoutput proto 1, of each Insert the topic (aggregate_type), key (aggregate_id) and payload, the relay's producer settings (idempotent, acks=all, one request in flight, murmur2, record timestamp = commit time) with sarama's own batching (no flush setting), and the slot confirmed after the acks every second: nothing else. Each leg's consumers check its output by the payload's sequence number: every event once. CPU is the process's user+sys from /proc over the load divided by the generated events. Legs: %s.\n\n", strings.Join(r.Latency.Legs, "; "))
+			w("| offered | leg | consumer p50 | p99 | p99.9 | max | p50 - forwarder p50 | CPU us/event | CPU share | received | duplicates | missing |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			for _, p := range r.Latency.Phases {
+				if p.Err != "" {
+					continue
+				}
+				fwd := math.NaN()
+				for _, l := range p.Legs {
+					if l.Name == "forwarder" {
+						fwd = l.ConsQ[0]
+					}
+				}
+				for _, l := range p.Legs {
+					w("| %s | %s | %s | %s | %s | %s | %+.2f ms | %.1f | %s | %d | %d | %d |\n", p.label(), l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), msq(l.ConsQ[4]),
+						l.ConsQ[0]-fwd, l.usPerEvent(p.Gen.Events), pct(share(l.CPU, p.LoadS)), l.ConsN, l.Dups, l.Missing)
+				}
+			}
 		}
 		w("\nRelay peak RSS over the whole latency run (VmHWM): %.1f MiB. The slot lag includes up to one status interval (1 s) of acked but not yet confirmed WAL.\n\n", float64(r.Latency.PeakRSS)/mib)
 		w("Status: *generator behind* = it committed < 95%% of the offered events or > 1%% of its transactions started > 10 ms after their slot (a limit of the generator and the database on this machine, not of the relay); *relay not sustained* = in the steady part of the phase (from 20%% of the schedule to its end) the relay acked < 95%% of the generated events/s, so its backlog (the slot lag) grew, or it never caught up after the load. *delivered* is that steady acked rate.\n\n")

@@ -12,8 +12,18 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/prometheus/client_golang/prometheus"
+	gometrics "github.com/rcrowley/go-metrics"
 	"github.com/rs/zerolog"
 )
+
+// sarama records go-metrics meters and histograms for every request, batch
+// and record (request rate, size and latency, records per request, ... per
+// broker and per topic: locked exponentially decaying samples, and meters
+// ticked by a goroutine every 5 s). The relay never reads them (its own metrics
+// are Prometheus'), and at low rates, one record per request, they cost a
+// measurable share of each event's CPU. go-metrics has only a global switch;
+// sarama is the only user of go-metrics in the relay.
+func init() { gometrics.UseNilMetrics = true }
 
 // Message is one record to publish. Done is called exactly once, from the
 // producer's drain goroutine, with nil when the broker acked the record

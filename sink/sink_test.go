@@ -18,6 +18,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/IBM/sarama/mocks"
 	"github.com/prometheus/client_golang/prometheus"
+	gometrics "github.com/rcrowley/go-metrics"
 	"github.com/rs/zerolog"
 )
 
@@ -789,5 +790,26 @@ func TestMetadataBackoff(t *testing.T) {
 	}
 	if total < 55*time.Minute {
 		t.Errorf("metadata retries cover %s of outage, want about an hour", total)
+	}
+}
+
+// sarama's go-metrics are off: the producer's registry hands out stubs, no
+// meter or histogram records anything per request (low-rate CPU).
+func TestSaramaMetricsOff(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Brokers = []string{"localhost:9092"}
+	sc, err := saramaConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, m := range map[string]any{
+		"meter":     gometrics.GetOrRegisterMeter("record-send-rate", sc.MetricRegistry),
+		"histogram": gometrics.GetOrRegisterHistogram("request-latency-in-ms", sc.MetricRegistry, gometrics.NewExpDecaySample(1028, 0.015)),
+	} {
+		switch m.(type) {
+		case gometrics.NilMeter, gometrics.NilHistogram:
+		default:
+			t.Errorf("sarama %s is a %T, want a go-metrics Nil stub (metrics.UseNilMetrics)", name, m)
+		}
 	}
 }
