@@ -62,10 +62,10 @@ type ExactlyOnceConfig struct {
 	// MaxBatchInterval closes a Kafka transaction this long after it opened
 	// (at the next PostgreSQL transaction boundary).
 	MaxBatchInterval time.Duration `yaml:"max_batch_interval"`
-	// MaxBatchIdle commits a Kafka transaction as soon as no PostgreSQL
-	// transaction followed its last one for this long and no commit is in
-	// flight: a quiet stream is visible in milliseconds, a busy one still
-	// batches (0: off, batches close by size and age only).
+	// MaxBatchIdle commits a Kafka transaction once no WAL message arrived
+	// for this long and no commit is in flight: a quiet stream is visible
+	// in milliseconds, a draining one still fills batches (0: off, batches
+	// close by size and age only).
 	MaxBatchIdle time.Duration `yaml:"max_batch_idle"`
 	// CheckpointTopic is the compacted topic of the checkpoint records.
 	CheckpointTopic string `yaml:"checkpoint_topic"`

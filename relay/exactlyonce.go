@@ -74,10 +74,11 @@ type exactlyOnce struct {
 	pending    []*sink.Message
 	begun      bool // the Kafka transaction of msgs has begun at the producer
 	// exactly_once.max_batch_idle: the open Kafka transaction is committed
-	// once no PostgreSQL transaction followed the last one (lastTxn) for
-	// this long and no commit is in flight; idleTimer checks it (armed
-	// while idleArmed).
-	lastTxn   time.Time
+	// once no WAL message reached the pipeline for this long (seen did not
+	// move since the timer was armed at seenAtArm) and no commit is in
+	// flight. A drain never idles that long, a quiet stream does at once.
+	seen      atomic.Uint64 // WAL messages handled (pipeline.Handle)
+	seenAtArm uint64
 	idleTimer *time.Timer
 	idleArmed bool
 	stopped   bool // the term ended: no commit starts any more
@@ -435,23 +436,26 @@ func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
 	// The age check here too, not only on the timer: under load the loop
 	// goes from one PostgreSQL transaction to the next and the timer would
 	// rarely find the boundary.
-	now := time.Now()
-	e.lastTxn = now
-	if full := e.b.after(commit, end); (full || e.b.due(now)) && !e.committing {
+	if full := e.b.after(commit, end); (full || e.b.due(time.Now())) && !e.committing {
 		e.startCommitLocked()
 		return
 	}
-	e.armIdleLocked(e.cfg.ExactlyOnce.MaxBatchIdle)
+	e.armIdleLocked()
 }
 
-// armIdleLocked makes idleCheck run in d unless it is armed already, a
-// commit is in flight (its end checks instead) or nothing is open.
-// Caller holds mu.
-func (e *exactlyOnce) armIdleLocked(d time.Duration) {
+// handled counts a WAL message reaching the pipeline (the replication
+// loop, per message: one atomic add).
+func (e *exactlyOnce) handled() { e.seen.Add(1) }
+
+// armIdleLocked makes idleCheck run after max_batch_idle unless it is
+// armed already, a commit is in flight (its end arms it) or nothing is
+// open. Caller holds mu.
+func (e *exactlyOnce) armIdleLocked() {
+	d := e.cfg.ExactlyOnce.MaxBatchIdle
 	if d <= 0 || e.idleArmed || e.committing || !e.b.open || e.stopped {
 		return
 	}
-	e.idleArmed = true
+	e.idleArmed, e.seenAtArm = true, e.seen.Load()
 	if e.idleTimer == nil {
 		e.idleTimer = time.AfterFunc(d, e.idleCheck)
 	} else {
@@ -459,36 +463,35 @@ func (e *exactlyOnce) armIdleLocked(d time.Duration) {
 	}
 }
 
-// idleCheck commits the open Kafka transaction when the stream has been
-// idle for max_batch_idle since its last PostgreSQL transaction; otherwise
-// it looks again when that would be the case.
+// idleCheck commits the open Kafka transaction when no WAL message came
+// since the timer was armed, max_batch_idle ago; otherwise it looks again
+// after another max_batch_idle.
 func (e *exactlyOnce) idleCheck() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.idleArmed = false
 	if e.discard || e.committing || e.stopped || !e.b.open || e.b.inPG {
-		return // a commit's end, or the next after, looks again
+		return // a commit's end, or the next after, arms it again
 	}
-	if wait := e.cfg.ExactlyOnce.MaxBatchIdle - time.Since(e.lastTxn); wait > 0 {
-		e.armIdleLocked(wait)
+	if e.seen.Load() != e.seenAtArm {
+		e.armIdleLocked()
 		return
 	}
 	e.startCommitLocked()
 }
 
 // commitNextLocked follows a commit: the transaction that collected
-// records meanwhile is committed at once when it is due or the stream went
-// idle (group commit), else when it will be. Caller holds mu.
+// records meanwhile is committed at once when it is due, else once the
+// stream is idle (group commit). Caller holds mu.
 func (e *exactlyOnce) commitNextLocked() {
 	if e.discard || e.stopped || !e.b.open || e.b.inPG {
 		return
 	}
-	now := time.Now()
-	if idle := e.cfg.ExactlyOnce.MaxBatchIdle; e.b.due(now) || idle > 0 && now.Sub(e.lastTxn) >= idle {
+	if e.b.due(time.Now()) {
 		e.startCommitLocked()
 		return
 	}
-	e.armIdleLocked(e.cfg.ExactlyOnce.MaxBatchIdle - now.Sub(e.lastTxn))
+	e.armIdleLocked()
 }
 
 // flush ends the session's Kafka transaction (Drain): committed when it

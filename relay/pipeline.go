@@ -173,6 +173,9 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	if p.rewind.active.Load() {
 		return replication.ErrRestart
 	}
+	if p.eos != nil {
+		p.eos.handled() // activity: a Kafka transaction is committed when the stream goes quiet
+	}
 	txn, err := p.dec.Decode(walStart, walData)
 	if err != nil {
 		return fmt.Errorf("decode: %w", err)

@@ -209,7 +209,7 @@ var keys = []key{
 		integer(func(c *Config) *int { return &c.ExactlyOnce.MaxBatchEvents })},
 	{"exactly_once.max_batch_interval", "OUTBOX_RELAY_EXACTLY_ONCE_MAX_BATCH_INTERVAL", "exactly-once-max-batch-interval", "commit a Kafka transaction this long after it opened",
 		dur(func(c *Config) *time.Duration { return &c.ExactlyOnce.MaxBatchInterval })},
-	{"exactly_once.max_batch_idle", "OUTBOX_RELAY_EXACTLY_ONCE_MAX_BATCH_IDLE", "exactly-once-max-batch-idle", "commit a Kafka transaction once no PostgreSQL transaction followed its last for this long (0: off)",
+	{"exactly_once.max_batch_idle", "OUTBOX_RELAY_EXACTLY_ONCE_MAX_BATCH_IDLE", "exactly-once-max-batch-idle", "commit a Kafka transaction once no WAL message arrived for this long (0: off)",
 		dur(func(c *Config) *time.Duration { return &c.ExactlyOnce.MaxBatchIdle })},
 	{"exactly_once.checkpoint_topic", "OUTBOX_RELAY_EXACTLY_ONCE_CHECKPOINT_TOPIC", "exactly-once-checkpoint-topic", "compacted topic of the checkpoint records (created when missing)",
 		str(func(c *Config) *string { return &c.ExactlyOnce.CheckpointTopic })},
