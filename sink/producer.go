@@ -239,7 +239,7 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 func (p *Producer) Connected() bool { return p.connected.Load() }
 
 func (p *Producer) setConnected(ok bool) {
-	if p.connected.Swap(ok) == ok {
+	if p.connected.Load() == ok || p.connected.Swap(ok) == ok {
 		return // unchanged: the common case, once per ack
 	}
 	if ok {
@@ -280,9 +280,18 @@ func (p *Producer) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
+		// The counter of each topic, looked up once: the topics are few
+		// (kafka.max_topics bounds them) and WithLabelValues per ack cost a
+		// hash and a lock per event.
+		published := map[string]prometheus.Counter{}
 		for msg := range p.ap.Successes() {
 			p.setConnected(true)
-			p.metrics.published.WithLabelValues(msg.Topic).Inc()
+			c := published[msg.Topic]
+			if c == nil {
+				c = p.metrics.published.WithLabelValues(msg.Topic)
+				published[msg.Topic] = c
+			}
+			c.Inc()
 			if m, ok := msg.Metadata.(*Message); ok {
 				m.Partition = msg.Partition
 				m.Done(nil)
