@@ -28,6 +28,16 @@ type Message struct {
 	// (or was meant to go), -1 if it failed before a partition was chosen.
 	Partition int32
 	Done      func(err error)
+
+	// rec is the sarama record Producer.Publish hands over, kept here so
+	// that publishing allocates nothing per event (the ProducerMessage,
+	// and the Key and Value interface values, which point into it). A
+	// Message is published again only after its Done ran, when sarama is
+	// done with rec.
+	rec struct {
+		pm         sarama.ProducerMessage
+		key, value sarama.ByteEncoder
+	}
 }
 
 // Producer wraps a sarama AsyncProducer. New allocates; Run connects
@@ -374,15 +384,22 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	if p.closed || p.ap == nil {
 		return ErrClosed
 	}
-	pm := &sarama.ProducerMessage{
+	r := &m.rec
+	r.key, r.value = m.Key, m.Value
+	r.pm = sarama.ProducerMessage{ // every field, also sarama's own (retries), starts afresh
 		Topic:     m.Topic,
-		Key:       sarama.ByteEncoder(m.Key),
-		Value:     sarama.ByteEncoder(m.Value),
 		Headers:   m.Headers,
 		Timestamp: m.Timestamp,
 		Partition: -1, // the partitioner sets it; a record refused before that keeps -1
 		Metadata:  m,
 	}
+	if m.Key != nil {
+		r.pm.Key = &r.key
+	}
+	if m.Value != nil {
+		r.pm.Value = &r.value
+	}
+	pm := &r.pm
 	select {
 	case p.ap.Input() <- pm:
 		return nil

@@ -21,12 +21,14 @@ const (
 // gcTuning is the GC percent and soft memory limit (bytes) for a relay
 // whose in-flight payload bytes are bounded by maxInflightBytes; set is
 // false for each one the standard GOGC / GOMEMLIMIT environment variable
-// names (the runtime already applied it). The limit allows the in-flight
-// payloads twice (the decoded event and sarama's encoded request hold a
-// copy each) plus memLimitBase.
+// names (the runtime already applied it). The limit is the in-flight
+// payload bytes plus memLimitBase: 96 MiB by default, so the drain stays
+// below 128 MiB of RSS. It is soft: a heap that really holds more (large
+// payloads filling inflight.max_bytes) exceeds it, and the runtime then
+// caps the collector at about half of the CPU; set GOMEMLIMIT higher then.
 func gcTuning(maxInflightBytes int64, getenv func(string) string) (percent int, setPercent bool, limit int64, setLimit bool) {
 	percent, setPercent = defaultGOGC, getenv("GOGC") == ""
-	limit, setLimit = 2*maxInflightBytes+memLimitBase, getenv("GOMEMLIMIT") == ""
+	limit, setLimit = maxInflightBytes+memLimitBase, getenv("GOMEMLIMIT") == ""
 	return
 }
 

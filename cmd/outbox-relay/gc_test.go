@@ -11,11 +11,11 @@ func TestGCTuning(t *testing.T) {
 		setPercent, setLimit bool
 		limit                int64
 	}{
-		{name: "defaults", maxBytes: 64 << 20, percent: 400, setPercent: true, limit: 160 << 20, setLimit: true},
-		{name: "limit follows inflight.max_bytes", maxBytes: 1 << 30, percent: 400, setPercent: true, limit: 2<<30 + 32<<20, setLimit: true},
-		{name: "GOGC set", env: map[string]string{"GOGC": "100"}, maxBytes: 64 << 20, percent: 400, limit: 160 << 20, setLimit: true},
-		{name: "GOMEMLIMIT set", env: map[string]string{"GOMEMLIMIT": "1GiB"}, maxBytes: 64 << 20, percent: 400, setPercent: true, limit: 160 << 20},
-		{name: "both set", env: map[string]string{"GOGC": "off", "GOMEMLIMIT": "1GiB"}, maxBytes: 64 << 20, percent: 400, limit: 160 << 20},
+		{name: "defaults", maxBytes: 64 << 20, percent: 400, setPercent: true, limit: 96 << 20, setLimit: true},
+		{name: "limit follows inflight.max_bytes", maxBytes: 1 << 30, percent: 400, setPercent: true, limit: 1<<30 + 32<<20, setLimit: true},
+		{name: "GOGC set", env: map[string]string{"GOGC": "100"}, maxBytes: 64 << 20, percent: 400, limit: 96 << 20, setLimit: true},
+		{name: "GOMEMLIMIT set", env: map[string]string{"GOMEMLIMIT": "1GiB"}, maxBytes: 64 << 20, percent: 400, setPercent: true, limit: 96 << 20},
+		{name: "both set", env: map[string]string{"GOGC": "off", "GOMEMLIMIT": "1GiB"}, maxBytes: 64 << 20, percent: 400, limit: 96 << 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, sp, l, sl := gcTuning(tc.maxBytes, func(k string) string { return tc.env[k] })
