@@ -85,6 +85,17 @@ func scaleFor(name string) (scale, error) {
 	if secs > 0 {
 		sc.PhaseDur = time.Duration(secs) * time.Second
 	}
+	if v := os.Getenv("OUTBOX_BENCH_SHAPES"); v != "" && err == nil {
+		sc.DrainShapes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, e := strconv.Atoi(strings.TrimSpace(f))
+			if e != nil || n <= 0 {
+				return sc, fmt.Errorf("OUTBOX_BENCH_SHAPES=%q: want comma-separated rows per transaction, e.g. 1,100", v)
+			}
+			sc.DrainShapes = append(sc.DrainShapes, n)
+		}
+		sc.Name = name + " (overridden)"
+	}
 	if v := os.Getenv("OUTBOX_BENCH_RATES"); v != "" && err == nil {
 		sc.Rates = nil
 		for _, f := range strings.Split(v, ",") {
