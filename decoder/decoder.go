@@ -420,8 +420,12 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 const maxSizeHint = 1024
 
 // hint records the size of a transaction (or chunk) just handed out as the
-// capacity of the next one's Events.
+// capacity of the next one's Events; one without events (another table's,
+// a heartbeat's) leaves it.
 func (d *Decoder) hint(n int) {
+	if n == 0 {
+		return
+	}
 	if d.chunkEvents > 0 {
 		n = min(n, d.chunkEvents)
 	}
