@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -229,7 +230,11 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 			}
 		}
 		for j, tool := range order {
+			if tool == "relay_base" && b.baseTogether {
+				continue // drained at the same time as "relay"
+			}
 			var r drainRun
+			var with []drainRun // drained at the same time as r
 			switch tool {
 			case "pg_recvlogical":
 				r = b.drainRecvlogical(ctx, s.rec, end, sh.Events)
@@ -240,14 +245,29 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 				r = b.drainRelay(ctx, b.relayBase, s.base, end, sh.Events, fmt.Sprintf("d%dr%dbase", perTxn, rep), nil)
 				r.Tool = "relay_base"
 			default:
+				var wg sync.WaitGroup
+				if b.baseTogether && s.base != "" {
+					// Both relays at once, each from its own slot: whatever
+					// else the machine runs meanwhile costs both alike.
+					with = make([]drainRun, 1)
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						with[0] = b.drainRelay(ctx, b.relayBase, s.base, end, sh.Events, fmt.Sprintf("d%dr%dbase", perTxn, rep), nil)
+						with[0].Tool = "relay_base"
+					}()
+				}
 				r = b.drainRelay(ctx, b.relayBin, s.rel, end, sh.Events, fmt.Sprintf("d%dr%d", perTxn, rep), nil)
+				wg.Wait()
 			}
-			r.Rep, r.Order = rep, j+1
-			sh.Runs = append(sh.Runs, r)
-			if r.Err != "" {
-				logf("  rep %d %-14s FAILED: %s", rep, tool, r.Err)
-			} else {
-				logf("  rep %d %-14s %8.0f events/s  (%.2fs%s)", rep, tool, r.EventsPerS, r.Seconds, extraRun(r))
+			for _, r := range append([]drainRun{r}, with...) {
+				r.Rep, r.Order = rep, j+1
+				sh.Runs = append(sh.Runs, r)
+				if r.Err != "" {
+					logf("  rep %d %-14s FAILED: %s", rep, r.Tool, r.Err)
+				} else {
+					logf("  rep %d %-14s %8.0f events/s  (%.2fs%s)", rep, r.Tool, r.EventsPerS, r.Seconds, extraRun(r))
+				}
 			}
 		}
 		b.pg.dropSlot(ctx, s.rec)

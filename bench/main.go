@@ -116,6 +116,7 @@ type bench struct {
 	runDir       string
 	relayBin     string
 	relayBase    string // the "base" relay leg's binary ("" = none), drained next to relayBin
+	baseTogether bool   // drain the base relay at the same time as the relay, not in turn
 	relayFlags   []string
 	recvlogical  string
 	goBin        string
@@ -174,6 +175,7 @@ func run() int {
 	resultsDir := flag.String("results", getenv("OUTBOX_BENCH_RESULTS", "bench/results"), "where the report, figures and profile summaries go")
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
 	relayBase := flag.String("relay-base", os.Getenv("OUTBOX_BENCH_RELAY_BASE"), "a second outbox-relay binary (before a change): drained side by side from its own slots and profiled too; the report gives new/base CPU per event")
+	baseTogether := flag.Bool("relay-base-together", os.Getenv("OUTBOX_BENCH_RELAY_BASE_TOGETHER") == "yes", "drain the base relay at the same time as the relay (each from its own slot), not in turn")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
 	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first"), "what to run: drain, latency, profile, first; also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 15*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
@@ -258,6 +260,7 @@ func run() int {
 			logf("-relay-base: %v", err)
 			return 2
 		}
+		b.baseTogether = *baseTogether
 	}
 
 	runID := strconv.FormatInt(time.Now().Unix()%1e8, 36) + strconv.Itoa(rand.IntN(100))
@@ -274,7 +277,7 @@ func run() int {
 	defer b.kafka.close()
 
 	res := &results{Started: start, Scale: sc, Machine: readMachine(), PG: b.pg.version(ctx),
-		Kafka: env["OUTBOX_TEST_KAFKA_VERSION"], Git: gitCommit(), RelayBin: b.relayBin, RelayBase: b.relayBase, Flags: b.relayFlags}
+		Kafka: env["OUTBOX_TEST_KAFKA_VERSION"], Git: gitCommit(), RelayBin: b.relayBin, RelayBase: b.relayBase, BaseTogether: b.baseTogether, Flags: b.relayFlags}
 	if out, err := exec.Command(b.recvlogical, "--version").Output(); err == nil {
 		res.Recvlog = strings.TrimSpace(string(out))
 	}

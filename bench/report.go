@@ -21,9 +21,11 @@ type results struct {
 	RelayBin string
 	// RelayBase: the base leg's binary ("" = none).
 	RelayBase string
-	Flags     []string
-	Drains    []*drainShape
-	Latency   *latencyRun
+	// BaseTogether: the base relay drained at the same time as the relay.
+	BaseTogether bool
+	Flags        []string
+	Drains       []*drainShape
+	Latency      *latencyRun
 	// LatencyEOS: the same with delivery: exactly_once and read_committed
 	// consumers, at eosRates (nil: not measured).
 	LatencyEOS *latencyRun
@@ -233,7 +235,11 @@ func (r *results) markdown(asset string) string {
 	w("| Go | %s |\n| git commit | %s |\n", m.GoVersion, r.Git)
 	w("| relay | `%s` with `--leader-election=false`%s, otherwise defaults |\n", r.RelayBin, flagNote(r.Flags))
 	if r.RelayBase != "" {
-		w("| base relay | `%s`, the same flags, drained side by side (`relay_base`) |\n", r.RelayBase)
+		how := "in turn with the others"
+		if r.BaseTogether {
+			how = "at the same time as the relay, each from its own slot (broker CPU then covers both)"
+		}
+		w("| base relay | `%s`, the same flags, drained %s (`relay_base`) |\n", r.RelayBase, how)
 	}
 	w("| load average (1/5/15 min) at start / end | %s / %s |\n\n", m.LoadStart, r.LoadEnd)
 
