@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 
 // drainRun is one drain of the backlog by one tool.
 type drainRun struct {
-	Tool       string // "pg_recvlogical", "relay" or "relay_eos" (delivery: exactly_once)
+	Tool       string // "pg_recvlogical", "relay", "relay_eos" (delivery: exactly_once) or "relay_base" (-relay-base)
 	Rep        int
 	Order      int // 1 = drained first in its repeat
 	Slot       string
@@ -48,6 +49,7 @@ type drainShape struct {
 	Runs        []drainRun
 	Skipped     int // repeats left out to stay within the time budget
 	Profile     *profileResult
+	ProfileBase *profileResult // the base relay's (-relay-base)
 }
 
 func (s *drainShape) runs(tool string) []drainRun {
@@ -76,6 +78,37 @@ func (s *drainShape) ratios() []float64 {
 	return out
 }
 
+// ratiosOf are tool/pg_recvlogical events/s, per repeat.
+func (s *drainShape) ratiosOf(tool string) []float64 {
+	rec := map[int]float64{}
+	for _, r := range s.runs("pg_recvlogical") {
+		rec[r.Rep] = r.EventsPerS
+	}
+	var out []float64
+	for _, r := range s.runs(tool) {
+		if v, ok := rec[r.Rep]; ok && v > 0 {
+			out = append(out, r.EventsPerS/v)
+		}
+	}
+	return out
+}
+
+// cpuVsBase are relay / relay_base CPU per event, per repeat (side by side
+// on the same backlog).
+func (s *drainShape) cpuVsBase() []float64 {
+	base := map[int]float64{}
+	for _, r := range s.runs("relay_base") {
+		base[r.Rep] = r.ToolCPU
+	}
+	var out []float64
+	for _, r := range s.runs("relay") {
+		if v, ok := base[r.Rep]; ok && v > 0 {
+			out = append(out, r.ToolCPU/v)
+		}
+	}
+	return out
+}
+
 // eosRatios are relay exactly-once / relay at-least-once events/s, per
 // repeat (side by side on the same backlog).
 func (s *drainShape) eosRatios() []float64 {
@@ -98,7 +131,7 @@ func (s *drainShape) eosRatios() []float64 {
 func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 	sh := &drainShape{PerTxn: perTxn, Events: b.sc.DrainEvents}
 	profile := b.profile && perTxn == b.profileShape
-	type slotPair struct{ rec, rel, eos string } // eos: "" when exactly-once is not measured
+	type slotPair struct{ rec, rel, eos, base string } // eos, base: "" when not measured
 	var slots []slotPair
 	for rep := 1; rep <= b.sc.Repeats; rep++ {
 		sp := slotPair{
@@ -108,18 +141,28 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 		if b.eos {
 			sp.eos = fmt.Sprintf("%s_d%d_r%d_eos", b.pg.schema, perTxn, rep)
 		}
+		if b.relayBase != "" {
+			sp.base = fmt.Sprintf("%s_d%d_r%d_base", b.pg.schema, perTxn, rep)
+		}
 		slots = append(slots, sp)
 	}
 	profSlot := fmt.Sprintf("%s_d%d_prof", b.pg.schema, perTxn)
+	profBaseSlot := fmt.Sprintf("%s_d%d_profbase", b.pg.schema, perTxn)
 	var all []string
 	for _, s := range slots {
 		all = append(all, s.rec, s.rel)
 		if s.eos != "" {
 			all = append(all, s.eos)
 		}
+		if s.base != "" {
+			all = append(all, s.base)
+		}
 	}
 	if profile {
 		all = append(all, profSlot)
+		if b.relayBase != "" {
+			all = append(all, profBaseSlot)
+		}
 	}
 	for _, s := range all {
 		if _, err := b.pg.createSlot(ctx, s); err != nil {
@@ -165,6 +208,9 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 				if s.eos != "" {
 					b.pg.dropSlot(ctx, s.eos)
 				}
+				if s.base != "" {
+					b.pg.dropSlot(ctx, s.base)
+				}
 			}
 			break
 		}
@@ -174,37 +220,69 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 		if !recFirst {
 			order = []string{"relay", "pg_recvlogical"}
 		}
+		if s.base != "" {
+			// The base relay next to them: each of the three reads first
+			// in turn.
+			order = []string{"pg_recvlogical", "relay", "relay_base"}
+			k := (rep - 1) % 3
+			order = append(order[k:], order[:k]...)
+		}
 		if s.eos != "" {
 			// Exactly-once next to at-least-once: first in one repeat in
 			// three, else after them (the first reader warms the caches).
 			order = append(order, "relay_eos")
 			if rep%3 == 0 {
-				order = append([]string{"relay_eos"}, order[:2]...)
+				order = append([]string{"relay_eos"}, order[:len(order)-1]...)
 			}
 		}
 		for j, tool := range order {
+			if tool == "relay_base" && b.baseTogether {
+				continue // drained at the same time as "relay"
+			}
 			var r drainRun
+			var with []drainRun // drained at the same time as r
 			switch tool {
 			case "pg_recvlogical":
 				r = b.drainRecvlogical(ctx, s.rec, end, sh.Events)
 			case "relay_eos":
-				r = b.drainRelay(ctx, s.eos, end, sh.Events, fmt.Sprintf("d%dr%deos", perTxn, rep), nil, "--delivery", "exactly_once")
+				r = b.drainRelay(ctx, b.relayBin, s.eos, end, sh.Events, fmt.Sprintf("d%dr%deos", perTxn, rep), nil, "--delivery", "exactly_once")
 				r.Tool = "relay_eos"
+			case "relay_base":
+				r = b.drainRelay(ctx, b.relayBase, s.base, end, sh.Events, fmt.Sprintf("d%dr%dbase", perTxn, rep), nil)
+				r.Tool = "relay_base"
 			default:
-				r = b.drainRelay(ctx, s.rel, end, sh.Events, fmt.Sprintf("d%dr%d", perTxn, rep), nil)
+				var wg sync.WaitGroup
+				if b.baseTogether && s.base != "" {
+					// Both relays at once, each from its own slot: whatever
+					// else the machine runs meanwhile costs both alike.
+					with = make([]drainRun, 1)
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						with[0] = b.drainRelay(ctx, b.relayBase, s.base, end, sh.Events, fmt.Sprintf("d%dr%dbase", perTxn, rep), nil)
+						with[0].Tool = "relay_base"
+					}()
+				}
+				r = b.drainRelay(ctx, b.relayBin, s.rel, end, sh.Events, fmt.Sprintf("d%dr%d", perTxn, rep), nil)
+				wg.Wait()
 			}
-			r.Rep, r.Order = rep, j+1
-			sh.Runs = append(sh.Runs, r)
-			if r.Err != "" {
-				logf("  rep %d %-14s FAILED: %s", rep, tool, r.Err)
-			} else {
-				logf("  rep %d %-14s %8.0f events/s  (%.2fs%s)", rep, tool, r.EventsPerS, r.Seconds, extraRun(r))
+			for _, r := range append([]drainRun{r}, with...) {
+				r.Rep, r.Order = rep, j+1
+				sh.Runs = append(sh.Runs, r)
+				if r.Err != "" {
+					logf("  rep %d %-14s FAILED: %s", rep, r.Tool, r.Err)
+				} else {
+					logf("  rep %d %-14s %8.0f events/s  (%.2fs%s)", rep, r.Tool, r.EventsPerS, r.Seconds, extraRun(r))
+				}
 			}
 		}
 		b.pg.dropSlot(ctx, s.rec)
 		b.pg.dropSlot(ctx, s.rel)
 		if s.eos != "" {
 			b.pg.dropSlot(ctx, s.eos)
+		}
+		if s.base != "" {
+			b.pg.dropSlot(ctx, s.base)
 		}
 		repDur = time.Since(repStart)
 	}
@@ -219,16 +297,22 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 		}
 		// Profile the whole drain, or its first 15 s when the relay is slow
 		// (the run has a time budget).
-		p := &profileResult{Seconds: min(15, int(math.Ceil(secs))+1)}
-		r := b.drainRelay(ctx, profSlot, end, sh.Events, fmt.Sprintf("d%dprof", perTxn), p)
-		p.Run = r
-		sh.Profile = p
-		if r.Err != "" {
-			logf("  profile drain FAILED: %s", r.Err)
-		} else {
-			logf("  profile drain (--pprof, not in the statistics) %8.0f events/s, %d events in %.1fs", r.EventsPerS, p.Events, r.Seconds)
+		profileOne := func(bin, slot, tag, what string) *profileResult {
+			p := &profileResult{Seconds: min(15, int(math.Ceil(secs))+1), Bin: bin}
+			r := b.drainRelay(ctx, bin, slot, end, sh.Events, tag, p)
+			p.Run = r
+			if r.Err != "" {
+				logf("  %s drain FAILED: %s", what, r.Err)
+			} else {
+				logf("  %s drain (--pprof, not in the statistics) %8.0f events/s, %d events in %.1fs", what, r.EventsPerS, p.Events, r.Seconds)
+			}
+			b.pg.dropSlot(ctx, slot)
+			return p
 		}
-		b.pg.dropSlot(ctx, profSlot)
+		sh.Profile = profileOne(b.relayBin, profSlot, fmt.Sprintf("d%dprof", perTxn), "profile")
+		if b.relayBase != "" {
+			sh.ProfileBase = profileOne(b.relayBase, profBaseSlot, fmt.Sprintf("d%dprofbase", perTxn), "base profile")
+		}
 	}
 	if err := b.pg.truncate(ctx); err != nil {
 		return sh, err
@@ -343,6 +427,7 @@ type profileResult struct {
 	AllocFile string
 	CPUTop    string
 	AllocTop  string
+	Bin       string // the profiled binary
 	Run       drainRun
 	Events    int  // events acked while profiled
 	Partial   bool // stopped when the CPU profile ended, before the end LSN
@@ -353,7 +438,7 @@ type profileResult struct {
 // reaches end and Kafka acked every event. With prof set, the relay runs with
 // --pprof and its CPU and allocation profiles are fetched meanwhile; flags
 // go to the relay (--delivery exactly_once).
-func (b *bench) drainRelay(ctx context.Context, slot string, end int64, events int, tag string, prof *profileResult, flags ...string) drainRun {
+func (b *bench) drainRelay(ctx context.Context, bin, slot string, end int64, events int, tag string, prof *profileResult, flags ...string) drainRun {
 	r := drainRun{Tool: "relay", Slot: slot, Walsender: math.NaN(), ToolCPU: math.NaN(), Broker: math.NaN()}
 	prefix := b.topicPrefix + tag
 	topic := prefix + ".order"
@@ -367,7 +452,7 @@ func (b *bench) drainRelay(ctx context.Context, slot string, end int64, events i
 		extra = append(extra, "--pprof")
 	}
 	broker0 := b.brokerCPU()
-	rp, err := b.startRelay(tag, slot, prefix+".{aggregate_type}", extra...)
+	rp, err := b.startRelayBin(bin, tag, slot, prefix+".{aggregate_type}", extra...)
 	if err != nil {
 		r.Err = err.Error()
 		return r
@@ -501,10 +586,10 @@ func (b *bench) pprofTop(p *profileResult) {
 		return string(out)
 	}
 	if p.CPUFile != "" {
-		p.CPUTop = run(b.relayBin, p.CPUFile)
+		p.CPUTop = run(p.Bin, p.CPUFile)
 	}
 	if p.AllocFile != "" {
-		p.AllocTop = run("-sample_index=alloc_space", b.relayBin, p.AllocFile)
+		p.AllocTop = run("-sample_index=alloc_space", p.Bin, p.AllocFile)
 	}
 }
 

@@ -170,7 +170,7 @@ type latLeg struct {
 
 // legNames are the latency legs (OUTBOX_BENCH_LAT_LEGS): relay (defaults),
 // relay-alt (--kafka-flush-frequency altFlush), relay-<duration> (that
-// flush frequency, e.g. relay-0s), relay-p1 (GOMAXPROCS=1), forwarder, and with OUTBOX_BENCH_BASE_RELAY base and base-0s.
+// flush frequency, e.g. relay-0s), relay-p1 (GOMAXPROCS=1), forwarder, and with OUTBOX_BENCH_RELAY_BASE base and base-0s.
 func legNames() []string {
 	var out []string
 	for _, f := range strings.Split(getenv("OUTBOX_BENCH_LAT_LEGS", "relay,relay-alt,forwarder"), ",") {
@@ -199,8 +199,8 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 	case "relay-p1":
 		l.desc = "relay, GOMAXPROCS=1"
 	case "base", "base-0s":
-		if bin = os.Getenv("OUTBOX_BENCH_BASE_RELAY"); bin == "" {
-			return nil, fmt.Errorf("latency leg %s needs OUTBOX_BENCH_BASE_RELAY", name)
+		if bin = b.relayBase; bin == "" {
+			return nil, fmt.Errorf("latency leg %s needs OUTBOX_BENCH_RELAY_BASE (-relay-base)", name)
 		}
 		l.desc = "base relay (" + filepath.Base(bin) + "), defaults"
 		if name == "base-0s" {
@@ -244,13 +244,11 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 	if os.Getenv("OUTBOX_BENCH_LAT_PROFILE") != "" {
 		flags = append(flags, "--pprof")
 	}
-	saved := b.relayBin
-	b.relayBin = bin
 	if name == "relay-p1" {
 		b.relayEnv = []string{"GOMAXPROCS=1"}
 	}
-	rp, err := b.startRelay("latency-"+name, l.slot, b.topicPrefix+l.base+".{aggregate_type}", flags...)
-	b.relayBin, b.relayEnv = saved, nil
+	rp, err := b.startRelayBin(bin, "latency-"+name, l.slot, b.topicPrefix+l.base+".{aggregate_type}", flags...)
+	b.relayEnv = nil
 	if err != nil {
 		return nil, err
 	}

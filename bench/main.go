@@ -98,6 +98,17 @@ func scaleFor(name string) (scale, error) {
 		}
 		sc.Name = name + " (overridden)"
 	}
+	if v := os.Getenv("OUTBOX_BENCH_SHAPES"); v != "" && err == nil {
+		sc.DrainShapes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, e := strconv.Atoi(strings.TrimSpace(f))
+			if e != nil || n <= 0 {
+				return sc, fmt.Errorf("OUTBOX_BENCH_SHAPES=%q: want comma-separated rows per transaction, e.g. 1,100", v)
+			}
+			sc.DrainShapes = append(sc.DrainShapes, n)
+		}
+		sc.Name = name + " (overridden)"
+	}
 	if v := os.Getenv("OUTBOX_BENCH_RATES"); v != "" && err == nil {
 		sc.Rates = nil
 		for _, f := range strings.Split(v, ",") {
@@ -117,6 +128,8 @@ type bench struct {
 	sc           scale
 	runDir       string
 	relayBin     string
+	relayBase    string // the "base" relay leg's binary ("" = none), drained next to relayBin
+	baseTogether bool   // drain the base relay at the same time as the relay, not in turn
 	relayFlags   []string
 	relayEnv     []string // extra environment of the relay started next (a latency leg's)
 	recvlogical  string
@@ -180,6 +193,8 @@ func run() int {
 	relayBin := flag.String("relay", os.Getenv("OUTBOX_BENCH_RELAY"), "outbox-relay binary (default: go build ./cmd/outbox-relay into the run dir)")
 	resultsDir := flag.String("results", getenv("OUTBOX_BENCH_RESULTS", "bench/results"), "where the report, figures and profile summaries go")
 	scaleName := flag.String("scale", getenv("OUTBOX_BENCH_SCALE", "full"), "full (1M-event backlogs, 3 repeats, 30 s per rate) or small (20k, 1, 5 s)")
+	relayBase := flag.String("relay-base", os.Getenv("OUTBOX_BENCH_RELAY_BASE"), "a second outbox-relay binary (before a change): drained side by side from its own slots and profiled too; the report gives new/base CPU per event")
+	baseTogether := flag.Bool("relay-base-together", os.Getenv("OUTBOX_BENCH_RELAY_BASE_TOGETHER") == "yes", "drain the base relay at the same time as the relay (each from its own slot), not in turn")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
 	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,curves"), "what to run: drain, latency, profile, first, curves (cost curves; alone: make bench-curves); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 15*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
@@ -256,6 +271,18 @@ func run() int {
 		return 2
 	}
 
+	if *relayBase != "" {
+		if b.relayBase, err = filepath.Abs(*relayBase); err != nil {
+			logf("%v", err)
+			return 2
+		}
+		if _, err := os.Stat(b.relayBase); err != nil {
+			logf("-relay-base: %v", err)
+			return 2
+		}
+		b.baseTogether = *baseTogether
+	}
+
 	runID := strconv.FormatInt(time.Now().Unix()%1e8, 36) + strconv.Itoa(rand.IntN(100))
 	b.topicPrefix = "bench." + runID + "."
 	if b.pg, err = connectPG(ctx, env["OUTBOX_TEST_PG_URL"], runID); err != nil {
@@ -270,7 +297,7 @@ func run() int {
 	defer b.kafka.close()
 
 	res := &results{Started: start, Scale: sc, Machine: readMachine(), PG: b.pg.version(ctx),
-		Kafka: env["OUTBOX_TEST_KAFKA_VERSION"], Git: gitCommit(), RelayBin: b.relayBin, Flags: b.relayFlags}
+		Kafka: env["OUTBOX_TEST_KAFKA_VERSION"], Git: gitCommit(), RelayBin: b.relayBin, RelayBase: b.relayBase, BaseTogether: b.baseTogether, Flags: b.relayFlags}
 	if out, err := exec.Command(b.recvlogical, "--version").Output(); err == nil {
 		res.Recvlog = strings.TrimSpace(string(out))
 	}
@@ -416,6 +443,16 @@ func (b *bench) write(res *results, dir string, latest bool) error {
 			}
 			if p.AllocTop != "" {
 				files["-pprof-allocs.txt"] = []byte(fmt.Sprintf(hdr, "allocation", " -sample_index=alloc_space") + p.AllocTop)
+			}
+		}
+		if p := d.ProfileBase; p != nil {
+			hdr := fmt.Sprintf("# base outbox-relay (%s) %%s profile, %s, one %d-event drain of %s\n# go tool pprof -top -nodecount=40%%s\n\n",
+				res.RelayBase, res.Started.UTC().Format("2006-01-02 15:04 UTC"), d.Events, shapeName(d.PerTxn))
+			if p.CPUTop != "" {
+				files["-pprof-cpu-base.txt"] = []byte(fmt.Sprintf(hdr, "CPU", "") + p.CPUTop)
+			}
+			if p.AllocTop != "" {
+				files["-pprof-allocs-base.txt"] = []byte(fmt.Sprintf(hdr, "allocation", " -sample_index=alloc_space") + p.AllocTop)
 			}
 		}
 	}

@@ -24,6 +24,11 @@ type relayProc struct {
 // startRelay runs `outbox-relay run` for one slot, one instance
 // (--leader-election=false), with its own topics and metrics port.
 func (b *bench) startRelay(name, slot, topicTemplate string, extra ...string) (*relayProc, error) {
+	return b.startRelayBin(b.relayBin, name, slot, topicTemplate, extra...)
+}
+
+// startRelayBin is startRelay with another binary (the base leg).
+func (b *bench) startRelayBin(bin, name, slot, topicTemplate string, extra ...string) (*relayProc, error) {
 	addr, err := testkit.FreeAddr()
 	if err != nil {
 		return nil, err
@@ -32,7 +37,7 @@ func (b *bench) startRelay(name, slot, topicTemplate string, extra ...string) (*
 		"--slot", slot, "--publication", b.pg.pub, "--table", b.pg.table, "--topic-template", topicTemplate,
 		"--metrics-addr", addr, "--leader-election=false", "--log-format", "json"}
 	args = append(append(args, b.relayFlags...), extra...)
-	r, err := testkit.StartRelay(testkit.RelayConfig{Bin: b.relayBin, Args: args, Metrics: addr, Env: b.relayEnv,
+	r, err := testkit.StartRelay(testkit.RelayConfig{Bin: bin, Args: args, Metrics: addr, Env: b.relayEnv,
 		LogPath: filepath.Join(b.runDir, "relay-"+name+".log")})
 	if err != nil {
 		return nil, err

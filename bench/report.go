@@ -19,9 +19,13 @@ type results struct {
 	Recvlog  string
 	Git      string
 	RelayBin string
-	Flags    []string
-	Drains   []*drainShape
-	Latency  *latencyRun
+	// RelayBase: the base leg's binary ("" = none).
+	RelayBase string
+	// BaseTogether: the base relay drained at the same time as the relay.
+	BaseTogether bool
+	Flags        []string
+	Drains       []*drainShape
+	Latency      *latencyRun
 	// LatencyEOS: the same with delivery: exactly_once and read_committed
 	// consumers, at eosRates (nil: not measured).
 	LatencyEOS *latencyRun
@@ -92,14 +96,19 @@ func (r *results) targets() []target {
 		}
 	}
 	{
-		name := "Relay CPU <= 12 us/event, 100 rows/txn drain"
+		name := "Relay CPU <= 3 us/event, 100 rows/txn drain"
 		if d := r.drain(100); d != nil && len(d.runs("relay")) > 0 {
 			var xs []float64
 			for _, x := range d.runs("relay") {
 				xs = append(xs, x.ToolCPU/float64(d.Events)*1e6)
 			}
 			m := summarize(xs)
-			ts = append(ts, target{name, fmt.Sprintf("%.2f us/event", m.Med), status(m.Med <= 12, !math.IsNaN(m.Med))})
+			v := fmt.Sprintf("%.2f us/event (min %.2f, max %.2f)", m.Med, m.Min, m.Max)
+			if c := d.cpuVsBase(); len(c) > 0 {
+				cb := summarize(c)
+				v += fmt.Sprintf("; %.2fx the base relay's (min %.2fx, max %.2fx)", cb.Med, cb.Min, cb.Max)
+			}
+			ts = append(ts, target{name, v, status(m.Med <= 3, !math.IsNaN(m.Med))})
 		} else {
 			ts = append(ts, target{name, "not measured", "n/a"})
 		}
@@ -226,6 +235,13 @@ func (r *results) markdown(asset string) string {
 	w("| Kafka | %s (one KRaft broker, topics of %d partitions, RF 1) |\n", r.Kafka, r.Scale.Partitions)
 	w("| Go | %s |\n| git commit | %s |\n", m.GoVersion, r.Git)
 	w("| relay | `%s` with `--leader-election=false`%s, otherwise defaults |\n", r.RelayBin, flagNote(r.Flags))
+	if r.RelayBase != "" {
+		how := "in turn with the others"
+		if r.BaseTogether {
+			how = "at the same time as the relay, each from its own slot (broker CPU then covers both)"
+		}
+		w("| base relay | `%s`, the same flags, drained %s (`relay_base`) |\n", r.RelayBase, how)
+	}
 	w("| load average (1/5/15 min) at start / end | %s / %s |\n\n", m.LoadStart, r.LoadEnd)
 
 	w("## Targets\n\n| target | measured | |\n|---|---|---|\n")
@@ -274,6 +290,13 @@ func (r *results) markdown(asset string) string {
 			row("relay exactly-once CPU, ms per 1k events", get(eos, func(x drainRun) float64 { return x.ToolCPU / ev * 1e6 }), f2)
 			row("relay exactly-once peak RSS (VmHWM), MiB", get(eos, func(x drainRun) float64 { return float64(x.PeakRSS) / mib }), func(v float64) string { return fmt.Sprintf("%.1f", v) })
 		}
+		if base := d.runs("relay_base"); len(base) > 0 {
+			row("base relay events/s (to confirmed_flush_lsn)", get(base, func(x drainRun) float64 { return x.EventsPerS }), f0)
+			row("**ratio base relay / pg_recvlogical**", d.ratiosOf("relay_base"), func(v float64) string { return fmt.Sprintf("%.2fx", v) })
+			row("base relay CPU, ms per 1k events", get(base, func(x drainRun) float64 { return x.ToolCPU / ev * 1e6 }), f2)
+			row("**ratio relay / base relay CPU per event**", d.cpuVsBase(), func(v float64) string { return fmt.Sprintf("%.2fx", v) })
+			row("base relay peak RSS (VmHWM), MiB", get(base, func(x drainRun) float64 { return float64(x.PeakRSS) / mib }), func(v float64) string { return fmt.Sprintf("%.1f", v) })
+		}
 		row("relay CPU, ms per 1k events", get(rel, func(x drainRun) float64 { return x.ToolCPU / ev * 1e6 }), f2)
 		row("walsender CPU, ms per 1k events (pg_recvlogical)", get(rec, func(x drainRun) float64 { return x.Walsender / ev * 1e6 }), f2)
 		row("walsender CPU, ms per 1k events (relay)", get(rel, func(x drainRun) float64 { return x.Walsender / ev * 1e6 }), f2)
@@ -289,6 +312,11 @@ func (r *results) markdown(asset string) string {
 			if d.Profile != nil {
 				pr := d.Profile.Run
 				pr.Tool = "relay --pprof (profile)"
+				all = append(all, pr)
+			}
+			if d.ProfileBase != nil {
+				pr := d.ProfileBase.Run
+				pr.Tool = "relay_base --pprof (profile)"
 				all = append(all, pr)
 			}
 			for _, x := range all {
@@ -420,10 +448,13 @@ func (r *results) markdown(asset string) string {
 	}
 
 	w("## 3. Profiles\n\n")
-	var prof *profileResult
+	var prof, profBase *profileResult
 	for _, d := range r.Drains {
 		if d.Profile != nil {
 			prof = d.Profile
+		}
+		if d.ProfileBase != nil {
+			profBase = d.ProfileBase
 		}
 	}
 	if prof == nil {
@@ -437,6 +468,12 @@ func (r *results) markdown(asset string) string {
 			f0(prof.Run.EventsPerS), scope, asset, asset)
 		if prof.Err != "" {
 			w(" Error: %s", prof.Err)
+		}
+		if profBase != nil {
+			w(" The base relay the same way, from another slot: [CPU](%s-pprof-cpu-base.txt), [allocations](%s-pprof-allocs-base.txt) (%s events/s).", asset, asset, f0(profBase.Run.EventsPerS))
+			if profBase.Err != "" {
+				w(" Error: %s", profBase.Err)
+			}
 		}
 		w("\n\n")
 	}

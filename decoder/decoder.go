@@ -157,6 +157,7 @@ type Decoder struct {
 	chunkEvents int
 	chunkBytes  int
 	buffered    int // payload bytes in txn.Events
+	sizeHint    int // events of the last transaction handed out: the next one's starting capacity
 
 	// Streaming (stream.go): the open streamed transactions by top-level
 	// xid, the one whose block is open, and the committed one being
@@ -318,6 +319,7 @@ func (d *Decoder) maybeChunk() *Txn {
 	part.CommitLSN = part.BeginLSN
 	part.Partial = true
 	d.txn.Events = nil
+	d.hint(n)
 	d.buffered = 0
 	d.counts.Events += uint64(n)
 	return &part
@@ -371,6 +373,7 @@ func (d *Decoder) commit(lsn pglogrepl.LSN, b []byte) (*Txn, error) {
 	txn.CommitTime = pgTime(c.u64())
 
 	d.txn = Txn{} // the caller owns txn.Events now
+	d.hint(len(txn.Events))
 	d.buffered = 0
 	d.inTxn = false
 	d.counts.Txns++
@@ -403,9 +406,30 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 	if err != nil || !ok {
 		return err
 	}
+	if d.txn.Events == nil && d.sizeHint > 1 {
+		// Sized like the last transaction: appending one by one grew
+		// (and copied) the slice about ten times for 100 events.
+		d.txn.Events = make([]Event, 0, d.sizeHint)
+	}
 	d.txn.Events = append(d.txn.Events, ev)
 	d.buffered += len(ev.Payload)
 	return nil
+}
+
+// maxSizeHint bounds the capacity an Events slice starts with.
+const maxSizeHint = 1024
+
+// hint records the size of a transaction (or chunk) just handed out as the
+// capacity of the next one's Events; one without events (another table's,
+// a heartbeat's) leaves it.
+func (d *Decoder) hint(n int) {
+	if n == 0 {
+		return
+	}
+	if d.chunkEvents > 0 {
+		n = min(n, d.chunkEvents)
+	}
+	d.sizeHint = min(n, maxSizeHint)
 }
 
 // streamedInsert handles an Insert inside a stream block, made by

@@ -28,11 +28,51 @@ const ownHeaders = 5
 // share one allocation; the key of the record is the aggregate_id header's
 // value. commitLSN is the transaction's commit LSN, rendered once.
 func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
+	return headersIn(nil, ev, commitLSN)
+}
+
+// headerBytes is how many bytes headers needs for ev's keys and values.
+func headerBytes(ev *decoder.Event, commitLSN string) int {
 	n := 20 + len(ev.MessageID) + len(ev.IDText) + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN)
 	for _, x := range ev.Headers {
 		n += len(x.Key)
 	}
-	buf := make([]byte, 0, n)
+	return n
+}
+
+// slab holds the headers and header bytes of a transaction's records, so
+// that the records of a transaction take two allocations, not two per
+// event. Each record's slices are capped at its own end: an append to one
+// never writes into the next record's.
+type slab struct {
+	hs  []sarama.RecordHeader
+	buf []byte
+}
+
+// newSlab sizes a slab for the records of evs (Record's).
+func newSlab(evs []decoder.Event, commitLSN string) *slab {
+	nh, nb := 0, 0
+	for i := range evs {
+		nh += ownHeaders + len(evs[i].Headers)
+		nb += headerBytes(&evs[i], commitLSN)
+	}
+	return &slab{hs: make([]sarama.RecordHeader, nh), buf: make([]byte, nb)}
+}
+
+// take returns n headers (length own) and nb bytes (length 0) from s, or
+// new ones when s is nil or too small.
+func (s *slab) take(own, n, nb int) ([]sarama.RecordHeader, []byte) {
+	if s == nil || len(s.hs) < n || len(s.buf) < nb {
+		return make([]sarama.RecordHeader, own, n), make([]byte, 0, nb)
+	}
+	h, b := s.hs[:own:n], s.buf[:0:nb]
+	s.hs, s.buf = s.hs[n:], s.buf[nb:]
+	return h, b
+}
+
+// headersIn is headers with its memory from s (nil: allocated).
+func headersIn(s *slab, ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
+	h, buf := s.take(ownHeaders, ownHeaders+len(ev.Headers), headerBytes(ev, commitLSN))
 	add := func(s string) []byte {
 		start := len(buf)
 		buf = append(buf, s...)
@@ -48,7 +88,6 @@ func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key 
 	}
 	id := buf[start:len(buf):len(buf)]
 	key = add(ev.AggregateID)
-	h = make([]sarama.RecordHeader, ownHeaders, ownHeaders+len(ev.Headers))
 	h[0] = sarama.RecordHeader{Key: hdrEventID, Value: id}
 	h[1] = sarama.RecordHeader{Key: hdrEventType, Value: add(ev.EventType)}
 	h[2] = sarama.RecordHeader{Key: hdrAggregateType, Value: add(ev.AggregateType)}

@@ -232,6 +232,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	if at.IsZero() { // a refused non-transactional message has no commit
 		at = time.Now()
 	}
+	var sl *slab
+	if p.format != FormatDebezium {
+		sl = newSlab(txn.Events, commitLSN)
+	}
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
@@ -249,7 +253,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		if p.format == FormatDebezium {
 			d.msg = DebeziumRecord(ev, at)
 		} else {
-			d.msg = Record(ev, commitLSN, at)
+			d.msg = record(sl, ev, commitLSN, at)
 		}
 		d.msg.Done = d.done
 		bytes += d.size

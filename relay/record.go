@@ -24,6 +24,12 @@ func Record(ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
 	return sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: at}
 }
 
+// record is Record with the headers' memory from s.
+func record(s *slab, ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
+	hdrs, key := headersIn(s, ev, commitLSN)
+	return sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: at}
+}
+
 // DebeziumRecord is the Kafka record Debezium's outbox EventRouter writes
 // for ev by default (compat: debezium): key the key column's text, value
 // the payload bytes (nil, a null value, for a NULL payload), header id the

@@ -38,6 +38,16 @@ type Message struct {
 	// (or was meant to go), -1 if it failed before a partition was chosen.
 	Partition int32
 	Done      func(err error)
+
+	// rec is the sarama record Producer.Publish hands over, kept here so
+	// that publishing allocates nothing per event (the ProducerMessage,
+	// and the Key and Value interface values, which point into it). A
+	// Message is published again only after its Done ran, when sarama is
+	// done with rec.
+	rec struct {
+		pm         sarama.ProducerMessage
+		key, value sarama.ByteEncoder
+	}
 }
 
 // Producer wraps a sarama AsyncProducer. New allocates; Run connects
@@ -249,7 +259,7 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 func (p *Producer) Connected() bool { return p.connected.Load() }
 
 func (p *Producer) setConnected(ok bool) {
-	if p.connected.Swap(ok) == ok {
+	if p.connected.Load() == ok || p.connected.Swap(ok) == ok {
 		return // unchanged: the common case, once per ack
 	}
 	if ok {
@@ -290,9 +300,18 @@ func (p *Producer) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
+		// The counter of each topic, looked up once: the topics are few
+		// (kafka.max_topics bounds them) and WithLabelValues per ack cost a
+		// hash and a lock per event.
+		published := map[string]prometheus.Counter{}
 		for msg := range p.ap.Successes() {
 			p.setConnected(true)
-			p.metrics.published.WithLabelValues(msg.Topic).Inc()
+			c := published[msg.Topic]
+			if c == nil {
+				c = p.metrics.published.WithLabelValues(msg.Topic)
+				published[msg.Topic] = c
+			}
+			c.Inc()
 			if m, ok := msg.Metadata.(*Message); ok {
 				m.Partition = msg.Partition
 				m.Done(nil)
@@ -375,15 +394,22 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	if p.closed || p.ap == nil {
 		return ErrClosed
 	}
-	pm := &sarama.ProducerMessage{
+	r := &m.rec
+	r.key, r.value = m.Key, m.Value
+	r.pm = sarama.ProducerMessage{ // every field, also sarama's own (retries), starts afresh
 		Topic:     m.Topic,
-		Key:       sarama.ByteEncoder(m.Key),
-		Value:     sarama.ByteEncoder(m.Value),
 		Headers:   m.Headers,
 		Timestamp: m.Timestamp,
 		Partition: -1, // the partitioner sets it; a record refused before that keeps -1
 		Metadata:  m,
 	}
+	if m.Key != nil {
+		r.pm.Key = &r.key
+	}
+	if m.Value != nil {
+		r.pm.Value = &r.value
+	}
+	pm := &r.pm
 	select {
 	case p.ap.Input() <- pm:
 		return nil

@@ -100,7 +100,8 @@ type Router struct {
 	allow      Allowlist
 	max        int
 	deadLetter string
-	admitted   map[string]struct{}
+	admitted   map[string]string // topic -> the same string, handed out again
+	scratch    []byte            // the topic being rendered, to look it up without allocating
 }
 
 // NewRouter returns a Router over tmpl. maxTopics must be in
@@ -110,7 +111,7 @@ func NewRouter(tmpl Template, maxTopics int, allow Allowlist, deadLetter string)
 		return nil, fmt.Errorf("kafka.max_topics: %d is out of range: use 1..%d", maxTopics, MaxMaxTopics)
 	}
 	return &Router{tmpl: tmpl, allow: allow, max: maxTopics, deadLetter: deadLetter,
-		admitted: make(map[string]struct{}, min(maxTopics, 1024))}, nil
+		admitted: make(map[string]string, min(maxTopics, 1024))}, nil
 }
 
 // Route returns the topic of an event with these routing fields. On error
@@ -127,6 +128,12 @@ func (r *Router) Template() Template { return r.tmpl }
 // RouteWith is Route with another template (the event's table's), under
 // the same allowlist and topic limit.
 func (r *Router) RouteWith(tmpl Template, aggregateType, eventType string) (topic string, err error) {
+	// The common case: a topic admitted before (so valid and allowed),
+	// found without building a string.
+	r.scratch = tmpl.appendTo(r.scratch[:0], aggregateType, eventType)
+	if t, ok := r.admitted[string(r.scratch)]; ok {
+		return t, nil
+	}
 	topic, err = tmpl.Render(aggregateType, eventType)
 	if err != nil {
 		return "", &routeError{kind: ErrInvalidTopic, msg: err.Error()}
@@ -138,14 +145,14 @@ func (r *Router) RouteWith(tmpl Template, aggregateType, eventType string) (topi
 	if topic == r.deadLetter {
 		return topic, nil
 	}
-	if _, ok := r.admitted[topic]; ok {
-		return topic, nil
+	if t, ok := r.admitted[topic]; ok {
+		return t, nil
 	}
 	if len(r.admitted) >= r.max {
 		return topic, &routeError{kind: ErrTopicLimit,
 			msg: fmt.Sprintf("topic %q would be one more than the kafka.max_topics limit of %d distinct topics; raise kafka.max_topics (OUTBOX_RELAY_KAFKA_MAX_TOPICS) if the topic is wanted, and restart", topic, r.max)}
 	}
-	r.admitted[topic] = struct{}{}
+	r.admitted[topic] = topic
 	return topic, nil
 }
 

@@ -223,3 +223,40 @@ func TestAutoCreateTopicsIsOptIn(t *testing.T) {
 		t.Error("kafka.auto_create_topics defaults to true; it must be opt-in")
 	}
 }
+
+// TestRouteAdmittedTopicAllocatesNothing: routing to a topic admitted
+// before builds no string (it built one per event), and gives the same
+// topic as the first time; a refused topic stays refused.
+func TestRouteAdmittedTopicAllocatesNothing(t *testing.T) {
+	for _, tc := range []struct{ tmpl, aggType, eventType, want string }{
+		{"outbox.{aggregate_type}", "order", "created", "outbox.order"},
+		{"{aggregate_type}.{event_type}.v1", "order", "created", "order.created.v1"},
+		{"fixed.topic", "order", "created", "fixed.topic"},
+		{"{schema}x.{aggregate_type}", "order", "", "x.order"},
+	} {
+		tmpl, err := ParseTemplate(tc.tmpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := NewRouter(tmpl, 2, Allowlist{}, "t.dlq")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := r.Route(tc.aggType, tc.eventType); got != tc.want || err != nil {
+			t.Fatalf("%s: Route = %q, %v; want %q", tc.tmpl, got, err, tc.want)
+		}
+		var got string
+		allocs := testing.AllocsPerRun(100, func() { got, err = r.Route(tc.aggType, tc.eventType) })
+		if got != tc.want || err != nil || allocs != 0 {
+			t.Errorf("%s: Route again = %q, %v with %.0f allocations; want %q with none", tc.tmpl, got, err, allocs, tc.want)
+		}
+	}
+	tmpl, _ := ParseTemplate("outbox.{aggregate_type}")
+	r, _ := NewRouter(tmpl, 1, Allowlist{}, "t.dlq")
+	r.Route("a", "")
+	for i := 0; i < 2; i++ {
+		if got, err := r.Route("b", ""); got != "outbox.b" || !errors.Is(err, ErrTopicLimit) {
+			t.Errorf("Route over the limit = %q, %v; want outbox.b refused with ErrTopicLimit", got, err)
+		}
+	}
+}

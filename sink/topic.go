@@ -110,6 +110,22 @@ func (t Template) Render(aggregateType, eventType string) (string, error) {
 	return t.render(aggregateType, eventType, "", "")
 }
 
+// appendTo appends what Render would return for these fields to b, without
+// checking it.
+func (t Template) appendTo(b []byte, aggregateType, eventType string) []byte {
+	for _, p := range t.parts {
+		switch p.ref {
+		case 0:
+			b = append(b, p.lit...)
+		case 1:
+			b = append(b, aggregateType...)
+		case 2:
+			b = append(b, eventType...)
+		}
+	}
+	return b
+}
+
 func (t Template) render(aggregateType, eventType, schema, table string) (string, error) {
 	if t.fixed {
 		return t.parts[0].lit, nil
