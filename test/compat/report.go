@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -172,6 +173,10 @@ func cmdReport(args []string) error {
 		"each output verified by a real consumer (every event once, in order per key). Same PostgreSQL 15 and Kafka. "+
 		"Machine: %d cores, load average %s at the start, %s at the end. Whole run: %s.\n\n",
 		*events, *aggs, *txn, *repeats, strings.Join(p.first, ", "), runtime.NumCPU(), *load0, *load1, *elapsed)
+	if loaded(*load0) || loaded(*load1) {
+		fmt.Fprintf(&b, "**Loaded machine**: a 1-minute load average above the %d cores means other work shared the CPUs, "+
+			"so both contenders' absolute rates are below an idle machine's; the per-repeat ratios suffer less.\n\n", runtime.NumCPU())
+	}
 	fmt.Fprintf(&b, "![Debezium vs outbox-relay](%s)\n\n", filepath.Base(*png))
 	b.WriteString("Min / median / max over the repeats:\n\n| metric |")
 	for _, ct := range contenders {
@@ -184,7 +189,7 @@ func cmdReport(args []string) error {
 			s := spreadOf(p.values(c, m))
 			fmt.Fprintf(&b, " "+m.format+" / **"+m.format+"** / "+m.format+" |", s.Min, s.Med, s.Max)
 		}
-		fmt.Fprintf(&b, " %.2fx |\n", spreadOf(p.ratios(m)).Med)
+		fmt.Fprintf(&b, " %sx |\n", ratioText(spreadOf(p.ratios(m)).Med))
 	}
 	b.WriteString("\nEach drain:\n\n| repeat | contender | records | start to last record (s) | events/s with startup | first to last record (s) | events/s without startup | CPU total (s) | CPU us/event (whole) | CPU us/event (first to last) | peak RSS (MB) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for i := 0; i < *repeats; i++ {
@@ -207,14 +212,15 @@ func cmdReport(args []string) error {
 	for i := 0; i < *repeats; i++ {
 		fmt.Fprintf(&b, "| %d |", i+1)
 		for _, m := range peerMetrics {
-			fmt.Fprintf(&b, " %.2f |", p.ratios(m)[i])
+			fmt.Fprintf(&b, " %s |", ratioText(p.ratios(m)[i]))
 		}
 		b.WriteString("\n")
 	}
 	b.WriteString("\nWith startup: from the process's start (JVM and Connect worker, or the relay binary) to the last record in Kafka; " +
 		"without: from the first record to the last. CPU: user+sys of the process from /proc (the whole process, or only between " +
 		"the first and the last record), per event. Peak RSS: VmHWM when the last record arrived. Median of an even number of " +
-		"repeats: the mean of the middle two.\n\n")
+		"repeats: the mean of the middle two. Times are read by polling Kafka's high-water marks every 50 ms, so a drain of " +
+		"under a few seconds (a small backlog) has a coarse rate.\n\n")
 	dbzDir := filepath.Join(*run, "debezium-1")
 	worker, err := propsWithout(filepath.Join(dbzDir, "worker.properties"), "")
 	if err != nil {
@@ -232,6 +238,24 @@ func cmdReport(args []string) error {
 	}
 	fmt.Fprintf(&b, "Relay command line (repeat 1; repeat N uses slot relay_peer_N, publication relay_peer_N_pub; every other setting is its default, docs/configuration.md):\n\n```\n%s```\n", cmd)
 	return os.WriteFile(*out, []byte(b.String()), 0o644)
+}
+
+// ratioText formats a ratio with two decimals, three below 0.1 (CPU and RSS ratios are small).
+func ratioText(r float64) string {
+	if math.Abs(r) < 0.1 {
+		return strconv.FormatFloat(r, 'f', 3, 64)
+	}
+	return strconv.FormatFloat(r, 'f', 2, 64)
+}
+
+// loaded says whether a load average ("1.2 3.4 5.6") has its 1-minute figure above the number of cores.
+func loaded(load string) bool {
+	f := strings.Fields(load)
+	if len(f) == 0 {
+		return false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	return err == nil && v > float64(runtime.NumCPU())
 }
 
 // propsWithout returns a properties file without comments and without the lines starting with skip.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -74,10 +75,10 @@ func TestReport(t *testing.T) {
 		"| events/s without startup | 67 / **100** / 200 | 333 / **500** / 1000 | 5.00x |",
 		"| CPU us/event (whole process) | 4000.0 / **4000.0** / 4000.0 | 500.0 / **500.0** / 500.0 | 0.12x |",
 		"| CPU us/event (first to last record) | 2000.0 / **2000.0** / 2000.0 | 250.0 / **250.0** / 250.0 | 0.12x |",
-		"| peak RSS (MB) | 1024 / **1024** / 1024 | 60 / **60** / 60 | 0.06x |",
+		"| peak RSS (MB) | 1024 / **1024** / 1024 | 60 / **60** / 60 | 0.059x |",
 		"| 2 (first) | outbox-relay | 1000 | 4.0 | 250 |",
 		"| 2 (second) | Debezium 3.6.1 + Connect 4.3.0 | 1000 | 20.0 | 50 |",
-		"| 3 | 5.00 | 5.00 | 0.12 | 0.12 | 0.06 |",
+		"| 3 | 5.00 | 5.00 | 0.12 | 0.12 | 0.059 |",
 		"max.batch.size=8192",
 		"![Debezium vs outbox-relay](peer.png)",
 	} {
@@ -94,5 +95,22 @@ func TestReport(t *testing.T) {
 	}
 	if !bytes.HasPrefix(png, []byte("\x89PNG")) || len(png) < 10000 {
 		t.Errorf("peer.png is not a plot (%d bytes)", len(png))
+	}
+}
+
+func TestLoaded(t *testing.T) {
+	n := float64(runtime.NumCPU())
+	for _, tc := range []struct {
+		load string
+		want bool
+	}{
+		{fmt.Sprintf("%.2f 0.10 0.10", n+0.5), true},
+		{fmt.Sprintf("%.2f 99 99", n-0.5), false},
+		{"", false},
+		{"x", false},
+	} {
+		if got := loaded(tc.load); got != tc.want {
+			t.Errorf("loaded(%q) = %v, want %v", tc.load, got, tc.want)
+		}
 	}
 }
