@@ -119,14 +119,17 @@ demo: build
 demo-test: build
 	$(GO) test -count=1 -tags e2e -v ./test/demotest/
 
-# Debezium in the bench (issue 16): Debezium 3.6.1.Final + Outbox Event
-# Router on Kafka Connect 4.3.0 (tuned; every setting written to the
-# report) and the relay (compat: debezium) drain the same 1M-event backlog
-# into the same broker, one after the other; both outputs verified once by
-# a real consumer (every event once, in order per key); events/s with and
-# without startup, CPU per event and peak RSS of each
-# (test/run-bench-peer.sh; bench/.run/peer/peer.md). OUTBOX_PEER_EVENTS for
-# a smaller backlog.
+# Debezium in the bench (issue 16, bench/README.md "make bench-peer"):
+# Debezium 3.6.1.Final + Outbox Event Router on Kafka Connect 4.3.0 (tuned;
+# every setting written to the report) and the relay (compat: debezium)
+# drain the same 1M-event backlog (written once; a slot per contender and
+# repeat) into the same broker, one after the other, OUTBOX_PEER_REPEATS (3)
+# times, who goes first alternating; every output verified by a real
+# consumer (every event once, in order per key); min/median/max of events/s
+# with and without startup, CPU per event and peak RSS, relay/Debezium per
+# repeat, a plot (test/run-bench-peer.sh; bench/.run/peer/peer.{md,png};
+# bench/results/*-peer.* and latest-peer.* for a 1M-event run).
+# OUTBOX_PEER_EVENTS for a smaller backlog.
 bench-peer:
 	bash test/run-bench-peer.sh
 

@@ -11,6 +11,8 @@
 //	outbox-compat dump     -brokers B -prefix outbox. -out FILE
 //	outbox-compat verify   -manifest FILE -dump FILE [-name NAME]
 //	outbox-compat compare  -a FILE -b FILE [-a-name debezium] [-b-name relay] [-allow DOC]
+//	outbox-compat report   -run DIR -repeats N -first debezium,relay,... [-events N ...] (make bench-peer's
+//	                       peer.md and peer.png from RUN/{debezium,relay}-<repeat>-wait.json)
 //
 // Every subcommand exits 1 with a message on any error; verify and compare exit 1 on any finding that is not
 // allowed.
@@ -45,6 +47,8 @@ func main() {
 		err = cmdVerify(args)
 	case "compare":
 		err = cmdCompare(args)
+	case "report":
+		err = cmdReport(args)
 	default:
 		usage()
 	}
@@ -55,7 +59,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: outbox-compat prepare|write|topics|wait|dump|verify|compare [flags] (see test/compat/main.go)")
+	fmt.Fprintln(os.Stderr, "usage: outbox-compat prepare|write|topics|wait|dump|verify|compare|report [flags] (see test/compat/main.go)")
 	os.Exit(2)
 }
 
