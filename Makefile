@@ -77,7 +77,7 @@ bench:
 	  trap 'bash test/services.sh stop' INT TERM; \
 	  rc=0; \
 	  bash test/services.sh start && \
-	    "$(BENCH_RUN_DIR)/outbox-bench" -env "$(BENCH_RUN_DIR)/env" \
+	    "$(BENCH_RUN_DIR)/outbox-bench" -env "$(BENCH_RUN_DIR)/env" $(BENCH_ARGS) \
 	      -relay "$${OUTBOX_BENCH_RELAY:-$(BENCH_RUN_DIR)/outbox-relay}" || rc=$$?; \
 	  bash test/services.sh stop; \
 	  exit $$rc
@@ -89,19 +89,7 @@ bench:
 # bench/results/*-curves.* (latest-curves.* at full scale), which the main
 # report links.
 bench-curves:
-	@mkdir -p "$(BENCH_RUN_DIR)"
-	$(GO) build -o "$(BENCH_RUN_DIR)/outbox-bench" ./bench
-	@if [ -z "$$OUTBOX_BENCH_RELAY" ]; then \
-	  echo "$(GO) build -o $(BENCH_RUN_DIR)/outbox-relay ./cmd/outbox-relay"; \
-	  $(GO) build -o "$(BENCH_RUN_DIR)/outbox-relay" ./cmd/outbox-relay || exit 1; fi
-	@export OUTBOX_TEST_RUN_DIR="$(BENCH_RUN_DIR)"; \
-	  trap 'bash test/services.sh stop' INT TERM; \
-	  rc=0; \
-	  bash test/services.sh start && \
-	    "$(BENCH_RUN_DIR)/outbox-bench" -env "$(BENCH_RUN_DIR)/env" -parts curves -delivery at_least_once \
-	      -relay "$${OUTBOX_BENCH_RELAY:-$(BENCH_RUN_DIR)/outbox-relay}" || rc=$$?; \
-	  bash test/services.sh stop; \
-	  exit $$rc
+	$(MAKE) bench BENCH_ARGS="-parts curves -delivery at_least_once"
 
 # Starts local PostgreSQL + Kafka, migrates, runs the relay, the sample
 # order service (examples/orders, package outbox) and billing consumer

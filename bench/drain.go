@@ -62,68 +62,39 @@ func (s *drainShape) runs(tool string) []drainRun {
 	return out
 }
 
-// ratios are relay/pg_recvlogical events/s, per repeat (side by side on the
-// same backlog).
-func (s *drainShape) ratios() []float64 {
-	rec := map[int]float64{}
-	for _, r := range s.runs("pg_recvlogical") {
-		rec[r.Rep] = r.EventsPerS
-	}
-	var out []float64
-	for _, r := range s.runs("relay") {
-		if v, ok := rec[r.Rep]; ok && v > 0 {
-			out = append(out, r.EventsPerS/v)
-		}
-	}
-	return out
-}
-
-// ratiosOf are tool/pg_recvlogical events/s, per repeat.
-func (s *drainShape) ratiosOf(tool string) []float64 {
-	rec := map[int]float64{}
-	for _, r := range s.runs("pg_recvlogical") {
-		rec[r.Rep] = r.EventsPerS
+// perRepeat is val(tool) / val(ref) per repeat (side by side on the same
+// backlog), for the repeats where both ran.
+func (s *drainShape) perRepeat(tool, ref string, val func(drainRun) float64) []float64 {
+	den := map[int]float64{}
+	for _, r := range s.runs(ref) {
+		den[r.Rep] = val(r)
 	}
 	var out []float64
 	for _, r := range s.runs(tool) {
-		if v, ok := rec[r.Rep]; ok && v > 0 {
-			out = append(out, r.EventsPerS/v)
+		if v, ok := den[r.Rep]; ok && v > 0 {
+			out = append(out, val(r)/v)
 		}
 	}
 	return out
 }
 
-// cpuVsBase are relay / relay_base CPU per event, per repeat (side by side
-// on the same backlog).
+func eventsPerS(r drainRun) float64 { return r.EventsPerS }
+
+// ratios are relay / pg_recvlogical events/s, per repeat.
+func (s *drainShape) ratios() []float64 { return s.ratiosOf("relay") }
+
+// ratiosOf are tool / pg_recvlogical events/s, per repeat.
+func (s *drainShape) ratiosOf(tool string) []float64 {
+	return s.perRepeat(tool, "pg_recvlogical", eventsPerS)
+}
+
+// cpuVsBase are relay / relay_base CPU per event, per repeat.
 func (s *drainShape) cpuVsBase() []float64 {
-	base := map[int]float64{}
-	for _, r := range s.runs("relay_base") {
-		base[r.Rep] = r.ToolCPU
-	}
-	var out []float64
-	for _, r := range s.runs("relay") {
-		if v, ok := base[r.Rep]; ok && v > 0 {
-			out = append(out, r.ToolCPU/v)
-		}
-	}
-	return out
+	return s.perRepeat("relay", "relay_base", func(r drainRun) float64 { return r.ToolCPU })
 }
 
-// eosRatios are relay exactly-once / relay at-least-once events/s, per
-// repeat (side by side on the same backlog).
-func (s *drainShape) eosRatios() []float64 {
-	alo := map[int]float64{}
-	for _, r := range s.runs("relay") {
-		alo[r.Rep] = r.EventsPerS
-	}
-	var out []float64
-	for _, r := range s.runs("relay_eos") {
-		if v, ok := alo[r.Rep]; ok && v > 0 {
-			out = append(out, r.EventsPerS/v)
-		}
-	}
-	return out
-}
+// eosRatios are relay exactly-once / relay at-least-once events/s, per repeat.
+func (s *drainShape) eosRatios() []float64 { return s.perRepeat("relay_eos", "relay", eventsPerS) }
 
 // runDrain measures one shape: create every slot it needs, then insert the
 // backlog once, then drain it with pg_recvlogical and the relay, alternately

@@ -87,39 +87,26 @@ func scaleFor(name string) (scale, error) {
 	if secs > 0 {
 		sc.PhaseDur = time.Duration(secs) * time.Second
 	}
-	if v := os.Getenv("OUTBOX_BENCH_LAT_SHAPES"); v != "" && err == nil {
-		sc.LatencyShapes = nil
+	envInts := func(key, what string, dst *[]int) {
+		v := os.Getenv(key)
+		if v == "" || err != nil {
+			return
+		}
+		var out []int
 		for _, f := range strings.Split(v, ",") {
 			n, e := strconv.Atoi(strings.TrimSpace(f))
 			if e != nil || n <= 0 {
-				return sc, fmt.Errorf("OUTBOX_BENCH_LAT_SHAPES=%q: want comma-separated rows per transaction", v)
+				err = fmt.Errorf("%s=%q: want comma-separated %s", key, v, what)
+				return
 			}
-			sc.LatencyShapes = append(sc.LatencyShapes, n)
+			out = append(out, n)
 		}
+		*dst = out
 		sc.Name = name + " (overridden)"
 	}
-	if v := os.Getenv("OUTBOX_BENCH_SHAPES"); v != "" && err == nil {
-		sc.DrainShapes = nil
-		for _, f := range strings.Split(v, ",") {
-			n, e := strconv.Atoi(strings.TrimSpace(f))
-			if e != nil || n <= 0 {
-				return sc, fmt.Errorf("OUTBOX_BENCH_SHAPES=%q: want comma-separated rows per transaction, e.g. 1,100", v)
-			}
-			sc.DrainShapes = append(sc.DrainShapes, n)
-		}
-		sc.Name = name + " (overridden)"
-	}
-	if v := os.Getenv("OUTBOX_BENCH_RATES"); v != "" && err == nil {
-		sc.Rates = nil
-		for _, f := range strings.Split(v, ",") {
-			n, e := strconv.Atoi(strings.TrimSpace(f))
-			if e != nil || n <= 0 {
-				return sc, fmt.Errorf("OUTBOX_BENCH_RATES=%q: want comma-separated events/s", v)
-			}
-			sc.Rates = append(sc.Rates, n)
-		}
-		sc.Name = name + " (overridden)"
-	}
+	envInts("OUTBOX_BENCH_LAT_SHAPES", "rows per transaction", &sc.LatencyShapes)
+	envInts("OUTBOX_BENCH_SHAPES", "rows per transaction, e.g. 1,100", &sc.DrainShapes)
+	envInts("OUTBOX_BENCH_RATES", "events/s", &sc.Rates)
 	return sc, err
 }
 
