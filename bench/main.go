@@ -119,6 +119,7 @@ type bench struct {
 	baseTogether bool   // drain the base relay at the same time as the relay, not in turn
 	relayFlags   []string
 	relayEnv     []string // extra environment of the relay started next (a latency leg's)
+	warmedUp     bool     // the unmeasured warm-up drain ran (drain.go warmUp)
 	recvlogical  string
 	goBin        string
 	self         string
