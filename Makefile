@@ -64,7 +64,9 @@ unit:
 # relay next to the at-least-once one (OUTBOX_BENCH_DELIVERY), on a private
 # PostgreSQL + Kafka (test/services.sh with run dir BENCH_RUN_DIR); writes
 # bench/results/. OUTBOX_BENCH_SCALE=small for a quick run, OUTBOX_BENCH_RELAY
-# to use another relay binary (default: ./cmd/outbox-relay built here).
+# to use another relay binary (default: ./cmd/outbox-relay built here),
+# OUTBOX_BENCH_LAT_MODE=together to run the latency legs at the same time
+# (default turns: each leg alone, one after the other, per phase).
 BENCH_RUN_DIR ?= $(CURDIR)/bench/.run
 
 bench:

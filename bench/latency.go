@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -70,6 +71,8 @@ type latPhase struct {
 	// Legs: every tool that published this phase's load side by side
 	// (legs[0] is the relay above), see latLeg.
 	Legs []legStats
+	// TurnOrder: turns mode, the leg names in the order they ran alone.
+	TurnOrder []string
 }
 
 // legStats is what one tool did in one phase.
@@ -83,10 +86,16 @@ type legStats struct {
 	CPU     float64   // seconds of the tool's process during the load
 	Profile string    // CPU profile of the phase (.pb.gz), if taken
 	AckP50  float64   // a relay leg's commit->ack median (its histogram, seconds); 0 for the forwarder
+	// Events and LoadS: the generated events and the generator's wall
+	// seconds of the run this leg took part in (its own run in turns mode).
+	Events int
+	LoadS  float64
+	Status string // turns mode: the verdict of the leg's lone run (legVerdict)
+	Err    string // turns mode: the leg's lone run failed
 }
 
 // usPerEvent is the tool's CPU per generated event, microseconds.
-func (l *legStats) usPerEvent(events int) float64 { return 1e6 * l.CPU / float64(events) }
+func (l *legStats) usPerEvent() float64 { return 1e6 * l.CPU / float64(l.Events) }
 
 func (p *latPhase) name() string {
 	if p.OneRow {
@@ -146,7 +155,8 @@ var eosRates = []int{1000, 5000}
 // latencyRun is the steady-state part: the relay (and, at-least-once, the
 // other legs side by side), phases in increasing rate.
 type latencyRun struct {
-	EOS     bool // delivery: exactly_once, read_committed consumers
+	EOS     bool   // delivery: exactly_once, read_committed consumers
+	Mode    string // latTurns or latTogether ("" with one leg: exactly-once)
 	Legs    []string
 	Phases  []*latPhase
 	PeakRSS int64 // VmHWM of the relay at the end
@@ -157,9 +167,76 @@ type latencyRun struct {
 // relay-alt leg runs with it, so every report has both.
 const altFlush = "0s"
 
-// latLeg is one tool of the latency part. They all run at the same time,
-// each from its own slot to its own topics, on the same committed
-// transactions: the same events, the same moment of a shared machine.
+// The latency legs run in turns (the default) or together
+// (OUTBOX_BENCH_LAT_MODE). Together they share the box's cores with each
+// other's walsenders: on 2 cores three legs and the generator overload it, so
+// the relay's figures, which the targets judge, were not a lone relay's.
+const (
+	latTurns    = "turns"    // every phase once per leg, each leg alone on a fresh slot
+	latTogether = "together" // all legs at once on one generator's transactions
+)
+
+// parseLatMode reads OUTBOX_BENCH_LAT_MODE ("" = turns).
+func parseLatMode(v string) (string, error) {
+	switch m := strings.TrimSpace(v); m {
+	case "":
+		return latTurns, nil
+	case latTurns, latTogether:
+		return m, nil
+	}
+	return "", fmt.Errorf("OUTBOX_BENCH_LAT_MODE=%q: want %s (each leg alone, in turn) or %s (all legs at once)", v, latTurns, latTogether)
+}
+
+// turnOrder is the order in which n legs run alone in phase i (turns mode):
+// rotated by one per phase, so no leg always goes first and, over n phases,
+// every leg takes every place once.
+func turnOrder(n, phase int) []int {
+	out := make([]int, n)
+	for j := range out {
+		out[j] = (phase + j) % n
+	}
+	return out
+}
+
+// mergeTurns makes one phase out of the legs' lone runs of it (turns mode,
+// runs[k] is leg names[k]'s, nil: not run): the relay's run (runs[0]) gives
+// the phase's own figures, which the tables and the targets show, and every
+// run gives its leg's row of the side-by-side table, with that run's
+// generated events and load time.
+func mergeTurns(names, descs []string, runs []*latPhase, order []int) *latPhase {
+	var p latPhase
+	if runs[0] != nil {
+		p = *runs[0]
+	} else {
+		p = latPhase{Err: "the relay leg did not run", CatchUpS: math.NaN()}
+	}
+	p.Legs = nil
+	for _, k := range order {
+		p.TurnOrder = append(p.TurnOrder, names[k])
+	}
+	for k, r := range runs {
+		switch {
+		case r == nil:
+		case r.Err != "" || len(r.Legs) == 0:
+			p.Legs = append(p.Legs, legStats{Name: names[k], Desc: descs[k], Err: cmp.Or(r.Err, "no result")})
+		default:
+			ls := r.Legs[0]
+			ls.Status = legVerdict(r)
+			p.Legs = append(p.Legs, ls)
+		}
+	}
+	return &p
+}
+
+// legVerdict is phaseStatus for any leg's lone run (its first leg's
+// delivered rate and catch-up).
+func legVerdict(p *latPhase) string {
+	return strings.NewReplacer("**", "", "relay not sustained", "not sustained").Replace(phaseStatus(p))
+}
+
+// latLeg is one tool of the latency part: each runs from its own slot to
+// its own topics, on the same generator settings; in turns (see latTurns)
+// or all at the same time on the same committed transactions.
 type latLeg struct {
 	name, desc string
 	slot, base string
@@ -184,45 +261,57 @@ func legNames() []string {
 	return out
 }
 
-func (b *bench) startLeg(name string) (*latLeg, error) {
+// legConfig is what a leg runs: its description, and for a relay leg the
+// binary and extra flags.
+func (b *bench) legConfig(name string) (desc, bin string, flags []string, err error) {
+	bin = b.relayBin
+	switch name {
+	case "relay":
+		desc = "relay, defaults"
+	case "relay-alt":
+		desc, flags = "relay, --kafka-flush-frequency "+altFlush, []string{"--kafka-flush-frequency", altFlush}
+	case "relay-p1":
+		desc = "relay, GOMAXPROCS=1"
+	case "base", "base-0s":
+		if bin = b.relayBase; bin == "" {
+			return "", "", nil, fmt.Errorf("latency leg %s needs OUTBOX_BENCH_RELAY_BASE (-relay-base)", name)
+		}
+		desc = "base relay (" + filepath.Base(bin) + "), defaults"
+		if name == "base-0s" {
+			desc, flags = "base relay, --kafka-flush-frequency 0s", []string{"--kafka-flush-frequency", "0s"}
+		}
+	case "forwarder":
+		desc, bin = "minimal forwarder (pglogrepl + sarama, flush unset)", ""
+	default:
+		// relay-<duration>: the relay with --kafka-flush-frequency <duration>
+		if f, ok := strings.CutPrefix(name, "relay-"); ok {
+			if _, err := time.ParseDuration(f); err == nil {
+				return "relay, --kafka-flush-frequency " + f, bin, []string{"--kafka-flush-frequency", f}, nil
+			}
+		}
+		return "", "", nil, fmt.Errorf("OUTBOX_BENCH_LAT_LEGS: unknown leg %q (relay, relay-alt, relay-<flush frequency> e.g. relay-0s, relay-p1, base, base-0s, forwarder)", name)
+	}
+	return desc, bin, flags, nil
+}
+
+// startLeg creates the leg's slot and starts it. tag ("" or e.g. "-5k")
+// names its log and profile files apart when a leg starts once per phase.
+func (b *bench) startLeg(name, tag string) (*latLeg, error) {
 	safe := strings.ReplaceAll(name, "-", "_")
 	l := &latLeg{name: name, slot: b.pg.schema + "_lat", base: "lat"}
 	if name != "relay" {
 		l.slot, l.base = b.pg.schema+"_lat_"+safe, "lat"+strings.ReplaceAll(name, "-", "")
 	}
-	bin, flags := b.relayBin, []string{}
-	switch name {
-	case "relay":
-		l.desc = "relay, defaults"
-	case "relay-alt":
-		l.desc, flags = "relay, --kafka-flush-frequency "+altFlush, []string{"--kafka-flush-frequency", altFlush}
-	case "relay-p1":
-		l.desc = "relay, GOMAXPROCS=1"
-	case "base", "base-0s":
-		if bin = b.relayBase; bin == "" {
-			return nil, fmt.Errorf("latency leg %s needs OUTBOX_BENCH_RELAY_BASE (-relay-base)", name)
-		}
-		l.desc = "base relay (" + filepath.Base(bin) + "), defaults"
-		if name == "base-0s" {
-			l.desc, flags = "base relay, --kafka-flush-frequency 0s", []string{"--kafka-flush-frequency", "0s"}
-		}
-	case "forwarder":
-		l.desc = "minimal forwarder (pglogrepl + sarama, flush unset)"
-	default:
-		// relay-<duration>: the relay with --kafka-flush-frequency <duration>
-		if f, ok := strings.CutPrefix(name, "relay-"); ok {
-			if _, err := time.ParseDuration(f); err == nil {
-				l.desc, flags = "relay, --kafka-flush-frequency "+f, []string{"--kafka-flush-frequency", f}
-				break
-			}
-		}
-		return nil, fmt.Errorf("OUTBOX_BENCH_LAT_LEGS: unknown leg %q (relay, relay-alt, relay-<flush frequency> e.g. relay-0s, relay-p1, base, base-0s, forwarder)", name)
+	desc, bin, flags, err := b.legConfig(name)
+	if err != nil {
+		return nil, err
 	}
+	l.desc = desc
 	if _, err := b.pg.createSlot(context.Background(), l.slot); err != nil {
 		return nil, err
 	}
 	if name == "forwarder" {
-		logPath := filepath.Join(b.runDir, "forwarder.log")
+		logPath := filepath.Join(b.runDir, "forwarder"+tag+".log")
 		lf, err := os.Create(logPath)
 		if err != nil {
 			return nil, err
@@ -231,7 +320,7 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 		l.fwd = exec.Command(b.self, "forward", "-pg-url", b.pg.url, "-slot", l.slot, "-publication", b.pg.pub,
 			"-brokers", strings.Join(b.brokers, ","), "-topic-prefix", b.topicPrefix+l.base+".")
 		if os.Getenv("OUTBOX_BENCH_LAT_PROFILE") != "" {
-			l.fwd.Args = append(l.fwd.Args, "-cpuprofile", filepath.Join(b.runDir, "lat-forwarder-cpu.pb.gz"))
+			l.fwd.Args = append(l.fwd.Args, "-cpuprofile", filepath.Join(b.runDir, "lat-forwarder"+tag+"-cpu.pb.gz"))
 		}
 		l.fwd.Stdout, l.fwd.Stderr = lf, lf
 		l.fwd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -247,9 +336,10 @@ func (b *bench) startLeg(name string) (*latLeg, error) {
 	if name == "relay-p1" {
 		b.relayEnv = []string{"GOMAXPROCS=1"}
 	}
-	rp, err := b.startRelayBin(bin, "latency-"+name, l.slot, b.topicPrefix+l.base+".{aggregate_type}", flags...)
+	rp, err := b.startRelayBin(bin, "latency-"+name+tag, l.slot, b.topicPrefix+l.base+".{aggregate_type}", flags...)
 	b.relayEnv = nil
 	if err != nil {
+		b.pg.dropSlot(context.Background(), l.slot) // a later phase's leg (turns) creates it again
 		return nil, err
 	}
 	l.rp, l.pid = rp, rp.pid
@@ -292,12 +382,6 @@ func (l *latLeg) exited() error {
 func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 	out := &latencyRun{EOS: eos}
 	rates := b.sc.Rates
-	var legs []*latLeg
-	defer func() {
-		for _, l := range legs {
-			b.stopLeg(l)
-		}
-	}()
 	if eos {
 		rates = nil
 		for _, r := range b.sc.Rates {
@@ -305,6 +389,26 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 				rates = append(rates, r)
 			}
 		}
+	}
+	var specs []phaseSpec
+	for _, rate := range rates {
+		if !eos && rate == oneRowRate && !slices.Equal(b.sc.LatencyShapes, []int{1}) {
+			specs = append(specs, phaseSpec{rate, []int{1}, true})
+		}
+		specs = append(specs, phaseSpec{rate, b.sc.LatencyShapes, false})
+	}
+	if !eos && b.latMode == latTurns {
+		out.Mode = latTurns
+		b.latencyTurns(ctx, out, specs)
+		return out
+	}
+	var legs []*latLeg
+	defer func() {
+		for _, l := range legs {
+			b.stopLeg(l)
+		}
+	}()
+	if eos {
 		l := &latLeg{name: "relay", desc: "relay, --delivery exactly_once", slot: b.pg.schema + "_lateos", base: "lateos"}
 		if _, err := b.pg.createSlot(ctx, l.slot); err != nil {
 			out.Err = err.Error()
@@ -322,8 +426,9 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 			return out
 		}
 	} else {
+		out.Mode = latTogether
 		for _, name := range legNames() {
-			l, err := b.startLeg(name)
+			l, err := b.startLeg(name, "")
 			if l != nil {
 				legs = append(legs, l)
 			}
@@ -341,18 +446,6 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 	if eos {
 		mode = " exactly-once"
 	}
-	type phaseSpec struct {
-		rate   int
-		shapes []int
-		oneRow bool
-	}
-	var specs []phaseSpec
-	for _, rate := range rates {
-		if !eos && rate == oneRowRate && !slices.Equal(b.sc.LatencyShapes, []int{1}) {
-			specs = append(specs, phaseSpec{rate, []int{1}, true})
-		}
-		specs = append(specs, phaseSpec{rate, b.sc.LatencyShapes, false})
-	}
 	for _, sp := range specs {
 		p := b.latencyPhase(ctx, legs, sp.rate, sp.shapes, sp.oneRow, eos)
 		out.Phases = append(out.Phases, p)
@@ -366,13 +459,7 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 			}
 			continue
 		}
-		logf("latency%s %-6s generated %6.0f ev/s, delivered %6.0f ev/s, ack p50 %s p99 %s p99.9 %s, consumer p50 %s p99 %s, relay CPU %3.0f%%, RSS %3.0f MiB [%s]",
-			mode, p.name(), p.achieved(), p.delivered(), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), msq(p.ConsQ[0]), msq(p.ConsQ[2]),
-			100*share(p.RelayCPU, p.LoadS), float64(p.RelayRSSMax)/(1<<20), strings.ReplaceAll(phaseStatus(p), "*", ""))
-		for _, l := range p.Legs {
-			logf("  %-50s consumer p50 %s p99 %s p99.9 %s, CPU %6.1f us/event, received %d (dups %d, missing %d), ack p50 %s",
-				l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), l.usPerEvent(p.Gen.Events), l.ConsN, l.Dups, l.Missing, fmtSec(l.ackP50()))
-		}
+		logPhase(mode, p)
 		if ctx.Err() != nil {
 			break
 		}
@@ -383,8 +470,96 @@ func (b *bench) runLatency(ctx context.Context, eos bool) *latencyRun {
 	return out
 }
 
+// phaseSpec is one phase of the latency part: an offered rate and its
+// transaction shapes.
+type phaseSpec struct {
+	rate   int
+	shapes []int
+	oneRow bool
+}
+
+// latencyTurns runs every phase once per leg, each leg alone: started on a
+// fresh slot just before its run (so no slot holds a backlog from another
+// leg's run) and stopped after it, with the same generator settings. The
+// legs' order rotates between phases (turnOrder).
+func (b *bench) latencyTurns(ctx context.Context, out *latencyRun, specs []phaseSpec) {
+	names := legNames()
+	descs := make([]string, len(names))
+	for k, name := range names {
+		d, _, _, err := b.legConfig(name)
+		if err != nil {
+			out.Err = fmt.Sprintf("leg %s: %v", name, err)
+			return
+		}
+		descs[k] = d
+	}
+	out.Legs = descs
+	for i, sp := range specs {
+		order := turnOrder(len(names), i)
+		runs := make([]*latPhase, len(names))
+		for j, k := range order {
+			if ctx.Err() != nil {
+				break
+			}
+			name := names[k]
+			tag := "-" + strings.ReplaceAll(strings.TrimSuffix(rateName(sp.rate), "/s"), " ", "")
+			if sp.oneRow {
+				tag += "-1row"
+			}
+			l, err := b.startLeg(name, tag)
+			if err != nil {
+				runs[k] = &latPhase{Rate: sp.rate, Shapes: sp.shapes, OneRow: sp.oneRow, CatchUpS: math.NaN(), Err: "start: " + err.Error()}
+			} else {
+				runs[k] = b.latencyPhase(ctx, []*latLeg{l}, sp.rate, sp.shapes, sp.oneRow, false)
+				if _, hwm, err := procMem(l.pid); err == nil && k == 0 {
+					out.PeakRSS = max(out.PeakRSS, hwm)
+				}
+			}
+			if l != nil {
+				b.stopLeg(l)
+			}
+			r := runs[k]
+			if r.Err != "" {
+				logf("latency %-6s turn %d/%d %s alone: FAILED: %s", r.name(), j+1, len(order), name, r.Err)
+				continue
+			}
+			ls := r.Legs[0]
+			logf("latency %-6s turn %d/%d %-9s alone: generated %6.0f ev/s, delivered %6.0f ev/s, consumer p50 %s p99 %s, CPU %6.1f us/event, max slot lag %.1f MiB [%s]",
+				r.name(), j+1, len(order), name, r.achieved(), r.delivered(), msq(ls.ConsQ[0]), msq(ls.ConsQ[2]), ls.usPerEvent(),
+				float64(r.MaxSlotLag)/mib, legVerdict(r))
+		}
+		p := mergeTurns(names, descs, runs, order)
+		out.Phases = append(out.Phases, p)
+		if p.Err != "" {
+			logf("latency %-6s FAILED: %s", p.name(), p.Err)
+		} else {
+			logPhase("", p)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// logPhase prints a phase's relay figures and its legs side by side.
+func logPhase(mode string, p *latPhase) {
+	logf("latency%s %-6s generated %6.0f ev/s, delivered %6.0f ev/s, ack p50 %s p99 %s p99.9 %s, consumer p50 %s p99 %s, relay CPU %3.0f%%, RSS %3.0f MiB [%s]",
+		mode, p.name(), p.achieved(), p.delivered(), fmtSec(p.AckQ[0]), fmtSec(p.AckQ[2]), fmtSec(p.AckQ[3]), msq(p.ConsQ[0]), msq(p.ConsQ[2]),
+		100*share(p.RelayCPU, p.LoadS), float64(p.RelayRSSMax)/(1<<20), strings.ReplaceAll(phaseStatus(p), "*", ""))
+	for _, l := range p.Legs {
+		if l.Err != "" {
+			logf("  %-50s FAILED: %s", l.Desc, l.Err)
+			continue
+		}
+		logf("  %-50s consumer p50 %s p99 %s p99.9 %s, CPU %6.1f us/event, received %d (dups %d, missing %d), ack p50 %s",
+			l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), l.usPerEvent(), l.ConsN, l.Dups, l.Missing, fmtSec(l.ackP50()))
+	}
+}
+
 func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shapes []int, oneRow, eos bool) *latPhase {
 	p := &latPhase{Rate: rate, Shapes: shapes, OneRow: oneRow, CatchUpS: math.NaN()}
+	// legs[0] is measured: a relay, or in turns mode any leg alone (rp nil
+	// for the forwarder: no histogram, and its consumers count as acked).
 	rp, slot := legs[0].rp, legs[0].slot
 	prefix := fmt.Sprintf("r%d", rate)
 	if oneRow {
@@ -428,7 +603,20 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 			}
 		}
 	}
+	received := func(i int) int {
+		n := 0
+		for _, lc := range consumers[i] {
+			n += lc.count()
+		}
+		return n
+	}
+	forgotten := 0 // the warm-up events the consumers forgot at their reset
 	published := func() float64 {
+		if rp == nil {
+			// The forwarder acks no metric; what reached its consumers was
+			// acked by Kafka before (a little later than the ack).
+			return float64(forgotten + received(0))
+		}
 		ss, err := rp.scrape()
 		if err != nil {
 			return -1
@@ -439,13 +627,6 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 			sum += v
 		}
 		return sum
-	}
-	received := func(i int) int {
-		n := 0
-		for _, lc := range consumers[i] {
-			n += lc.count()
-		}
-		return n
 	}
 	allReceived := func(n int) bool {
 		for i := range legs {
@@ -471,17 +652,21 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	forgotten = received(0)
 	for _, cs := range consumers {
 		for _, lc := range cs {
 			lc.reset()
 		}
 	}
-	ss0, err := rp.scrape()
-	if err != nil {
-		p.Err = err.Error()
-		return p
+	var h0 []bucket
+	if rp != nil {
+		ss0, err := rp.scrape()
+		if err != nil {
+			p.Err = err.Error()
+			return p
+		}
+		h0 = histogram(ss0, ackHistogram)
 	}
-	h0 := histogram(ss0, ackHistogram)
 	legH0 := make([][]bucket, len(legs))
 	for i, l := range legs {
 		if l.rp != nil {
@@ -552,7 +737,7 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 				return
 			case <-t.C:
 			}
-			if rss, _, err := procMem(rp.pid); err == nil && rss > p.RelayRSSMax {
+			if rss, _, err := procMem(legs[0].pid); err == nil && rss > p.RelayRSSMax {
 				p.RelayRSSMax = rss
 			}
 			if i%2 == 1 {
@@ -572,7 +757,7 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 			}
 		}
 	}()
-	err = cmd.Wait()
+	err := cmd.Wait()
 	tEnd := time.Now()
 	close(stop)
 	wg.Wait()
@@ -630,7 +815,7 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 			p.CatchUpS = time.Since(tEnd).Seconds()
 			break
 		}
-		if err := rp.exited(); err != nil {
+		if err := legs[0].exited(); err != nil {
 			p.Err = err.Error()
 			return p
 		}
@@ -640,19 +825,26 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 	for t := time.Now(); time.Since(t) < 30*time.Second && !allReceived(p.Gen.Events); {
 		time.Sleep(20 * time.Millisecond)
 	}
-	ss1, err := rp.scrape()
-	if err != nil {
-		p.Err = err.Error()
-		return p
+	if rp != nil {
+		ss1, err := rp.scrape()
+		if err != nil {
+			p.Err = err.Error()
+			return p
+		}
+		h := histDelta(h0, histogram(ss1, ackHistogram))
+		p.AckCount = histCount(h)
+		for _, q := range quantiles {
+			p.AckQ = append(p.AckQ, histQuantile(q, h))
+		}
+		p.AckQ = append(p.AckQ, histMax(h))
+	} else {
+		for range len(quantiles) + 1 {
+			p.AckQ = append(p.AckQ, math.NaN())
+		}
 	}
-	h := histDelta(h0, histogram(ss1, ackHistogram))
-	p.AckCount = histCount(h)
-	for _, q := range quantiles {
-		p.AckQ = append(p.AckQ, histQuantile(q, h))
-	}
-	p.AckQ = append(p.AckQ, histMax(h))
 	for i, l := range legs {
-		ls := legStats{Name: l.name, Desc: l.desc, CPU: (legCPU1[i] - legCPU0[i]).Seconds(), Profile: profiles[i]}
+		ls := legStats{Name: l.name, Desc: l.desc, CPU: (legCPU1[i] - legCPU0[i]).Seconds(), Profile: profiles[i],
+			Events: p.Gen.Events, LoadS: p.LoadS}
 		if l.rp != nil && legH0[i] != nil {
 			if ss, err := l.rp.scrape(); err == nil {
 				h := histDelta(legH0[i], histogram(ss, ackHistogram))

@@ -131,7 +131,8 @@ type bench struct {
 	fillSessions int
 	profile      bool
 	profileShape int
-	eos          bool // measure delivery: exactly_once next to at_least_once
+	eos          bool   // measure delivery: exactly_once next to at_least_once
+	latMode      string // latTurns or latTogether (OUTBOX_BENCH_LAT_MODE)
 	parts        map[string]bool
 	env          map[string]string // the services' env file
 	machineCores int
@@ -188,10 +189,16 @@ func run() int {
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 15*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
+	latMode := flag.String("lat-mode", getenv("OUTBOX_BENCH_LAT_MODE", latTurns), "latency legs: turns (each phase once per leg, each leg alone) or together (all legs at once on one load)")
 	flag.Parse()
 
 	start := time.Now()
 	sc, err := scaleFor(*scaleName)
+	if err != nil {
+		logf("%v", err)
+		return 2
+	}
+	mode, err := parseLatMode(*latMode)
 	if err != nil {
 		logf("%v", err)
 		return 2
@@ -207,7 +214,7 @@ func run() int {
 	env := svc.Vars
 	b := &bench{sc: sc, runDir: filepath.Dir(*envFile), relayFlags: strings.Fields(*relayFlags),
 		goBin: getenv("GO", "go"), fillSessions: 2, profileShape: 100, parts: map[string]bool{},
-		env: svc.Vars, machineCores: runtime.NumCPU()}
+		env: svc.Vars, machineCores: runtime.NumCPU(), latMode: mode}
 	for _, p := range strings.Split(*partsFlag, ",") {
 		b.parts[strings.TrimSpace(p)] = true
 	}
@@ -318,6 +325,9 @@ func run() int {
 			phases := len(sc.Rates)
 			if slices.Contains(sc.Rates, oneRowRate) && !slices.Equal(sc.LatencyShapes, []int{1}) {
 				phases++ // the 1-row phase
+			}
+			if b.latMode == latTurns {
+				phases *= len(legNames()) // each phase once per leg
 			}
 			if b.eos {
 				phases += len(eosRates)

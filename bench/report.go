@@ -341,6 +341,12 @@ func (r *results) markdown(asset string) string {
 	} else {
 		w("An open-loop generator (a child process) commits outbox rows on a fixed schedule for %s per rate: the offered events/s are split evenly between %s transactions, each shape on its own schedule and connections (one per 300 transactions/s, 4 to 32; a transaction not started by the end of the phase is dropped). One relay publishes them. Commit->ack is the relay's `outbox_relay_commit_to_ack_seconds` histogram over the phase (quantiles interpolated in the buckets like `histogram_quantile`, so they are only as fine as the buckets 1, 2.5, 5, 10, 20, 40, 80 ms...; max = upper bound of the highest non-empty bucket). Commit->consumer is measured by a Kafka consumer in the bench: receive time minus the record timestamp, which is the PostgreSQL commit time in milliseconds (so it reads up to 1 ms high). Before each phase %d warm-up events per shape go to its topic (not counted), so topic metadata is not part of the measurement.\n\n",
 			r.Scale.PhaseDur, mixName(r.Scale.LatencyShapes), warmupEvents)
+		switch {
+		case r.Latency.Mode == latTurns && len(r.Latency.Legs) > 1:
+			w("Legs in **turns** (`OUTBOX_BENCH_LAT_MODE=turns`, the default): every phase runs once per leg, and each leg runs **alone** on the machine: started on a fresh slot just before its run and stopped after it, with the same generator settings (rate, shapes, connections, seed). The legs take turns in an order that rotates from one phase to the next (listed under the side-by-side table). The tables, the figure and the targets are the relay leg's lone runs; each leg's row in the side-by-side table is its own lone run of the phase.\n\n")
+		case r.Latency.Mode == latTogether && len(r.Latency.Legs) > 1:
+			w("Legs **together** (`OUTBOX_BENCH_LAT_MODE=together`): all %d legs run at the same time on the one generator's transactions, so the relay's figures and the targets below include the other legs' load on the machine's %d cores.\n\n", len(r.Latency.Legs), m.NProc)
+		}
 		if r.Latency.Err != "" {
 			w("**Error:** %s\n\n", r.Latency.Err)
 		}
@@ -401,25 +407,53 @@ func (r *results) markdown(asset string) string {
 		}
 		if len(r.Latency.Legs) > 1 {
 			w("\n### Side by side: relay legs and the minimal forwarder\n\n")
-			w("All legs run at the same time, each from its own slot to its own topics, on the same committed transactions (one generator): the same events at the same moment of the shared machine, so the noise of the box hits every leg alike; the price is that they share its 2 cores. The minimal forwarder (`outbox-bench forward`) is pglogrepl + sarama only: pgoutput proto 1, of each Insert the topic (aggregate_type), key (aggregate_id) and payload, the relay's producer settings (idempotent, acks=all, one request in flight, murmur2, record timestamp = commit time) with sarama's own batching (no flush setting), and the slot confirmed after the acks every second: nothing else. Each leg's consumers check its output by the payload's sequence number: every event once. CPU is the process's user+sys from /proc over the load divided by the generated events. Legs: %s.\n\n", strings.Join(r.Latency.Legs, "; "))
-			w("| offered | leg | consumer p50 | p99 | p99.9 | max | p50 - forwarder p50 | CPU us/event | CPU share | received | duplicates | missing |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			if r.Latency.Mode == latTurns {
+				w("Each leg ran alone, in turn, from its own fresh slot to its own topics, on the same generator settings: no leg shares the cores with another, but each meets the shared machine at a different moment (the turns of one phase follow each other directly, so the comparisons within a phase are of adjacent runs). ")
+			} else {
+				w("All legs run at the same time, each from its own slot to its own topics, on the same committed transactions (one generator): the same events at the same moment of the shared machine, so the noise of the box hits every leg alike; the price is that they share its 2 cores. ")
+			}
+			w("The minimal forwarder (`outbox-bench forward`) is pglogrepl + sarama only: pgoutput proto 1, of each Insert the topic (aggregate_type), key (aggregate_id) and payload, the relay's producer settings (idempotent, acks=all, one request in flight, murmur2, record timestamp = commit time) with sarama's own batching (no flush setting), and the slot confirmed after the acks every second: nothing else. Each leg's consumers check its output by the payload's sequence number: every event once. CPU is the process's user+sys from /proc over the load divided by the generated events (of the leg's own run in turns). Legs: %s.\n\n", strings.Join(r.Latency.Legs, "; "))
+			w("| offered | leg | consumer p50 | p99 | p99.9 | max | p50 - forwarder p50 | CPU us/event | CPU share | received | duplicates | missing | status |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 			for _, p := range r.Latency.Phases {
 				if p.Err != "" {
 					continue
 				}
 				fwd := math.NaN()
 				for _, l := range p.Legs {
-					if l.Name == "forwarder" {
+					if l.Name == "forwarder" && l.Err == "" {
 						fwd = l.ConsQ[0]
 					}
 				}
 				for _, l := range p.Legs {
-					w("| %s | %s | %s | %s | %s | %s | %+.2f ms | %.1f | %s | %d | %d | %d |\n", p.label(), l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), msq(l.ConsQ[4]),
-						l.ConsQ[0]-fwd, l.usPerEvent(p.Gen.Events), pct(share(l.CPU, p.LoadS)), l.ConsN, l.Dups, l.Missing)
+					if l.Err != "" {
+						w("| %s | %s | | | | | | | | | | | failed: %s |\n", p.label(), l.Desc, l.Err)
+						continue
+					}
+					st := l.Status
+					if st == "" { // together: only the relay leg is judged
+						st = "-"
+					}
+					w("| %s | %s | %s | %s | %s | %s | %+.2f ms | %.1f | %s | %d | %d | %d | %s |\n", p.label(), l.Desc, msq(l.ConsQ[0]), msq(l.ConsQ[2]), msq(l.ConsQ[3]), msq(l.ConsQ[4]),
+						l.ConsQ[0]-fwd, l.usPerEvent(), pct(share(l.CPU, l.LoadS)), l.ConsN, l.Dups, l.Missing, st)
 				}
 			}
+			if r.Latency.Mode == latTurns {
+				w("\nStatus: the verdict of the leg's lone run, as for the relay below (the forwarder's delivered rate counts what its consumers received). Order of the turns:")
+				sep := " "
+				for _, p := range r.Latency.Phases {
+					if len(p.TurnOrder) > 0 {
+						w("%s%s: %s", sep, p.label(), strings.Join(p.TurnOrder, ", "))
+						sep = "; "
+					}
+				}
+				w(".\n")
+			}
 		}
-		w("\nRelay peak RSS over the whole latency run (VmHWM): %.1f MiB. The slot lag includes up to one status interval (1 s) of acked but not yet confirmed WAL.\n\n", float64(r.Latency.PeakRSS)/mib)
+		peak := "over the whole latency run"
+		if r.Latency.Mode == latTurns {
+			peak = "the highest of the relay leg's processes, one per phase"
+		}
+		w("\nRelay peak RSS (VmHWM, %s): %.1f MiB. The slot lag includes up to one status interval (1 s) of acked but not yet confirmed WAL.\n\n", peak, float64(r.Latency.PeakRSS)/mib)
 		w("Status: *generator behind* = it committed < 95%% of the offered events or > 1%% of its transactions started > 10 ms after their slot (a limit of the generator and the database on this machine, not of the relay); *relay not sustained* = in the steady part of the phase (from 20%% of the schedule to its end) the relay acked < 95%% of the generated events/s, so its backlog (the slot lag) grew, or it never caught up after the load. *delivered* is that steady acked rate.\n\n")
 	}
 
