@@ -165,7 +165,7 @@ type latencyRun struct {
 
 // altFlush is the relay's kafka.flush_frequency other than its default: the
 // relay-alt leg runs with it, so every report has both.
-const altFlush = "0s"
+const altFlush = "1ms"
 
 // The latency legs run in turns (the default) or together
 // (OUTBOX_BENCH_LAT_MODE). Together they share the box's cores with each

@@ -38,7 +38,13 @@ type Config struct {
 	// Compression: none, gzip, snappy, lz4 or zstd.
 	Compression string `yaml:"compression"`
 	// FlushFrequency, FlushMessages and FlushBytes batch producer requests:
-	// a batch goes out when any one is reached.
+	// a batch goes out when any one is reached. All unset (the default):
+	// sarama sends at once and batches while a request is in flight, which
+	// in a drain makes batches as large as a linger would (bench: 0.98x and
+	// 1.01x the drain throughput of a 1 ms linger, 100 and 1 rows/txn) and
+	// at a low rate spares each event the linger (1k events/s: median
+	// commit->consumer 0.04-0.17 ms above the minimal forwarder, against
+	// 0.92-1.31 ms with 1 ms).
 	FlushFrequency time.Duration `yaml:"flush_frequency"`
 	FlushMessages  int           `yaml:"flush_messages"`
 	FlushBytes     int           `yaml:"flush_bytes"`
@@ -66,7 +72,7 @@ func DefaultConfig() Config {
 		TopicTemplate:   "outbox.event.{aggregate_type}",
 		MaxTopics:       DefaultMaxTopics,
 		Compression:     "none",
-		FlushFrequency:  time.Millisecond,
+		FlushFrequency:  0, // unset: see the field's comment
 		FlushMessages:   0,
 		FlushBytes:      0,
 		MaxMessageBytes: 1000000,
@@ -114,7 +120,7 @@ func (c Config) Validate(prefix string) error {
 		bad("compression", "%q is not one of none, gzip, snappy, lz4, zstd", c.Compression)
 	}
 	if c.FlushFrequency < 0 {
-		bad("flush_frequency", "%s must not be negative (default 1ms)", c.FlushFrequency)
+		bad("flush_frequency", "%s must not be negative (default 0s: unset)", c.FlushFrequency)
 	}
 	if c.FlushMessages < 0 {
 		bad("flush_messages", "%d must not be negative (0 = off)", c.FlushMessages)

@@ -55,6 +55,10 @@ func NewTxn(cfg Config, id string, timeout time.Duration, log zerolog.Logger) (*
 		return nil, err
 	}
 	sc, _ := saramaConfig(cfg)
+	// Records of a transaction become visible at its commit, never before:
+	// a linger costs them no latency and makes fewer, larger requests (the
+	// exactly-once drain was measured with 1 ms).
+	sc.Producer.Flush.Frequency = max(sc.Producer.Flush.Frequency, time.Millisecond)
 	sc.Producer.Idempotent = true
 	sc.Net.MaxOpenRequests = 1
 	sc.Producer.RequiredAcks = sarama.WaitForAll

@@ -2,8 +2,10 @@ package sink
 
 import (
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/rs/zerolog"
 )
 
 func dataBatch(first int64, pid int64, txn bool, kv ...string) *sarama.Records {
@@ -79,5 +81,24 @@ func TestReadBatches(t *testing.T) {
 				t.Fatalf("readBatches = %d, %q; want %d, %q", next, v, tc.wantNext, tc.want)
 			}
 		})
+	}
+}
+
+// The transactional producer lingers at least 1 ms (its records are
+// visible only at the commit); a longer kafka.flush_frequency is kept.
+func TestTxnProducerLinger(t *testing.T) {
+	for _, tc := range []struct{ set, want time.Duration }{
+		{0, time.Millisecond},
+		{5 * time.Millisecond, 5 * time.Millisecond},
+	} {
+		cfg := validConfig()
+		cfg.FlushFrequency = tc.set
+		p, err := NewTxn(cfg, "t", time.Minute, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.sc.Producer.Flush.Frequency; got != tc.want {
+			t.Errorf("kafka.flush_frequency %s: transactional linger %s, want %s", tc.set, got, tc.want)
+		}
 	}
 }
