@@ -102,3 +102,25 @@ func TestTxnProducerLinger(t *testing.T) {
 		}
 	}
 }
+
+// Coordinator retries start at 1 ms (a Kafka transaction waits for the
+// previous one's markers after every commit), then back off, and still
+// cover seconds of coordinator trouble.
+func TestTxnRetryBackoff(t *testing.T) {
+	cases := []struct {
+		retries int
+		want    time.Duration
+	}{{0, time.Millisecond}, {9, time.Millisecond}, {10, 2 * time.Millisecond}, {11, 4 * time.Millisecond}, {18, 500 * time.Millisecond}, {49, 500 * time.Millisecond}}
+	for _, tc := range cases {
+		if got := txnRetryBackoff(tc.retries, 50); got != tc.want {
+			t.Errorf("txnRetryBackoff(%d) = %s, want %s", tc.retries, got, tc.want)
+		}
+	}
+	var total time.Duration
+	for r := range 50 {
+		total += txnRetryBackoff(r, 50)
+	}
+	if total < 10*time.Second || total > 30*time.Second {
+		t.Errorf("50 retries span %s, want 10-30 s", total)
+	}
+}
