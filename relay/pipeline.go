@@ -248,7 +248,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			p.decodedBy[ev.TableIndex].Add(1)
 		}
 		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own && fromTable && !message,
-			lsn: ev.LSN, pos: pos, commit: at, size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(pos),
+			lsn: ev.LSN, txnLSN: txn.CommitLSN, pos: pos, commit: at, size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(pos),
 			message: message, msgID: ev.MessageID}
 		if p.format == FormatDebezium {
 			d.msg = DebeziumRecord(ev, at)
@@ -343,6 +343,7 @@ type delivery struct {
 	table    int           // index of the outbox table in Pipeline.outboxes
 	mark     bool          // dead letters and halts are recorded on the row (Outbox.Own)
 	lsn      pglogrepl.LSN // of the Insert or Message, for errors and the dead letter
+	txnLSN   pglogrepl.LSN // its transaction's commit LSN: the slot may be confirmed up to it (the server resends from it), never past
 	pos      pglogrepl.LSN // the event's place in the WAL, unique: rewind and order keys (position)
 	commit   time.Time
 	size     int64
@@ -596,7 +597,7 @@ func (p *Pipeline) halt(d *delivery, err error) {
 	if !d.message {
 		e = e.Str("table", p.tables[d.table])
 	}
-	d.logID(e).Str("lsn", d.lsn.String()).
+	d.logID(e).Str("lsn", d.lsn.String()).Str("commit_lsn", d.txnLSN.String()).
 		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
 	if !d.message { // a message has no row to record it on
 		p.marks.push(rowMark{d: d, reason: err.Error()}, 0)

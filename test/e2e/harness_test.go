@@ -302,20 +302,29 @@ func (e *env) slotLSN(t *testing.T) pglogrepl.LSN {
 	return testkit.Must(t, l, err)
 }
 
-// haltedLSN is the WAL position of the event a halted relay stopped at, as
-// its HALTED log line names it. The slot must not be confirmed past it. A
-// WAL position read by the test before writing that event is no bound: a
-// heartbeat or another test's commit in between may be confirmed.
+// haltedLSN is the commit LSN of the transaction of the event a halted
+// relay stopped at, as its HALTED log line names it. The slot must not be
+// confirmed past it: the server resends a transaction iff its commit LSN is
+// at or after the confirmed position. Neither the event's own LSN nor a WAL
+// position read by the test before writing it is that bound: a heartbeat
+// message or another test's commit written between the event's Insert and
+// its commit is decoded first and may be confirmed (both happened in a
+// `make test`: the slot 0x170 and 0x428 bytes past the Insert).
 func (r *relay) haltedLSN() pglogrepl.LSN {
 	r.t.Helper()
 	for _, line := range strings.Split(r.log(), "\n") {
 		if !strings.Contains(line, `"message":"HALTED`) {
 			continue
 		}
-		var rec struct{ LSN string }
-		if err := json.Unmarshal([]byte(line), &rec); err == nil && rec.LSN != "" {
-			if l, err := pglogrepl.ParseLSN(rec.LSN); err == nil {
-				return l
+		var rec struct {
+			LSN    string
+			Commit string `json:"commit_lsn"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err == nil && rec.Commit != "" {
+			l, err1 := pglogrepl.ParseLSN(rec.LSN)
+			c, err2 := pglogrepl.ParseLSN(rec.Commit)
+			if err1 == nil && err2 == nil && c >= l {
+				return c
 			}
 		}
 	}

@@ -259,7 +259,7 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 	}
 	at := r.haltedLSN()
 	if c := e.slotLSN(t); c > at {
-		t.Fatalf("slot confirmed %s past the poison row at %s", c, at)
+		t.Fatalf("slot confirmed %s past the commit LSN %s of the poison row's transaction", c, at)
 	}
 	var attempts int
 	var lastErr string
@@ -300,7 +300,7 @@ func TestDeadLetterWriteFailureHalts(t *testing.T) {
 		t.Errorf("/readyz = %d %q, want 503 naming the dead-letter failure", code, body)
 	}
 	if c, at := e.slotLSN(t), r.haltedLSN(); c > at {
-		t.Fatalf("slot confirmed %s past the event at %s whose dead letter failed", c, at)
+		t.Fatalf("slot confirmed %s past the commit LSN %s of the event whose dead letter failed", c, at)
 	}
 	var lastErr string
 	waitFor(t, 10*time.Second, "row records the error", func() bool {

@@ -102,7 +102,7 @@ func TestRejectedRowMarkHalts(t *testing.T) {
 		t.Fatal("the relay exited; a halt keeps it up (not ready)")
 	}
 	if c, at := e.slotLSN(t), r.haltedLSN(); c > at {
-		t.Fatalf("slot confirmed %s past the row at %s whose mark failed", c, at)
+		t.Fatalf("slot confirmed %s past the commit LSN %s of the row whose mark failed", c, at)
 	}
 	log := r.log()
 	for _, want := range []string{e.Table, fmt.Sprintf("id=%d", id), "frozen by policy", "HALTED"} {
