@@ -61,8 +61,10 @@ type Producer struct {
 
 	sc        *sarama.Config
 	client    sarama.Client
-	health    sarama.Client // fails fast: answers "is the cluster reachable?"
-	ap        sarama.AsyncProducer
+	health    sarama.Client        // fails fast: answers "is the cluster reachable?"
+	ap        sarama.AsyncProducer // kafka.producer: sarama
+	dp        *direct              // kafka.producer: direct
+	published sync.Map             // topic -> prometheus.Counter, for direct
 	connected atomic.Bool
 	ready     chan struct{} // closed once connected: Publish may go
 	closing   chan struct{} // closed by Close: flush and stop
@@ -208,7 +210,7 @@ func (p *Producer) connect(ctx context.Context) error {
 		err := p.dial(&hc)
 		if err == nil {
 			p.setConnected(true)
-			p.log.Info().Strs("brokers", p.cfg.Brokers).Msg("connected to kafka")
+			p.log.Info().Strs("brokers", p.cfg.Brokers).Str("producer", p.cfg.Producer).Msg("connected to kafka")
 			return nil
 		}
 		var certErr *tls.CertificateVerificationError
@@ -245,6 +247,16 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		health.Close()
 		return err
 	}
+	if p.cfg.Producer == ProducerDirect {
+		d := newDirect(client, p.sc, p.cfg, p.complete)
+		if err := d.start(); err != nil {
+			client.Close()
+			health.Close()
+			return err
+		}
+		p.health, p.client, p.dp = health, client, d
+		return nil
+	}
 	ap, err := sarama.NewAsyncProducerFromClient(client)
 	if err != nil {
 		client.Close()
@@ -253,6 +265,32 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	}
 	p.health, p.client, p.ap = health, client, ap
 	return nil
+}
+
+// complete is the direct engine's verdict on msgs, all of topic: the
+// metrics, then each record's Done. No msgs: an attempt that failed and is
+// retried, counted only.
+func (p *Producer) complete(topic string, msgs []*Message, err error) {
+	if err == nil {
+		p.setConnected(true)
+		c, ok := p.published.Load(topic)
+		if !ok {
+			c, _ = p.published.LoadOrStore(topic, p.metrics.published.WithLabelValues(topic))
+		}
+		c.(prometheus.Counter).Add(float64(len(msgs)))
+		for _, m := range msgs {
+			m.Done(nil)
+		}
+		return
+	}
+	reason, _ := Classify(err)
+	p.metrics.errors.WithLabelValues(reason).Add(float64(max(len(msgs), 1)))
+	if reason == "network" {
+		p.setConnected(false)
+	}
+	for _, m := range msgs {
+		m.Done(fmt.Errorf("publish to topic %s partition %d: %w", topic, m.Partition, err))
+	}
 }
 
 // Connected reports whether the cluster was reachable at the last check.
@@ -295,6 +333,40 @@ func (p *Producer) Run(ctx context.Context) error {
 		p.flush()
 	default:
 	}
+	var drained <-chan struct{}
+	if p.dp != nil {
+		drained = p.dp.idle
+	} else {
+		drained = p.drain()
+	}
+	// The readiness probe runs on its own: a metadata request to a silent
+	// broker takes seconds, and Run must see its ctx end at once.
+	stopProbe, probed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(probed)
+		t := time.NewTicker(3 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopProbe:
+				return
+			case <-t.C:
+			}
+			p.setConnected(p.health.RefreshMetadata() == nil)
+		}
+	}()
+	defer p.closeClients(stopProbe, probed)
+	select {
+	case <-drained: // after Close: every buffered record was acked or failed
+	case <-ctx.Done():
+		p.log.Warn().Msg("kafka producer not drained by the shutdown deadline; unacked events will be resent after restart")
+	}
+	return nil
+}
+
+// drain hands sarama's acks and errors to each record's Done; the channel
+// closes once both are drained (after Close).
+func (p *Producer) drain() <-chan struct{} {
 	drained := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -336,29 +408,7 @@ func (p *Producer) Run(ctx context.Context) error {
 		wg.Wait()
 		close(drained)
 	}()
-	// The readiness probe runs on its own: a metadata request to a silent
-	// broker takes seconds, and Run must see its ctx end at once.
-	stopProbe, probed := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(probed)
-		t := time.NewTicker(3 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopProbe:
-				return
-			case <-t.C:
-			}
-			p.setConnected(p.health.RefreshMetadata() == nil)
-		}
-	}()
-	defer p.closeClients(stopProbe, probed)
-	select {
-	case <-drained: // after Close: every buffered record was acked or failed
-	case <-ctx.Done():
-		p.log.Warn().Msg("kafka producer not drained by the shutdown deadline; unacked events will be resent after restart")
-	}
-	return nil
+	return drained
 }
 
 // closeClients stops the probe and closes both clients. Closing a sarama
@@ -372,6 +422,9 @@ func (p *Producer) closeClients(stopProbe chan struct{}, probed <-chan struct{})
 		close(stopProbe)
 		_ = p.health.Close() // cuts a metadata request in flight
 		<-probed
+		if p.dp != nil {
+			p.dp.stop()
+		}
 		_ = p.client.Close()
 	}()
 	select {
@@ -391,8 +444,11 @@ const closeTimeout = time.Second
 func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	p.inputMu.RLock()
 	defer p.inputMu.RUnlock()
-	if p.closed || p.ap == nil {
+	if p.closed || (p.ap == nil && p.dp == nil) {
 		return ErrClosed
+	}
+	if p.dp != nil {
+		return p.dp.publish(m) // never blocks: the pipeline bounds what is in flight
 	}
 	r := &m.rec
 	r.key, r.value = m.Key, m.Value
@@ -439,4 +495,12 @@ func (p *Producer) Close() {
 
 // flush starts sarama's graceful close once: buffered records go out, then
 // Successes and Errors close.
-func (p *Producer) flush() { p.flushOnce.Do(p.ap.AsyncClose) }
+func (p *Producer) flush() {
+	p.flushOnce.Do(func() {
+		if p.dp != nil {
+			p.dp.close()
+			return
+		}
+		p.ap.AsyncClose()
+	})
+}

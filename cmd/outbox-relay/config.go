@@ -150,6 +150,8 @@ var keys = []key{
 			}
 			return nil
 		}},
+	{"kafka.producer", "OUTBOX_RELAY_KAFKA_PRODUCER", "kafka-producer", "produce engine: sarama (sarama's AsyncProducer) or direct (the relay's own on sarama's Broker API: same idempotent acks=all protocol, fewer goroutine hops per event; ignores the flush settings)",
+		str(func(c *Config) *string { return &c.Kafka.Producer })},
 	{"kafka.compression", "OUTBOX_RELAY_KAFKA_COMPRESSION", "kafka-compression", "none, gzip, snappy, lz4 or zstd",
 		str(func(c *Config) *string { return &c.Kafka.Compression })},
 	{"kafka.flush_frequency", "OUTBOX_RELAY_KAFKA_FLUSH_FREQUENCY", "kafka-flush-frequency", "producer batching: max wait before a batch is sent",

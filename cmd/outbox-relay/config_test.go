@@ -300,6 +300,7 @@ var invalidCases = []struct {
 	{key: "kafka.max_topics", env: []string{"0", "-1", "many"}, flag: []string{"100001", "1.5", ""}, file: []any{0, 100001, "unlimited"}},
 	{key: "kafka.topic_allowlist", env: []string{"orders,,pay.*", "*", "bad topic"}, flag: []string{"", "a*b", "x/*"},
 		file: []any{[]string{""}, []string{"*"}, "orders.*", []string{"a", "b c"}}},
+	{key: "kafka.producer", env: []string{"franz"}, flag: []string{"SARAMA"}, file: []any{"fast", 1}},
 	{key: "kafka.compression", env: []string{"brotli"}, flag: []string{"", "GZIP"}, file: []any{"lz5"}},
 	{key: "kafka.flush_frequency", env: []string{"-1s", "often"}, flag: []string{"-1ns"}, file: []any{"-5ms", 5}},
 	{key: "kafka.flush_messages", env: []string{"-1", "x"}, flag: []string{"1.5"}, file: []any{-1, "many"}},

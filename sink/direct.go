@@ -1,0 +1,824 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/outbox-relay/outbox-relay/backoff"
+)
+
+// direct is the producer engine of kafka.producer: direct. It speaks to the
+// partition leaders through sarama's Broker API and keeps what sarama's
+// AsyncProducer spreads over a chain of goroutines per topic, partition and
+// broker (each record crosses six channels there) in one lock: Publish
+// queues the record on its partition, the broker's sender builds one
+// ProduceRequest from every partition that has records and nothing in
+// flight, and the broker's response reader completes the records. At a low
+// rate that is two goroutine wake-ups per record instead of about eight; in
+// a drain the batches are as large as what queued while the last request
+// was in flight.
+//
+// The guarantees are sarama's idempotent producer's: acks=all, one request
+// in flight per broker, so one batch per partition; sequence numbers are
+// given when a batch is built and a failed batch is resent as it is, so the
+// broker drops a duplicate and per-partition order holds. A transient error
+// (leader moved, network, timeout) resends the batch after a backoff, up to
+// kafka.retry_max times; when they run out, or the broker reports an
+// idempotence error, the batch and every record queued behind it on the
+// partition fail (the pipeline rewinds and publishes them again) and the
+// producer takes a new producer id, because whether the broker wrote the
+// batch is unknown. A record the broker refuses (too large, invalid topic)
+// fails alone: the broker did not take its sequence numbers, so the next
+// batch reuses them.
+type direct struct {
+	client   sarama.Client
+	codec    sarama.CompressionCodec
+	level    int
+	version  int16 // ProduceRequest version
+	timeout  int32 // ms the broker waits for the replicas (acks=all)
+	maxBatch int   // bytes in one record batch: kafka.max_message_bytes
+	maxReq   int   // bytes in one request
+	retryMax int
+	retry    backoff.Policy
+	// complete reports the verdict on records of one topic (Producer.complete):
+	// metrics, then each Message.Done; no records: a failed attempt that is
+	// retried, for the metrics. Called without mu held.
+	complete func(topic string, msgs []*Message, err error)
+
+	mu      sync.Mutex
+	pid     int64 // producer id and epoch for batches built from now on
+	epoch   int16
+	newPID  bool // a batch failed with an unknown outcome: take a new id
+	topics  map[string]*dtopic
+	brokers map[*sarama.Broker]*dbroker
+	pending int           // records published and not completed
+	closing bool          // close ran: idle closes when pending reaches 0
+	idle    chan struct{} // closed when closing and nothing is pending
+	stopped chan struct{} // closed by stop: goroutines end
+	wake    chan struct{} // the fixer: topics to resolve, a new id, local failures
+	failed  []failure     // records refused before a batch: completed by the fixer
+}
+
+type failure struct {
+	m   *Message
+	err error
+}
+
+type dtopic struct {
+	name   string
+	parts  []*dpart   // by partition index (sorted ids), nil until resolved
+	early  []*Message // published before the partitions were known
+	fixing bool       // a goroutine resolves the topic or its broken partitions
+	broken bool       // some partition waits for a leader or a retry
+	rr     int32      // round robin for records without a key
+}
+
+type dpart struct {
+	topic  *dtopic
+	id     int32
+	leader *dbroker // nil while unknown (first use, after an error)
+	queue  []*Message
+	batch  *dbatch // in flight (sent), or failed and waiting for its resend
+	sent   bool
+	ready  bool    // on its leader's ready list
+	pid    int64   // the producer id seq counts for
+	epoch  int16
+	seq    int32     // next sequence number
+	due    time.Time // a failed batch is resent from then on
+}
+
+type dbatch struct {
+	part     *dpart
+	msgs     []*Message
+	rb       sarama.RecordBatch
+	size     int
+	attempts int
+	pid      int64
+}
+
+type dbroker struct {
+	b     *sarama.Broker
+	wake  chan struct{}
+	ready []*dpart // partitions with queued records or a resend due
+	spare []*dpart // build's other list, so it never writes the one it reads
+	busy  bool     // a request is in flight
+	dead  bool     // a network error: close and reopen before the next request
+}
+
+// Record size bounds as sarama counts them, so a batch never exceeds
+// kafka.max_message_bytes on the wire.
+const (
+	batchOverhead  = 61 // v2 record batch header
+	recordOverhead = 5*5 + 10 + 1
+	headerOverhead = 2 * 5
+	maxRequest     = 16 << 20
+)
+
+func newDirect(client sarama.Client, sc *sarama.Config, cfg Config, complete func(string, []*Message, error)) *direct {
+	d := &direct{client: client, codec: sc.Producer.Compression, level: sc.Producer.CompressionLevel,
+		version: produceVersion(sc.Version), timeout: int32(sc.Producer.Timeout / time.Millisecond),
+		maxBatch: cfg.MaxMessageBytes, maxReq: max(maxRequest, 2*cfg.MaxMessageBytes),
+		retryMax: cfg.RetryMax, retry: backoff.Policy{Initial: 100 * time.Millisecond, Max: cfg.RetryBackoffMax},
+		complete: complete, pid: -1, epoch: -1, newPID: true,
+		topics: map[string]*dtopic{}, brokers: map[*sarama.Broker]*dbroker{},
+		idle: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
+	return d
+}
+
+// produceVersion is the ProduceRequest version sarama's producer would send.
+func produceVersion(v sarama.KafkaVersion) int16 {
+	switch {
+	case v.IsAtLeast(sarama.V3_7_0_0):
+		return 10
+	case v.IsAtLeast(sarama.V2_8_0_0):
+		return 9
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		return 8
+	case v.IsAtLeast(sarama.V2_1_0_0):
+		return 7
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		return 6
+	case v.IsAtLeast(sarama.V1_0_0_0):
+		return 5
+	}
+	return 3
+}
+
+// start takes the first producer id and starts the fixer.
+func (d *direct) start() error {
+	if err := d.renewPID(); err != nil {
+		return err
+	}
+	go d.fixer()
+	return nil
+}
+
+func (d *direct) renewPID() error {
+	r, err := d.client.InitProducerID()
+	if err == nil && !errors.Is(r.Err, sarama.ErrNoError) {
+		err = r.Err
+	}
+	if err != nil {
+		return fmt.Errorf("init producer id: %w", err)
+	}
+	d.mu.Lock()
+	d.pid, d.epoch, d.newPID = r.ProducerID, r.ProducerEpoch, false
+	d.mu.Unlock()
+	return nil
+}
+
+func (d *direct) signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// publish queues m; it never blocks (the pipeline bounds what is in flight).
+func (d *direct) publish(m *Message) error {
+	size := recordSize(m)
+	d.mu.Lock()
+	if d.closing {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	d.pending++
+	if size+batchOverhead > d.maxBatch {
+		// sarama's words, which Classify knows: poison, message_too_large.
+		d.failed = append(d.failed, failure{m, sarama.ConfigurationError(fmt.Sprintf(
+			"Attempt to produce message larger than configured Producer.MaxMessageBytes: %d > %d", size+batchOverhead, d.maxBatch))})
+		d.mu.Unlock()
+		d.signal(d.wake)
+		return nil
+	}
+	t := d.topics[m.Topic]
+	if t == nil {
+		t = &dtopic{name: m.Topic}
+		d.topics[m.Topic] = t
+	}
+	if t.parts == nil {
+		t.early = append(t.early, m)
+		start := !t.fixing
+		t.fixing = true
+		d.mu.Unlock()
+		if start {
+			go d.fix(t)
+		}
+		return nil
+	}
+	wake := d.place(t, m)
+	fix := false
+	if m.Partition >= 0 && t.parts[d.index(t, m.Partition)].leader == nil && !t.fixing {
+		t.fixing, fix = true, true // no leader known: the fix finds it
+	}
+	d.mu.Unlock()
+	if wake != nil {
+		d.signal(wake.wake)
+	}
+	if fix {
+		go d.fix(t)
+	}
+	return nil
+}
+
+// index is the position of partition id in t.parts; under mu.
+func (d *direct) index(t *dtopic, id int32) int {
+	if int(id) < len(t.parts) && t.parts[id].id == id {
+		return int(id) // the usual case: ids 0..n-1
+	}
+	for i, p := range t.parts {
+		if p.id == id {
+			return i
+		}
+	}
+	return 0
+}
+
+// place puts m on its partition's queue and returns the broker to wake, if
+// any. Under mu; t is resolved.
+func (d *direct) place(t *dtopic, m *Message) *dbroker {
+	var i int32
+	n := int32(len(t.parts))
+	if m.Key == nil {
+		i = t.rr % n
+		t.rr++
+	} else {
+		i = int32(murmur2(m.Key)&0x7fffffff) % n // the Java client's partition for the key
+	}
+	p := t.parts[i]
+	m.Partition = p.id
+	p.queue = append(p.queue, m)
+	return d.markReady(p)
+}
+
+// markReady lists p with its leader if it has something to send; under mu.
+func (d *direct) markReady(p *dpart) *dbroker {
+	if p.ready || p.leader == nil || (p.batch == nil && len(p.queue) == 0) {
+		return nil
+	}
+	if p.batch != nil && (p.sent || p.due.After(time.Now())) {
+		return nil // the response, or the fix when the backoff ends, lists it
+	}
+	p.ready = true
+	p.leader.ready = append(p.leader.ready, p)
+	if p.leader.busy {
+		return nil // the response wakes it
+	}
+	return p.leader
+}
+
+// fix resolves t's partitions and leaders, retrying until done, and lists
+// the partitions whose resend is due. One goroutine per topic at a time: a
+// topic without a leader (or not yet created) holds up only itself.
+func (d *direct) fix(t *dtopic) {
+	b := backoff.Backoff{Policy: backoff.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}}
+	for {
+		wait, err := d.fixOnce(t)
+		if err == nil && wait == 0 {
+			return
+		}
+		if err != nil {
+			wait = b.Next()
+		}
+		select {
+		case <-d.stopped:
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// fixOnce does one pass of fix. It returns 0, nil when t needs nothing more
+// (and has cleared t.fixing), or how long to wait for the next pass.
+func (d *direct) fixOnce(t *dtopic) (time.Duration, error) {
+	d.mu.Lock()
+	resolved := t.parts != nil
+	if !resolved && len(t.early) == 0 {
+		t.fixing = false // failEarly completed them; a new record starts a new fix
+		d.mu.Unlock()
+		return 0, nil
+	}
+	d.mu.Unlock()
+	if !resolved {
+		ids, err := d.client.Partitions(t.name) // sarama retries metadata (metadataWatch counts it)
+		if err == nil && len(ids) == 0 {
+			err = sarama.ErrUnknownTopicOrPartition
+		}
+		if err != nil {
+			d.failEarly(t, err)
+			return 0, err
+		}
+		d.mu.Lock()
+		t.parts = make([]*dpart, len(ids))
+		for i, id := range ids {
+			t.parts[i] = &dpart{topic: t, id: id, pid: -1}
+		}
+		t.broken = true
+		early := t.early
+		t.early = nil
+		for _, m := range early {
+			d.place(t, m) // no leader yet: listed below
+		}
+		d.mu.Unlock()
+	}
+	// Leaders: every partition without one (from the cached metadata, so
+	// a record for another partition finds its leader known).
+	d.mu.Lock()
+	var need []*dpart
+	stale := false
+	for _, p := range t.parts {
+		if p.leader == nil {
+			need = append(need, p)
+			stale = stale || p.batch != nil || len(p.queue) > 0
+		}
+	}
+	d.mu.Unlock()
+	if stale && resolved {
+		_ = d.client.RefreshMetadata(t.name) // after an error: the leader may have moved
+	}
+	leaders := make(map[*dpart]*sarama.Broker, len(need))
+	var lerr error
+	for _, p := range need {
+		b, err := d.client.Leader(t.name, p.id)
+		if err != nil {
+			if p.batch != nil || len(p.queue) > 0 {
+				lerr = fmt.Errorf("leader of topic %s partition %d: %w", t.name, p.id, err)
+			}
+			continue
+		}
+		leaders[p] = b
+	}
+	now := time.Now()
+	var next time.Duration
+	var wake []*dbroker
+	d.mu.Lock()
+	for p, b := range leaders {
+		p.leader = d.brokerFor(b)
+	}
+	broken := false
+	for _, p := range t.parts {
+		if p.batch == nil && len(p.queue) == 0 {
+			continue
+		}
+		if p.leader == nil {
+			broken = true
+			continue
+		}
+		if p.batch != nil && p.due.After(now) && !p.ready {
+			broken = true
+			if w := p.due.Sub(now); next == 0 || w < next {
+				next = w
+			}
+			continue
+		}
+		if w := d.markReady(p); w != nil {
+			wake = append(wake, w)
+		}
+	}
+	t.broken = broken
+	if !broken {
+		t.fixing = false
+	}
+	d.mu.Unlock()
+	for _, w := range wake {
+		d.signal(w.wake)
+	}
+	if broken && next == 0 {
+		if lerr == nil {
+			lerr = errors.New("no leader yet")
+		}
+		return 0, lerr
+	}
+	return next, nil
+}
+
+// failEarly fails the records published to t before its partitions were
+// known, when the metadata lookup gave up (sarama retried it for up to an
+// hour): the pipeline rewinds and publishes them again.
+func (d *direct) failEarly(t *dtopic, err error) {
+	d.mu.Lock()
+	early := t.early
+	t.early = nil
+	d.mu.Unlock()
+	for _, m := range early {
+		m.Partition = -1
+	}
+	d.finish(t.name, early, fmt.Errorf("partitions of topic %s: %w", t.name, err))
+}
+
+// brokerFor returns the sender of b, starting it on first use; under mu.
+func (d *direct) brokerFor(b *sarama.Broker) *dbroker {
+	db := d.brokers[b]
+	if db == nil {
+		db = &dbroker{b: b, wake: make(chan struct{}, 1)}
+		d.brokers[b] = db
+		go d.send(db)
+	}
+	return db
+}
+
+// send is a broker's sender: one request in flight at a time.
+func (d *direct) send(db *dbroker) {
+	for {
+		select {
+		case <-d.stopped:
+			return
+		case <-db.wake:
+		}
+		d.mu.Lock()
+		if db.busy || len(db.ready) == 0 {
+			d.mu.Unlock()
+			continue
+		}
+		if db.dead {
+			db.dead = false
+			d.mu.Unlock()
+			_ = db.b.Close() // the connection broke: reopen it for this request
+			_ = db.b.Open(d.client.Config())
+			d.mu.Lock()
+		}
+		batches := d.build(db)
+		if len(batches) == 0 {
+			d.mu.Unlock()
+			continue
+		}
+		db.busy = true
+		d.mu.Unlock()
+		req := &sarama.ProduceRequest{RequiredAcks: sarama.WaitForAll, Timeout: d.timeout, Version: d.version}
+		for _, b := range batches {
+			req.AddBatch(b.part.topic.name, b.part.id, &b.rb)
+		}
+		err := db.b.AsyncProduce(req, func(res *sarama.ProduceResponse, err error) {
+			d.answer(db, batches, res, err)
+		})
+		if err != nil {
+			d.answer(db, batches, nil, err) // not sent: no callback comes
+		}
+	}
+}
+
+// build turns the ready partitions of db into batches, within the request
+// size; under mu. A partition whose failed batch is due sends that batch
+// again, unchanged.
+func (d *direct) build(db *dbroker) []*dbatch {
+	var out []*dbatch
+	total := 0
+	ready := db.ready
+	db.ready = db.spare[:0]
+	defer func() { db.spare = ready[:0] }()
+	now := time.Now()
+	for i, p := range ready {
+		if total >= d.maxReq {
+			db.ready = append(db.ready, ready[i:]...)
+			break
+		}
+		p.ready = false
+		if p.leader != db {
+			// Moved: list it with its new leader (or its fix will).
+			if w := d.markReady(p); w != nil {
+				d.signal(w.wake) // never blocks
+			}
+			continue
+		}
+		if p.batch == nil && d.newPID {
+			continue // the fixer lists it once the new producer id is in
+		}
+		if p.batch != nil {
+			if p.sent || p.due.After(now) {
+				continue
+			}
+			p.sent = true
+			out = append(out, p.batch)
+			total += p.batch.size
+			continue
+		}
+		if len(p.queue) == 0 {
+			continue
+		}
+		b := d.newBatch(p)
+		out = append(out, b)
+		total += b.size
+		if len(p.queue) > 0 {
+			p.ready = true
+			db.ready = append(db.ready, p)
+		}
+	}
+	return out
+}
+
+// newBatch moves what fits of p's queue into a record batch with the next
+// sequence numbers; under mu.
+func (d *direct) newBatch(p *dpart) *dbatch {
+	if p.pid != d.pid {
+		p.pid, p.epoch, p.seq = d.pid, d.epoch, 0 // a new producer id counts from 0
+	}
+	size := batchOverhead
+	n, hdrs := 0, 0
+	for _, m := range p.queue {
+		s := recordSize(m)
+		if n > 0 && size+s > d.maxBatch {
+			break
+		}
+		size += s
+		n++
+		hdrs += len(m.Headers)
+	}
+	b := &dbatch{part: p, msgs: p.queue[:n:n], size: size, pid: p.pid}
+	p.queue = p.queue[n:]
+	if len(p.queue) == 0 {
+		p.queue = nil // let the backing array go with the batch
+	}
+	// One allocation each for the records, their pointers and the header
+	// pointers of the whole batch.
+	recs := make([]sarama.Record, n)
+	ptrs := make([]*sarama.Record, n)
+	hp := make([]*sarama.RecordHeader, hdrs)
+	first := b.msgs[0].Timestamp
+	if first.IsZero() {
+		first = time.Now()
+	}
+	first = first.Truncate(time.Millisecond)
+	var maxDelta time.Duration
+	for i, m := range b.msgs {
+		ts := m.Timestamp
+		if ts.IsZero() {
+			ts = first
+		}
+		delta := ts.Truncate(time.Millisecond).Sub(first)
+		maxDelta = max(maxDelta, delta)
+		r := &recs[i]
+		r.Key, r.Value, r.TimestampDelta, r.OffsetDelta = m.Key, m.Value, delta, int64(i)
+		if len(m.Headers) > 0 {
+			h := hp[:len(m.Headers):len(m.Headers)]
+			hp = hp[len(m.Headers):]
+			for j := range m.Headers {
+				h[j] = &m.Headers[j]
+			}
+			r.Headers = h
+		}
+		ptrs[i] = r
+	}
+	b.rb = sarama.RecordBatch{Version: 2, Codec: d.codec, CompressionLevel: d.level,
+		FirstTimestamp: first, MaxTimestamp: first.Add(maxDelta), LastOffsetDelta: int32(n - 1),
+		ProducerID: p.pid, ProducerEpoch: p.epoch, FirstSequence: p.seq, Records: ptrs}
+	p.seq = int32((int64(p.seq) + int64(n)) % (1 << 31)) // wraps to 0 after MaxInt32, as the broker expects
+	p.batch, p.sent = b, true
+	return b
+}
+
+// answer handles the broker's response to batches (or the error that
+// stands for it). It runs on the broker's response reader, which must not
+// call the broker: anything that needs it (metadata, a new connection) goes
+// to a fix goroutine or the sender.
+func (d *direct) answer(db *dbroker, batches []*dbatch, res *sarama.ProduceResponse, reqErr error) {
+	type verdict struct {
+		topic string
+		msgs  []*Message
+		err   error
+	}
+	var done []verdict
+	fixes := map[*dtopic]bool{}
+	wakes := map[*dbroker]bool{}
+	now := time.Now()
+	d.mu.Lock()
+	db.busy = false
+	for _, b := range batches {
+		p := b.part
+		p.sent = false
+		err := reqErr
+		if err == nil {
+			blk := res.GetBlock(p.topic.name, p.id)
+			switch {
+			case blk == nil:
+				err = sarama.ErrIncompleteResponse
+			case !errors.Is(blk.Err, sarama.ErrNoError):
+				err = blk.Err
+			}
+		}
+		if err == nil {
+			p.batch = nil
+			done = append(done, verdict{p.topic.name, b.msgs, nil})
+			if w := d.markReady(p); w != nil {
+				wakes[w] = true
+			}
+			continue
+		}
+		reason, kind := Classify(err)
+		b.attempts++
+		switch {
+		case kind == Transient && reason != "producer_state" && b.attempts <= d.retryMax:
+			// Resend as it is: same producer id and sequence numbers, so a
+			// batch the broker did write is dropped as a duplicate.
+			p.due = now.Add(d.retry.Delay(b.attempts))
+			if reason == "network" && reqErr != nil {
+				db.dead = true
+			}
+			p.leader = nil // the leader may have moved: look it up again
+			unready(db, p)
+			p.topic.broken = true
+			fixes[p.topic] = true
+			done = append(done, verdict{p.topic.name, nil, err}) // counted, nothing completed
+		case reqErr == nil && kind != Transient:
+			// The broker refused the batch: its sequence numbers were not
+			// taken, the next batch starts with them.
+			p.batch = nil
+			p.seq = b.rb.FirstSequence
+			done = append(done, verdict{p.topic.name, b.msgs, err})
+			if w := d.markReady(p); w != nil {
+				wakes[w] = true
+			}
+		default:
+			// Retries exhausted or the producer's state is off: whether
+			// the broker wrote the batch is unknown, so the records queued
+			// behind it fail too and the next batch goes out under a new
+			// producer id.
+			p.batch = nil
+			msgs := append(b.msgs, p.queue...)
+			p.queue = nil
+			done = append(done, verdict{p.topic.name, msgs, err})
+			d.newPID = true
+			if reqErr != nil {
+				db.dead = true
+			}
+		}
+	}
+	if len(db.ready) > 0 {
+		wakes[db] = true
+	}
+	var start []*dtopic
+	for t := range fixes {
+		if !t.fixing {
+			t.fixing = true
+			start = append(start, t)
+		}
+	}
+	renew := d.newPID
+	d.mu.Unlock()
+	for w := range wakes {
+		d.signal(w.wake)
+	}
+	for _, t := range start {
+		go d.fix(t)
+	}
+	if renew {
+		d.signal(d.wake)
+	}
+	for _, v := range done {
+		d.finish(v.topic, v.msgs, v.err)
+	}
+}
+
+// unready takes p off db's ready list; under mu.
+func unready(db *dbroker, p *dpart) {
+	if !p.ready {
+		return
+	}
+	p.ready = false
+	for i, q := range db.ready {
+		if q == p {
+			db.ready = append(db.ready[:i], db.ready[i+1:]...)
+			return
+		}
+	}
+}
+
+// finish completes msgs (none: a failed attempt that is retried) and closes
+// idle when the last record of a closing producer is done.
+func (d *direct) finish(topic string, msgs []*Message, err error) {
+	d.complete(topic, msgs, err)
+	if len(msgs) == 0 {
+		return
+	}
+	d.mu.Lock()
+	d.pending -= len(msgs)
+	last := d.closing && d.pending == 0
+	d.mu.Unlock()
+	if last {
+		close(d.idle)
+	}
+}
+
+// fixer takes a new producer id when a batch failed with an unknown
+// outcome, and completes the records refused before a batch. New batches
+// wait for the new id: a sequence under the old one could be a duplicate of
+// the failed batch.
+func (d *direct) fixer() {
+	b := backoff.Backoff{Policy: backoff.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}}
+	for {
+		select {
+		case <-d.stopped:
+			return
+		case <-d.wake:
+		}
+		d.mu.Lock()
+		failed := d.failed
+		d.failed = nil
+		renew := d.newPID
+		d.mu.Unlock()
+		for _, f := range failed {
+			f.m.Partition = -1
+			d.finish(f.m.Topic, []*Message{f.m}, f.err)
+		}
+		if !renew {
+			continue
+		}
+		if err := d.renewPID(); err != nil {
+			d.complete("", nil, err)
+			select {
+			case <-d.stopped:
+				return
+			case <-time.After(b.Next()):
+			}
+			d.signal(d.wake)
+			continue
+		}
+		b.Reset()
+		// Partitions that queued meanwhile go out under the new id.
+		d.mu.Lock()
+		var wakes []*dbroker
+		for _, t := range d.topics {
+			for _, p := range t.parts {
+				if w := d.markReady(p); w != nil {
+					wakes = append(wakes, w)
+				}
+			}
+		}
+		d.mu.Unlock()
+		for _, w := range wakes {
+			d.signal(w.wake)
+		}
+	}
+}
+
+// close stops accepting records; idle closes once every published record
+// is completed.
+func (d *direct) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closing {
+		return
+	}
+	d.closing = true
+	if d.pending == 0 {
+		close(d.idle)
+	}
+}
+
+// stop ends the goroutines; records in flight are abandoned (their events
+// stay unconfirmed).
+func (d *direct) stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	select {
+	case <-d.stopped:
+	default:
+		close(d.stopped)
+	}
+}
+
+// recordSize bounds m's size in a record batch, as sarama counts it.
+func recordSize(m *Message) int {
+	s := recordOverhead + len(m.Key) + len(m.Value)
+	for i := range m.Headers {
+		s += headerOverhead + len(m.Headers[i].Key) + len(m.Headers[i].Value)
+	}
+	return s
+}
+
+// murmur2 is Kafka's hash of a record key (the Java client's
+// Utils.murmur2): the default partitioner takes it modulo the partitions.
+func murmur2(data []byte) uint32 {
+	const (
+		seed uint32 = 0x9747b28c
+		m    uint32 = 0x5bd1e995
+		r           = 24
+	)
+	n := len(data)
+	h := seed ^ uint32(n)
+	for ; len(data) >= 4; data = data[4:] {
+		k := uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16 | uint32(data[3])<<24
+		k *= m
+		k ^= k >> r
+		k *= m
+		h *= m
+		h ^= k
+	}
+	switch len(data) {
+	case 3:
+		h ^= uint32(data[2]) << 16
+		fallthrough
+	case 2:
+		h ^= uint32(data[1]) << 8
+		fallthrough
+	case 1:
+		h ^= uint32(data[0])
+		h *= m
+	}
+	h ^= h >> 13
+	h *= m
+	h ^= h >> 15
+	return h
+}

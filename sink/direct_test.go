@@ -1,0 +1,242 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// The direct engine's partition for a key is the Java client's.
+func TestDirectPartitionMatchesJava(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := range 5000 {
+		k := make([]byte, rng.IntN(70))
+		for j := range k {
+			k[j] = byte(rng.UintN(256))
+		}
+		if i%2 == 0 {
+			k = fmt.Appendf(nil, "order-%d", i)
+		}
+		for _, n := range []int32{1, 3, 12, 64, math.MaxInt32} {
+			if got, want := int32(murmur2(k)&0x7fffffff)%n, javaPartition(k, n); got != want {
+				t.Fatalf("key %x, %d partitions: direct %d, Java %d", k, n, got, want)
+			}
+		}
+	}
+	for _, v := range murmur2Vectors {
+		if got := int32(murmur2([]byte(v.key))); got != v.hash {
+			t.Errorf("murmur2(%q) = %d, want %d", v.key, got, v.hash)
+		}
+	}
+}
+
+// verdicts collects what the engine completes, by message.
+type verdicts struct {
+	done    map[*Message][]error
+	retried []error
+}
+
+// directRig is one partition of one topic led by one broker, without
+// goroutines: the test drives build and answer by hand. The topic is marked
+// as being fixed, so answer starts no fix goroutine.
+func directRig(t *testing.T, retryMax, maxBatch int) (*direct, *dpart, *dbroker, *verdicts) {
+	t.Helper()
+	v := &verdicts{done: map[*Message][]error{}}
+	cfg := validConfig()
+	cfg.RetryMax, cfg.MaxMessageBytes = max(retryMax, 1), maxBatch
+	sc, err := saramaConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDirect(nil, sc, cfg, func(_ string, msgs []*Message, err error) {
+		if len(msgs) == 0 {
+			v.retried = append(v.retried, err)
+		}
+		for _, m := range msgs {
+			v.done[m] = append(v.done[m], err)
+		}
+	})
+	d.pid, d.epoch, d.newPID, d.retryMax = 1000, 0, false, retryMax
+	db := &dbroker{wake: make(chan struct{}, 1)}
+	tp := &dtopic{name: "orders", fixing: true}
+	p := &dpart{topic: tp, id: 0, leader: db, pid: -1}
+	tp.parts = []*dpart{p}
+	d.topics["orders"] = tp
+	return d, p, db, v
+}
+
+func (d *direct) queueN(t *testing.T, n, size int) []*Message {
+	t.Helper()
+	var out []*Message
+	for i := range n {
+		m := &Message{Topic: "orders", Key: []byte("order-1"), Value: make([]byte, size), Timestamp: time.Unix(1700000000, int64(i)*int64(time.Millisecond))}
+		if err := d.publish(m); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func produceResponse(kerr sarama.KError) *sarama.ProduceResponse {
+	r := &sarama.ProduceResponse{}
+	r.AddTopicPartition("orders", 0, kerr)
+	return r
+}
+
+func TestDirectBatchesAndSequences(t *testing.T) {
+	d, p, db, v := directRig(t, 5, 1000000)
+	first := d.queueN(t, 3, 10)
+	b1 := d.build(db)
+	if len(b1) != 1 || len(b1[0].msgs) != 3 || b1[0].rb.FirstSequence != 0 || b1[0].rb.ProducerID != 1000 || b1[0].rb.LastOffsetDelta != 2 {
+		t.Fatalf("first batch: %+v", b1)
+	}
+	if got := b1[0].rb.MaxTimestamp.Sub(b1[0].rb.FirstTimestamp); got != 2*time.Millisecond {
+		t.Errorf("max timestamp delta %s, want 2ms", got)
+	}
+	second := d.queueN(t, 2, 10) // queued while the first is in flight
+	if again := d.build(db); len(again) != 0 {
+		t.Fatalf("built %d batches while one is in flight on the partition", len(again))
+	}
+	d.answer(db, b1, produceResponse(sarama.ErrNoError), nil)
+	for _, m := range first {
+		if errs := v.done[m]; len(errs) != 1 || errs[0] != nil || m.Partition != 0 {
+			t.Fatalf("acked record: verdicts %v partition %d", errs, m.Partition)
+		}
+	}
+	b2 := d.build(db)
+	if len(b2) != 1 || len(b2[0].msgs) != 2 || b2[0].rb.FirstSequence != 3 {
+		t.Fatalf("second batch: %d batches, first sequence %d", len(b2), b2[0].rb.FirstSequence)
+	}
+	d.answer(db, b2, produceResponse(sarama.ErrNoError), nil)
+	if d.pending != 0 || p.seq != 5 || len(v.done[second[1]]) != 1 {
+		t.Fatalf("pending %d seq %d", d.pending, p.seq)
+	}
+}
+
+func TestDirectBatchSizeBound(t *testing.T) {
+	d, _, db, _ := directRig(t, 5, 4000)
+	d.queueN(t, 5, 1500) // two fit under 4000 bytes with overheads
+	b := d.build(db)
+	if len(b) != 1 || len(b[0].msgs) != 2 || b[0].size > 4000 {
+		t.Fatalf("batch of %d records, %d bytes; want 2 records within 4000", len(b[0].msgs), b[0].size)
+	}
+	big := &Message{Topic: "orders", Key: []byte("k"), Value: make([]byte, 4000)}
+	if err := d.publish(big); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.failed) != 1 {
+		t.Fatalf("a record over kafka.max_message_bytes was queued (failed: %d)", len(d.failed))
+	}
+	if reason, kind := Classify(d.failed[0].err); reason != "message_too_large" || kind != Poison {
+		t.Errorf("oversized record: %s/%v, want message_too_large/poison", reason, kind)
+	}
+}
+
+func TestDirectSequenceWraps(t *testing.T) {
+	d, p, db, _ := directRig(t, 5, 1000000)
+	d.queueN(t, 1, 1)
+	p.pid, p.epoch, p.seq = d.pid, d.epoch, math.MaxInt32-1
+	d.queueN(t, 2, 1)
+	b := d.build(db)
+	if b[0].rb.FirstSequence != math.MaxInt32-1 || p.seq != 1 {
+		t.Fatalf("first sequence %d, next %d; want %d and 1", b[0].rb.FirstSequence, p.seq, math.MaxInt32-1)
+	}
+}
+
+func TestDirectErrors(t *testing.T) {
+	cases := []struct {
+		name     string
+		retryMax int
+		kerr     sarama.KError // block error, when reqErr is nil
+		reqErr   error
+		// want
+		resent    bool // the same batch goes out again, same sequence
+		failQueue bool // the records queued behind it fail too
+		seqAfter  int32
+		newPID    bool
+		dead      bool
+	}{
+		{name: "leader moved: resend as is", retryMax: 5, kerr: sarama.ErrNotLeaderForPartition, resent: true, seqAfter: 3},
+		{name: "network: resend as is on a new connection", retryMax: 5, reqErr: errors.New("read tcp: connection reset by peer: " + sarama.ErrNotConnected.Error()),
+			resent: true, seqAfter: 3, dead: true},
+		{name: "retries exhausted: fail, new producer id", retryMax: 0, kerr: sarama.ErrNotEnoughReplicas, failQueue: true, seqAfter: 3, newPID: true},
+		{name: "sequence out of order: fail, new producer id", retryMax: 5, kerr: sarama.ErrOutOfOrderSequenceNumber, failQueue: true, seqAfter: 3, newPID: true},
+		{name: "refused: fail alone, sequence taken back", retryMax: 5, kerr: sarama.ErrMessageSizeTooLarge, seqAfter: 0},
+		{name: "not authorized: fail alone, sequence taken back", retryMax: 5, kerr: sarama.ErrTopicAuthorizationFailed, seqAfter: 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, p, db, v := directRig(t, tc.retryMax, 1000000)
+			batch := d.queueN(t, 3, 10)
+			b := d.build(db)
+			queued := d.queueN(t, 2, 10)
+			var res *sarama.ProduceResponse
+			reqErr := tc.reqErr
+			if reqErr == nil {
+				res = produceResponse(tc.kerr)
+			} else {
+				reqErr = fmt.Errorf("wrapped: %w", sarama.ErrNotConnected)
+			}
+			d.answer(db, b, res, reqErr)
+			if p.seq != tc.seqAfter || d.newPID != tc.newPID || db.dead != tc.dead {
+				t.Errorf("seq %d newPID %v dead %v; want %d %v %v", p.seq, d.newPID, db.dead, tc.seqAfter, tc.newPID, tc.dead)
+			}
+			if tc.resent {
+				if len(v.done) != 0 || len(v.retried) != 1 {
+					t.Fatalf("a retried batch completed records (%d) or was not counted (%d)", len(v.done), len(v.retried))
+				}
+				if p.batch != b[0] || p.leader != nil {
+					t.Fatalf("batch kept %v, leader cleared %v", p.batch == b[0], p.leader == nil)
+				}
+				// The fix finds the leader; the backoff passes.
+				p.leader, p.due = db, time.Now().Add(-time.Millisecond)
+				d.markReady(p)
+				again := d.build(db)
+				if len(again) != 1 || again[0] != b[0] || again[0].rb.FirstSequence != 0 || len(again[0].msgs) != 3 {
+					t.Fatalf("resend: %d batches, same %v", len(again), len(again) == 1 && again[0] == b[0])
+				}
+				d.answer(db, again, produceResponse(sarama.ErrNoError), nil)
+				if len(v.done) != 3 {
+					t.Fatalf("%d records completed after the resend, want the batch's 3", len(v.done))
+				}
+				return
+			}
+			for _, m := range batch {
+				if errs := v.done[m]; len(errs) != 1 || errs[0] == nil {
+					t.Errorf("batch record: verdicts %v, want one error", errs)
+				}
+			}
+			for _, m := range queued {
+				errs := v.done[m]
+				if tc.failQueue != (len(errs) == 1 && errs[0] != nil) {
+					t.Errorf("queued record: verdicts %v, fail with the batch: %v", errs, tc.failQueue)
+				}
+			}
+			if tc.failQueue {
+				// The next batch waits for the new producer id, then counts
+				// from 0 under it.
+				d.queueN(t, 1, 10)
+				if got := d.build(db); len(got) != 0 {
+					t.Fatal("a batch went out before the new producer id")
+				}
+				d.pid, d.newPID = 2000, false
+				d.markReady(p)
+				got := d.build(db)
+				if len(got) != 1 || got[0].rb.ProducerID != 2000 || got[0].rb.FirstSequence != 0 {
+					t.Fatalf("after the new id: %d batches", len(got))
+				}
+				return
+			}
+			got := d.build(db) // the queued records, with the refused batch's sequence numbers
+			if len(got) != 1 || got[0].rb.FirstSequence != 0 || len(got[0].msgs) != 2 {
+				t.Fatalf("after a refusal: %d batches", len(got))
+			}
+		})
+	}
+}
