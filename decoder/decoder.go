@@ -161,7 +161,7 @@ type Decoder struct {
 
 	// aggregate_type and event_type take few distinct values, so they are
 	// interned: most rows need no allocation for them.
-	intern map[string]string
+	intern map[string]interned
 
 	// Chunk limits: an open transaction is handed out in pieces once it
 	// buffers this many events or payload bytes, so memory stays bounded
@@ -220,7 +220,7 @@ func NewMapped(maps []outboxschema.Mapping, reserved []string) (*Decoder, error)
 	}
 	d := &Decoder{
 		rels:     make(map[uint32]*relation),
-		intern:   make(map[string]string),
+		intern:   make(map[string]interned),
 		reserved: reserved,
 	}
 	for _, m := range maps {
@@ -674,7 +674,7 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 			return ev, d.rowError(ev, roleHeaders, r)
 		}
 		for _, h := range d.hdrs {
-			if d.reservedKey(h.key) {
+			if h.reserved {
 				return ev, d.reservedHeader(ev, h.key)
 			}
 		}
@@ -779,14 +779,51 @@ func fieldText(f field) ([]byte, *reason) {
 
 // str returns b as a string, interned while the intern map has room.
 func (d *Decoder) str(b []byte) string {
-	if s, ok := d.intern[string(b)]; ok { // no allocation for the lookup
-		return s
+	if e, ok := d.intern[string(b)]; ok { // no allocation for the lookup
+		return e.s
 	}
 	s := string(b)
 	if len(d.intern) < maxInterned && len(s) <= maxInternSize {
-		d.intern[s] = s
+		d.intern[s] = interned{s: s}
 	}
 	return s
+}
+
+// interned is a value of the intern map: the string, and whether it is a
+// reserved header key (reservedKey) once it was used as a key.
+type interned struct {
+	s   string
+	key keyCheck
+}
+
+type keyCheck uint8
+
+const (
+	keyUnchecked keyCheck = iota
+	keyFree
+	keyReserved
+)
+
+// headerKey is str for a key of the headers column, and reports whether it
+// is reserved (reservedKey), with the verdict kept in the intern map: the
+// few distinct keys are compared with the reserved ones once, not once per
+// row.
+func (d *Decoder) headerKey(b []byte) (key string, reserved bool) {
+	e, ok := d.intern[string(b)]
+	if ok && e.key != keyUnchecked {
+		return e.s, e.key == keyReserved
+	}
+	if !ok {
+		e.s = string(b)
+	}
+	e.key = keyFree
+	if d.reservedKey(e.s) {
+		e.key = keyReserved
+	}
+	if ok || len(d.intern) < maxInterned && len(e.s) <= maxInternSize {
+		d.intern[e.s] = e
+	}
+	return e.s, e.key == keyReserved
 }
 
 func (d *Decoder) rowError(ev Event, r role, why *reason) *RowError {
