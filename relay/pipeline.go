@@ -236,6 +236,15 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	if p.format != FormatDebezium {
 		sl = newSlab(txn.Events, commitLSN)
 	}
+	// The last topic routed: the events of a transaction mostly share
+	// their table, aggregate_type and event_type, and the router answers
+	// the same for the same inputs (a topic once admitted stays admitted).
+	var last struct {
+		ok                        bool
+		fromTable                 bool
+		table                     int
+		aggType, eventType, topic string
+	}
 	for i := range txn.Events {
 		ev := &txn.Events[i]
 		d := &ds[i]
@@ -261,13 +270,20 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
-		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
-		if err != nil {
-			if err := p.poisonRow(ctx, d, reason, err); err != nil {
-				return err
+		if last.ok && ev.Err == nil && last.fromTable == fromTable && last.table == ev.TableIndex &&
+			last.aggType == ev.AggregateType && last.eventType == ev.EventType {
+			d.msg.Topic = last.topic
+		} else {
+			topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
+			d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
+			if err != nil {
+				if err := p.poisonRow(ctx, d, reason, err); err != nil {
+					return err
+				}
+				continue
 			}
-			continue
+			last.ok, last.fromTable, last.table = true, fromTable, ev.TableIndex
+			last.aggType, last.eventType, last.topic = ev.AggregateType, ev.EventType, topic
 		}
 		if p.eos != nil {
 			if reason, cause, ok := p.rewind.deadNext(pos); ok {
