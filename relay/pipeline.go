@@ -256,13 +256,18 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			tmpl = ob.Template
 			p.decodedBy[ev.TableIndex].Add(1)
 		}
-		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own && fromTable && !message,
-			lsn: ev.LSN, txnLSN: txn.CommitLSN, pos: pos, commit: at, size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(pos),
-			message: message, msgID: ev.MessageID}
+		// Field by field into the zeroed d (ds is new): a composite literal
+		// would copy the whole delivery, its sink.Message included, with
+		// write barriers.
+		d.p, d.id, d.idText, d.table = p, ev.ID, ev.IDText, ev.TableIndex
+		d.mark = ob.Own && fromTable && !message
+		d.lsn, d.txnLSN, d.pos, d.commit = ev.LSN, txn.CommitLSN, pos, at
+		d.size, d.attempts = int64(len(ev.Payload)), p.rewind.attemptsOf(pos)
+		d.message, d.msgID = message, ev.MessageID
 		if p.format == FormatDebezium {
 			d.msg = DebeziumRecord(ev, at)
 		} else {
-			d.msg = record(sl, ev, commitLSN, at)
+			recordTo(&d.msg, sl, ev, commitLSN, at)
 		}
 		d.msg.Done = d.done
 		bytes += d.size
