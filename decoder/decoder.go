@@ -162,6 +162,13 @@ type Decoder struct {
 	// aggregate_type and event_type take few distinct values, so they are
 	// interned: most rows need no allocation for them.
 	intern map[string]interned
+	// The strings of the previous row, tried before the intern map:
+	// consecutive rows mostly repeat them, and comparing bytes is cheaper
+	// than hashing them.
+	last struct {
+		aggType, eventType string
+		keys               [8]lastKey // the headers column's first keys
+	}
 
 	// Chunk limits: an open transaction is handed out in pieces once it
 	// buffers this many events or payload bytes, so memory stays bounded
@@ -701,7 +708,7 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 		}
 	}
 
-	ev.AggregateType = d.str(aggType)
+	ev.AggregateType = d.strLast(aggType, &d.last.aggType)
 	if d.toTxn {
 		// Set at handout, from one string for the whole transaction.
 		start := len(d.ids)
@@ -710,7 +717,7 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 	} else {
 		ev.AggregateID = string(aggID)
 	}
-	ev.EventType = d.str(eventType)
+	ev.EventType = d.strLast(eventType, &d.last.eventType)
 
 	// One piece for the payload and all header values: an allocation of
 	// its own, or from the blocks of the transaction's events (slabs).
@@ -787,6 +794,23 @@ func (d *Decoder) str(b []byte) string {
 		d.intern[s] = interned{s: s}
 	}
 	return s
+}
+
+// strLast is str, trying *last first, and keeps the result in *last.
+func (d *Decoder) strLast(b []byte, last *string) string {
+	if *last == string(b) { // no allocation for the comparison
+		return *last
+	}
+	s := d.str(b)
+	*last = s
+	return s
+}
+
+// lastKey is a headers column key of the previous row and its verdict.
+type lastKey struct {
+	s        string
+	reserved bool
+	ok       bool
 }
 
 // interned is a value of the intern map: the string, and whether it is a

@@ -178,7 +178,18 @@ func (d *Decoder) scanFlatHeaders(doc []byte) bool {
 		}
 		start := d.vals.Len()
 		d.vals.Write(val)
-		k, reserved := d.headerKey(key)
+		var k string
+		var reserved bool
+		if n := len(d.hdrs); n < len(d.last.keys) {
+			if l := &d.last.keys[n]; l.ok && l.s == string(key) { // the previous row's key here
+				k, reserved = l.s, l.reserved
+			} else {
+				k, reserved = d.headerKey(key)
+				*l = lastKey{s: k, reserved: reserved, ok: true}
+			}
+		} else {
+			k, reserved = d.headerKey(key)
+		}
 		d.hdrs = append(d.hdrs, hdrSpan{key: k, reserved: reserved, start: start, end: d.vals.Len()})
 		i = skipSpace(doc, next)
 		if i >= len(doc) {
