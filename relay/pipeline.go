@@ -227,7 +227,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	}
 	ds := make([]delivery, len(txn.Events))
 	var bytes int64
-	commitLSN := txn.CommitLSN.String()
+	commitLSN := lsnText(txn.CommitLSN)
 	at := txn.CommitTime
 	if at.IsZero() { // a refused non-transactional message has no commit
 		at = time.Now()
