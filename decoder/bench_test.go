@@ -1,6 +1,7 @@
 package decoder_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
@@ -12,7 +13,11 @@ var benchPayload = `{"order_id": "ord_01HZX4K7Q9V3M2N8P5R6S7T8U9", "customer_id"
 	`{"sku": "SKU-2002", "qty": 1, "price": 49.97}], "shipping": {"method": "express", "country": "DE"}, ` +
 	`"placed_at": "2026-03-14T15:09:26Z"}`
 
-func benchmarkTxn(b *testing.B, headers tv) {
+func benchmarkTxn(b *testing.B, headers tv) { benchmarkTxnRows(b, 1, headers) }
+
+// benchmarkTxnRows decodes transactions of rows outbox rows, each with
+// benchPayload and headers, and its own id and aggregate id.
+func benchmarkTxnRows(b *testing.B, rows int, headers tv) {
 	d, err := decoder.New("public.outbox")
 	if err != nil {
 		b.Fatal(err)
@@ -20,11 +25,16 @@ func benchmarkTxn(b *testing.B, headers tv) {
 	if _, err := d.Decode(lsnAt(0), outboxRelation()); err != nil {
 		b.Fatal(err)
 	}
-	msgs := [][]byte{
-		begin(0x2000, 1),
-		insert(outboxID, row("1234567", "order", "ord_01HZX4K7Q9V3M2N8P5R6S7T8U9", "OrderPlaced", benchPayload, headers)...),
-		commit(0x2000, 0x2030),
+	msgs := [][]byte{begin(0x2000, 1)}
+	for i := range rows {
+		id := strconv.Itoa(1234567 + i)
+		aggID := "ord_01HZX4K7Q9V3M2N8P5R6S7T8U9"
+		if rows > 1 {
+			aggID = "ord_01HZX4K7Q9V3M2N8P5R6S" + id
+		}
+		msgs = append(msgs, insert(outboxID, row(id, "order", aggID, "OrderPlaced", benchPayload, headers)...))
 	}
+	msgs = append(msgs, commit(0x2000, 0x2030))
 	n := 0
 	for _, m := range msgs {
 		n += len(m)
@@ -37,7 +47,7 @@ func benchmarkTxn(b *testing.B, headers tv) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if i == 2 && len(txn.Events) != 1 {
+			if i == len(msgs)-1 && len(txn.Events) != rows {
 				b.Fatalf("%d events", len(txn.Events))
 			}
 		}
@@ -58,4 +68,11 @@ func BenchmarkDecodeTxn(b *testing.B) {
 // what the JSON parsing of headers costs.
 func BenchmarkDecodeTxnNoHeaders(b *testing.B) {
 	benchmarkTxn(b, null)
+}
+
+// BenchmarkDecodeTxn100 decodes one transaction of 100 such events (each
+// with its own id and aggregate id), as in a backlog drain of 100-row
+// transactions. One op is one transaction.
+func BenchmarkDecodeTxn100(b *testing.B) {
+	benchmarkTxnRows(b, 100, text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`))
 }

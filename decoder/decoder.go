@@ -31,8 +31,10 @@ import (
 // Event is one outbox row, ready to publish. Every byte slice and string is
 // owned by the Event (copied out of walData), so it outlives the Decode call
 // and may be handed to another goroutine. The Payload and the Values of
-// Headers may share one backing array, capped so that an append to one can
-// never overwrite another.
+// Headers, and the Headers slices of the events of a transaction, may share
+// backing arrays (with each other and with other events, of this
+// transaction or another), each capped so that an append to one can never
+// overwrite another; the Decoder never writes to them once handed out.
 type Event struct {
 	ID            int64 // outbox.id
 	AggregateType string
@@ -143,13 +145,30 @@ type Decoder struct {
 	bin    []byte          // a bytea payload of the current row, decoded
 	extras []field         // the additional columns of the current row
 	vals   bytes.Buffer    // header values of the current row, back to back
+	// toTxn: the current row is an Insert of the open transaction (not
+	// streamed, not Row): its payload, header values and Headers come
+	// from slabs, shared with the transaction's other events.
+	toTxn bool
+	slabs slabs
+	// The AggregateIDs of the events of d.txn built with toTxn, back to
+	// back: handout makes them one string, and each event's a part of it.
+	ids    []byte
+	idFix  []idSpan        // where each of those events' AggregateID sits in ids
+	idSpan idSpan          // the current row's, start -1 when none
 	hdrs   []hdrSpan       // the keys of the current row and where their values sit in vals
 	raw    json.RawMessage // one header value as read
 	rd     bytes.Reader
 
 	// aggregate_type and event_type take few distinct values, so they are
 	// interned: most rows need no allocation for them.
-	intern map[string]string
+	intern map[string]interned
+	// The strings of the previous row, tried before the intern map:
+	// consecutive rows mostly repeat them, and comparing bytes is cheaper
+	// than hashing them.
+	last struct {
+		aggType, eventType string
+		keys               [8]lastKey // the headers column's first keys
+	}
 
 	// Chunk limits: an open transaction is handed out in pieces once it
 	// buffers this many events or payload bytes, so memory stays bounded
@@ -208,7 +227,7 @@ func NewMapped(maps []outboxschema.Mapping, reserved []string) (*Decoder, error)
 	}
 	d := &Decoder{
 		rels:     make(map[uint32]*relation),
-		intern:   make(map[string]string),
+		intern:   make(map[string]interned),
 		reserved: reserved,
 	}
 	for _, m := range maps {
@@ -318,6 +337,7 @@ func (d *Decoder) maybeChunk() *Txn {
 	part := d.txn
 	part.CommitLSN = part.BeginLSN
 	part.Partial = true
+	d.handout(part.Events)
 	d.txn.Events = nil
 	d.hint(n)
 	d.buffered = 0
@@ -347,6 +367,7 @@ func (d *Decoder) begin(lsn pglogrepl.LSN, b []byte) error {
 		return protocolError(lsn, "Begin", "transaction %d is still open", d.txn.Xid)
 	}
 	c := cursor{b: b}
+	d.ids, d.idFix = d.ids[:0], d.idFix[:0]
 	d.txn = Txn{
 		BeginLSN:   pglogrepl.LSN(c.u64()),
 		CommitTime: pgTime(c.u64()),
@@ -372,6 +393,7 @@ func (d *Decoder) commit(lsn pglogrepl.LSN, b []byte) (*Txn, error) {
 	txn.EndLSN = pglogrepl.LSN(c.u64())
 	txn.CommitTime = pgTime(c.u64())
 
+	d.handout(txn.Events)
 	d.txn = Txn{} // the caller owns txn.Events now
 	d.hint(len(txn.Events))
 	d.buffered = 0
@@ -402,9 +424,15 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 	if !d.inTxn {
 		return protocolError(lsn, "Insert", "no transaction is open")
 	}
+	d.toTxn, d.idSpan = true, idSpan{start: -1}
 	ev, ok, err := d.row(lsn, b)
+	d.toTxn = false
 	if err != nil || !ok {
 		return err
+	}
+	if d.idSpan.start >= 0 {
+		d.idSpan.ev = len(d.txn.Events)
+		d.idFix = append(d.idFix, d.idSpan)
 	}
 	if d.txn.Events == nil && d.sizeHint > 1 {
 		// Sized like the last transaction: appending one by one grew
@@ -415,6 +443,27 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 	d.buffered += len(ev.Payload)
 	return nil
 }
+
+// idSpan is where the AggregateID of event ev of d.txn sits in d.ids.
+type idSpan struct{ ev, start, end int }
+
+// handout sets the AggregateIDs of evs, the events of d.txn being handed
+// out, from d.ids: one allocation for all of them instead of one each.
+func (d *Decoder) handout(evs []Event) {
+	if len(d.idFix) > 0 {
+		all := string(d.ids)
+		for _, f := range d.idFix {
+			evs[f.ev].AggregateID = all[f.start:f.end]
+		}
+	}
+	d.ids, d.idFix = d.ids[:0], d.idFix[:0]
+	if cap(d.ids) > maxIDScratch { // one huge transaction's keys are not kept for ever
+		d.ids = nil
+	}
+}
+
+// maxIDScratch bounds the scratch capacity kept for AggregateIDs.
+const maxIDScratch = 1 << 20
 
 // maxSizeHint bounds the capacity an Events slice starts with.
 const maxSizeHint = 1024
@@ -632,7 +681,7 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 			return ev, d.rowError(ev, roleHeaders, r)
 		}
 		for _, h := range d.hdrs {
-			if d.reservedKey(h.key) {
+			if h.reserved {
 				return ev, d.reservedHeader(ev, h.key)
 			}
 		}
@@ -659,20 +708,37 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 		}
 	}
 
-	ev.AggregateType = d.str(aggType)
-	ev.AggregateID = string(aggID)
-	ev.EventType = d.str(eventType)
+	ev.AggregateType = d.strLast(aggType, &d.last.aggType)
+	if d.toTxn {
+		// Set at handout, from one string for the whole transaction.
+		start := len(d.ids)
+		d.ids = append(d.ids, aggID...)
+		d.idSpan = idSpan{start: start, end: len(d.ids)}
+	} else {
+		ev.AggregateID = string(aggID)
+	}
+	ev.EventType = d.strLast(eventType, &d.last.eventType)
 
-	// One allocation for the payload and all header values.
+	// One piece for the payload and all header values: an allocation of
+	// its own, or from the blocks of the transaction's events (slabs).
 	vals := d.vals.Bytes()
-	buf := make([]byte, len(payload)+len(vals))
+	var buf []byte
+	if d.toTxn {
+		buf = d.slabs.take(len(payload) + len(vals))
+	} else {
+		buf = make([]byte, len(payload)+len(vals))
+	}
 	p := copy(buf, payload)
 	copy(buf[p:], vals)
 	if !null {
 		ev.Payload = buf[:p:p]
 	}
 	if hasHeaders || len(d.extras) > 0 {
-		ev.Headers = make([]Header, len(d.hdrs))
+		if d.toTxn {
+			ev.Headers = d.slabs.headers(len(d.hdrs))
+		} else {
+			ev.Headers = make([]Header, len(d.hdrs))
+		}
 		for i, h := range d.hdrs {
 			ev.Headers[i].Key = h.key
 			if h.start >= 0 {
@@ -720,14 +786,68 @@ func fieldText(f field) ([]byte, *reason) {
 
 // str returns b as a string, interned while the intern map has room.
 func (d *Decoder) str(b []byte) string {
-	if s, ok := d.intern[string(b)]; ok { // no allocation for the lookup
-		return s
+	if e, ok := d.intern[string(b)]; ok { // no allocation for the lookup
+		return e.s
 	}
 	s := string(b)
 	if len(d.intern) < maxInterned && len(s) <= maxInternSize {
-		d.intern[s] = s
+		d.intern[s] = interned{s: s}
 	}
 	return s
+}
+
+// strLast is str, trying *last first, and keeps the result in *last.
+func (d *Decoder) strLast(b []byte, last *string) string {
+	if *last == string(b) { // no allocation for the comparison
+		return *last
+	}
+	s := d.str(b)
+	*last = s
+	return s
+}
+
+// lastKey is a headers column key of the previous row and its verdict.
+type lastKey struct {
+	s        string
+	reserved bool
+	ok       bool
+}
+
+// interned is a value of the intern map: the string, and whether it is a
+// reserved header key (reservedKey) once it was used as a key.
+type interned struct {
+	s   string
+	key keyCheck
+}
+
+type keyCheck uint8
+
+const (
+	keyUnchecked keyCheck = iota
+	keyFree
+	keyReserved
+)
+
+// headerKey is str for a key of the headers column, and reports whether it
+// is reserved (reservedKey), with the verdict kept in the intern map: the
+// few distinct keys are compared with the reserved ones once, not once per
+// row.
+func (d *Decoder) headerKey(b []byte) (key string, reserved bool) {
+	e, ok := d.intern[string(b)]
+	if ok && e.key != keyUnchecked {
+		return e.s, e.key == keyReserved
+	}
+	if !ok {
+		e.s = string(b)
+	}
+	e.key = keyFree
+	if d.reservedKey(e.s) {
+		e.key = keyReserved
+	}
+	if ok || len(d.intern) < maxInterned && len(e.s) <= maxInternSize {
+		d.intern[e.s] = e
+	}
+	return e.s, e.key == keyReserved
 }
 
 func (d *Decoder) rowError(ev Event, r role, why *reason) *RowError {

@@ -12,6 +12,7 @@ import (
 // sits in Decoder.vals.
 type hdrSpan struct {
 	key        string
+	reserved   bool // key is reserved (Decoder.reservedKey); set for the headers column's keys only
 	start, end int
 }
 
@@ -62,7 +63,7 @@ func (d *Decoder) parseHeadersJSON(doc []byte) *reason {
 		if err := appendValue(&d.vals, d.raw); err != nil {
 			return invalidJSON(err)
 		}
-		d.hdrs = append(d.hdrs, hdrSpan{key: key, start: start, end: d.vals.Len()})
+		d.hdrs = append(d.hdrs, hdrSpan{key: key, reserved: d.reservedKey(key), start: start, end: d.vals.Len()})
 	}
 	if _, err := dec.Token(); err != nil { // the closing '}'
 		return invalidJSON(err)
@@ -177,7 +178,19 @@ func (d *Decoder) scanFlatHeaders(doc []byte) bool {
 		}
 		start := d.vals.Len()
 		d.vals.Write(val)
-		d.hdrs = append(d.hdrs, hdrSpan{key: d.str(key), start: start, end: d.vals.Len()})
+		var k string
+		var reserved bool
+		if n := len(d.hdrs); n < len(d.last.keys) {
+			if l := &d.last.keys[n]; l.ok && l.s == string(key) { // the previous row's key here
+				k, reserved = l.s, l.reserved
+			} else {
+				k, reserved = d.headerKey(key)
+				*l = lastKey{s: k, reserved: reserved, ok: true}
+			}
+		} else {
+			k, reserved = d.headerKey(key)
+		}
+		d.hdrs = append(d.hdrs, hdrSpan{key: k, reserved: reserved, start: start, end: d.vals.Len()})
 		i = skipSpace(doc, next)
 		if i >= len(doc) {
 			return false

@@ -1,12 +1,17 @@
 package decoder
 
-import "testing"
+import (
+	"strconv"
+	"testing"
 
-// headersOf returns the parsed headers as key/value pairs.
-func headersOf(d *Decoder) [][2]string {
-	out := make([][2]string, len(d.hdrs))
+	"github.com/outbox-relay/outbox-relay/outboxschema"
+)
+
+// headersOf returns the parsed headers as key/value/reserved triples.
+func headersOf(d *Decoder) [][3]string {
+	out := make([][3]string, len(d.hdrs))
 	for i, h := range d.hdrs {
-		out[i] = [2]string{h.key, string(d.vals.Bytes()[h.start:h.end])}
+		out[i] = [3]string{h.key, string(d.vals.Bytes()[h.start:h.end]), strconv.FormatBool(h.reserved)}
 	}
 	return out
 }
@@ -57,5 +62,38 @@ func TestFlatHeadersScanTakesCommonDocuments(t *testing.T) {
 	d, _ := New("public.outbox")
 	if d.scanFlatHeaders([]byte(`{"a": {"b": 1}}`)) {
 		t.Error("scan took a nested value")
+	}
+}
+
+// The verdict on a reserved header key is kept with the interned key and
+// with the previous row's keys: it holds for every later row, also for a
+// key first interned as another column's value, and for the Decoder's
+// extra reserved keys, and it is the verdict reservedKey gives.
+func TestReservedKeyVerdictKept(t *testing.T) {
+	d, err := NewMapped([]outboxschema.Mapping{outboxschema.DefaultMapping(outboxschema.Table{Schema: "public", Name: "outbox"})}, []string{"id"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = d.str([]byte("event_id")) // an aggregate_type, say: interned unchecked
+	for round := range 3 {
+		for _, tc := range []struct {
+			doc  string
+			want []bool
+		}{
+			{`{"event_id": "x", "trace": "t"}`, []bool{true, false}},
+			{`{"ID": 1, "tenant": "a"}`, []bool{true, false}},
+			{`{"dlq.reason": "r", "Pg_Lsn": "0/0", "trace": "u"}`, []bool{true, true, false}},
+		} {
+			for range 2 { // the second time from the previous row's keys
+				if !d.scanFlatHeaders([]byte(tc.doc)) {
+					t.Fatalf("scan fell back on %s", tc.doc)
+				}
+				for i, h := range d.hdrs {
+					if h.reserved != tc.want[i] || h.reserved != d.reservedKey(h.key) {
+						t.Fatalf("round %d, %s: key %q reserved=%v, want %v", round, tc.doc, h.key, h.reserved, tc.want[i])
+					}
+				}
+			}
+		}
 	}
 }

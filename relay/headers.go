@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
@@ -18,6 +19,22 @@ var (
 	hdrAggregateID   = []byte(outboxschema.HeaderAggregateID)
 	hdrLSN           = []byte(outboxschema.HeaderLSN)
 )
+
+// lsnText is l.String() ("%X/%X" of its halves) without fmt: it is
+// rendered once per transaction, which in a drain of one-row transactions
+// is once per event.
+func lsnText(l pglogrepl.LSN) string {
+	var b [17]byte
+	out := strconv.AppendUint(b[:0], uint64(l>>32), 16)
+	out = append(out, '/')
+	out = strconv.AppendUint(out, uint64(uint32(l)), 16)
+	for i, c := range out {
+		if c >= 'a' && c <= 'f' {
+			out[i] = c - 'a' + 'A'
+		}
+	}
+	return string(out)
+}
 
 // ownHeaders is how many headers the relay sets before the row's own.
 const ownHeaders = 5

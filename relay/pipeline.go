@@ -227,7 +227,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	}
 	ds := make([]delivery, len(txn.Events))
 	var bytes int64
-	commitLSN := txn.CommitLSN.String()
+	commitLSN := lsnText(txn.CommitLSN)
 	at := txn.CommitTime
 	if at.IsZero() { // a refused non-transactional message has no commit
 		at = time.Now()
@@ -235,6 +235,15 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	var sl *slab
 	if p.format != FormatDebezium {
 		sl = newSlab(txn.Events, commitLSN)
+	}
+	// The last topic routed: the events of a transaction mostly share
+	// their table, aggregate_type and event_type, and the router answers
+	// the same for the same inputs (a topic once admitted stays admitted).
+	var last struct {
+		ok                        bool
+		fromTable                 bool
+		table                     int
+		aggType, eventType, topic string
 	}
 	for i := range txn.Events {
 		ev := &txn.Events[i]
@@ -247,13 +256,18 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			tmpl = ob.Template
 			p.decodedBy[ev.TableIndex].Add(1)
 		}
-		*d = delivery{p: p, id: ev.ID, idText: ev.IDText, table: ev.TableIndex, mark: ob.Own && fromTable && !message,
-			lsn: ev.LSN, txnLSN: txn.CommitLSN, pos: pos, commit: at, size: int64(len(ev.Payload)), attempts: p.rewind.attemptsOf(pos),
-			message: message, msgID: ev.MessageID}
+		// Field by field into the zeroed d (ds is new): a composite literal
+		// would copy the whole delivery, its sink.Message included, with
+		// write barriers.
+		d.p, d.id, d.idText, d.table = p, ev.ID, ev.IDText, ev.TableIndex
+		d.mark = ob.Own && fromTable && !message
+		d.lsn, d.txnLSN, d.pos, d.commit = ev.LSN, txn.CommitLSN, pos, at
+		d.size, d.attempts = int64(len(ev.Payload)), p.rewind.attemptsOf(pos)
+		d.message, d.msgID = message, ev.MessageID
 		if p.format == FormatDebezium {
 			d.msg = DebeziumRecord(ev, at)
 		} else {
-			d.msg = record(sl, ev, commitLSN, at)
+			recordTo(&d.msg, sl, ev, commitLSN, at)
 		}
 		d.msg.Done = d.done
 		bytes += d.size
@@ -261,13 +275,20 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			d.finished = true // resent after a rewind, but its dead letter is in Kafka and its row marked
 			continue
 		}
-		topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
-		d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
-		if err != nil {
-			if err := p.poisonRow(ctx, d, reason, err); err != nil {
-				return err
+		if last.ok && ev.Err == nil && last.fromTable == fromTable && last.table == ev.TableIndex &&
+			last.aggType == ev.AggregateType && last.eventType == ev.EventType {
+			d.msg.Topic = last.topic
+		} else {
+			topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
+			d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
+			if err != nil {
+				if err := p.poisonRow(ctx, d, reason, err); err != nil {
+					return err
+				}
+				continue
 			}
-			continue
+			last.ok, last.fromTable, last.table = true, fromTable, ev.TableIndex
+			last.aggType, last.eventType, last.topic = ev.AggregateType, ev.EventType, topic
 		}
 		if p.eos != nil {
 			if reason, cause, ok := p.rewind.deadNext(pos); ok {

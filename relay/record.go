@@ -26,8 +26,16 @@ func Record(ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
 
 // record is Record with the headers' memory from s.
 func record(s *slab, ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
-	hdrs, key := headersIn(s, ev, commitLSN)
-	return sink.Message{Key: key, Value: ev.Payload, Headers: hdrs, Timestamp: at}
+	var m sink.Message
+	recordTo(&m, s, ev, commitLSN, at)
+	return m
+}
+
+// recordTo sets the Key, Value, Headers and Timestamp of m as record
+// would, leaving its other fields: no copy of a whole sink.Message.
+func recordTo(m *sink.Message, s *slab, ev *decoder.Event, commitLSN string, at time.Time) {
+	m.Headers, m.Key = headersIn(s, ev, commitLSN)
+	m.Value, m.Timestamp = ev.Payload, at
 }
 
 // DebeziumRecord is the Kafka record Debezium's outbox EventRouter writes

@@ -75,3 +75,19 @@ func TestRecordsFromOneSlab(t *testing.T) {
 		t.Errorf("the records of a %d-event transaction take %.0f allocations, want at most 3 (the slab)", len(evs), allocs)
 	}
 }
+
+// lsnText renders an LSN exactly as pglogrepl (and PostgreSQL) do.
+func TestLSNText(t *testing.T) {
+	for _, l := range []pglogrepl.LSN{0, 1, 0xA, 0x16B3F48, 0xFFFFFFFF, 0x1_00000000, 0xABCDEF01_23456789, 0xFFFFFFFF_FFFFFFFF} {
+		if got, want := lsnText(l), l.String(); got != want {
+			t.Errorf("lsnText(%d) = %q, want %q", uint64(l), got, want)
+		}
+	}
+	x := uint64(1)
+	for range 1000 {
+		x = x*6364136223846793005 + 1442695040888963407 // an LCG: spread over all 64 bits
+		if l := pglogrepl.LSN(x); lsnText(l) != l.String() {
+			t.Fatalf("lsnText(%d) = %q, want %q", x, lsnText(l), l.String())
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package relay
+
+import (
+	"context"
+	"encoding/binary"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
+	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
+	"github.com/outbox-relay/outbox-relay/sink"
+)
+
+// ackingPublisher acks every record as it is handed over, on the caller's
+// goroutine: the benchmark measures the pipeline, not a producer.
+type ackingPublisher struct{ n int }
+
+func (a *ackingPublisher) Publish(_ context.Context, m *sink.Message) error {
+	a.n++
+	m.Partition = 0
+	m.Done(nil)
+	return nil
+}
+
+// benchPayload is a ~300-byte jsonb payload as Postgres renders it (the
+// decoder's benchmark's).
+const benchPayload = `{"order_id": "ord_01HZX4K7Q9V3M2N8P5R6S7T8U9", "customer_id": "cus_7f3a9b2c", ` +
+	`"currency": "EUR", "total": 129.95, "items": [{"sku": "SKU-1001", "qty": 2, "price": 39.99}, ` +
+	`{"sku": "SKU-2002", "qty": 1, "price": 49.97}], "shipping": {"method": "express", "country": "DE"}, ` +
+	`"placed_at": "2026-03-14T15:09:26Z"}`
+
+// BenchmarkHandleTxn100 is the relay's per-transaction path in a backlog
+// drain: Handle decodes a transaction of 100 outbox rows (a ~300-byte
+// payload and three headers each), registers it with the tracker and
+// publishes its records, which the publisher acks at once. One op is one
+// transaction.
+func BenchmarkHandleTxn100(b *testing.B) {
+	const rows = 100
+	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub := &ackingPublisher{}
+	cfg := PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100,
+		Policy: Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond},
+		Limits: checkpoint.Limits{MaxEvents: 10000, MaxBytes: 64 << 20}}
+	p, err := NewPipeline(cfg, pub, &fakeMarker{marked: make(chan string, 10)}, zerolog.Nop(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := p.Handle(ctx, 0x100, pg.OutboxRelation()); err != nil {
+		b.Fatal(err)
+	}
+	inserts := make([][]byte, rows)
+	for i := range inserts {
+		id := strconv.Itoa(1000000 + i)
+		inserts[i] = pg.Insert(pg.OutboxID, pg.Row(id, "order", "ord_01HZX4K7Q9V3M2N8P5R6S7T"+id, "OrderPlaced", benchPayload,
+			pg.Text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`))...)
+	}
+	// Begin and Commit are rewritten in place with each transaction's LSNs:
+	// the tracker takes transactions in increasing end LSN only.
+	begin, commit := pg.Begin(0, 7), pg.Commit(0, 0)
+	const step = 0x10000
+	lsn := pglogrepl.LSN(step)
+	b.ReportAllocs()
+	for b.Loop() {
+		lsn += step
+		binary.BigEndian.PutUint64(begin[1:], uint64(lsn))
+		binary.BigEndian.PutUint64(commit[2:], uint64(lsn))
+		binary.BigEndian.PutUint64(commit[10:], uint64(lsn+8))
+		if err := p.Handle(ctx, lsn-step+1, begin); err != nil {
+			b.Fatal(err)
+		}
+		for i, m := range inserts {
+			if err := p.Handle(ctx, lsn-step+0x100*pglogrepl.LSN(i+1), m); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := p.Handle(ctx, lsn, commit); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if want := b.N * rows; pub.n != want {
+		b.Fatalf("%d records published, want %d", pub.n, want)
+	}
+	if got := p.Flushed(); got != lsn+8 {
+		b.Fatalf("watermark %s, want %s", got, lsn+8)
+	}
+}
