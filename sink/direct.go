@@ -83,8 +83,8 @@ type dpart struct {
 	queue  []*Message
 	batch  *dbatch // in flight (sent), or failed and waiting for its resend
 	sent   bool
-	ready  bool    // on its leader's ready list
-	pid    int64   // the producer id seq counts for
+	ready  bool  // on its leader's ready list
+	pid    int64 // the producer id seq counts for
 	epoch  int16
 	seq    int32     // next sequence number
 	due    time.Time // a failed batch is resent from then on
