@@ -35,11 +35,13 @@ type Config struct {
 	// published to: exact names, or prefixes ending in '*'. Any other is
 	// poison (dead-letter reason topic_not_allowed).
 	TopicAllowlist []string `yaml:"topic_allowlist"`
-	// Producer is the produce engine: "sarama" (default; "" too), sarama's
-	// AsyncProducer, or "direct", the relay's own on sarama's Broker API:
-	// the same idempotent, acks=all protocol with fewer goroutine hops per
-	// record (see direct.go). direct sends at once and batches while a
-	// request is in flight; it ignores the flush settings.
+	// Producer is the produce engine: "direct" (default; "" too), the
+	// relay's own on sarama's Broker API (direct.go), or "sarama", sarama's
+	// AsyncProducer. Both speak the same idempotent, acks=all protocol;
+	// direct spares each record about six goroutine hand-offs (bench: 0.77x
+	// the relay CPU per event in a 100-row drain, 0.74x at 1k events/s).
+	// direct sends at once and batches while a request is in flight; it
+	// ignores the flush settings.
 	Producer string `yaml:"producer"`
 	// Compression: none, gzip, snappy, lz4 or zstd.
 	Compression string `yaml:"compression"`
@@ -77,7 +79,7 @@ func DefaultConfig() Config {
 		ClientID:        "outbox-relay",
 		TopicTemplate:   "outbox.event.{aggregate_type}",
 		MaxTopics:       DefaultMaxTopics,
-		Producer:        ProducerSarama,
+		Producer:        ProducerDirect,
 		Compression:     "none",
 		FlushFrequency:  0, // unset: see the field's comment
 		FlushMessages:   0,
@@ -130,7 +132,7 @@ func (c Config) Validate(prefix string) error {
 		bad("topic_allowlist", "does not allow %q, the fixed topic of kafka.topic_template: every event would be dead-lettered", c.TopicTemplate)
 	}
 	if c.Producer != "" && c.Producer != ProducerSarama && c.Producer != ProducerDirect {
-		bad("producer", "%q is not one of %s (default), %s", c.Producer, ProducerSarama, ProducerDirect)
+		bad("producer", "%q is not one of %s (default), %s", c.Producer, ProducerDirect, ProducerSarama)
 	}
 	if _, ok := compressions[c.Compression]; !ok {
 		bad("compression", "%q is not one of none, gzip, snappy, lz4, zstd", c.Compression)

@@ -126,6 +126,10 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 		ready: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
 		log: log.With().Str("component", "sink").Logger()}
 	p.dial = p.dialCluster
+	if cfg.Producer != ProducerSarama && (cfg.FlushFrequency > 0 || cfg.FlushMessages > 0 || cfg.FlushBytes > 0) {
+		p.log.Warn().Dur("flush_frequency", cfg.FlushFrequency).Int("flush_messages", cfg.FlushMessages).Int("flush_bytes", cfg.FlushBytes).
+			Msg("kafka.flush_* do not apply to kafka.producer: direct, which sends at once and batches while a request is in flight; they apply to kafka.producer: sarama and to the exactly-once producer")
+	}
 	return p, nil
 }
 
@@ -247,7 +251,7 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		health.Close()
 		return err
 	}
-	if p.cfg.Producer == ProducerDirect {
+	if p.cfg.Producer != ProducerSarama {
 		d := newDirect(client, p.sc, p.cfg, p.complete)
 		if err := d.start(); err != nil {
 			client.Close()

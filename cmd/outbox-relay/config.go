@@ -150,7 +150,7 @@ var keys = []key{
 			}
 			return nil
 		}},
-	{"kafka.producer", "OUTBOX_RELAY_KAFKA_PRODUCER", "kafka-producer", "produce engine: sarama (sarama's AsyncProducer) or direct (the relay's own on sarama's Broker API: same idempotent acks=all protocol, fewer goroutine hops per event; ignores the flush settings)",
+	{"kafka.producer", "OUTBOX_RELAY_KAFKA_PRODUCER", "kafka-producer", "produce engine: direct (the relay's own on sarama's Broker API; ignores the flush settings) or sarama (sarama's AsyncProducer); both idempotent, acks=all",
 		str(func(c *Config) *string { return &c.Kafka.Producer })},
 	{"kafka.compression", "OUTBOX_RELAY_KAFKA_COMPRESSION", "kafka-compression", "none, gzip, snappy, lz4 or zstd",
 		str(func(c *Config) *string { return &c.Kafka.Compression })},
