@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -238,5 +239,62 @@ func TestDirectErrors(t *testing.T) {
 				t.Fatalf("after a refusal: %d batches", len(got))
 			}
 		})
+	}
+}
+
+// leaderless answers that no partition has a leader, and counts lookups.
+type leaderless struct {
+	sarama.Client
+	mu      sync.Mutex
+	lookups []int32
+}
+
+func (l *leaderless) RefreshMetadata(...string) error { return nil }
+func (l *leaderless) Leader(_ string, p int32) (*sarama.Broker, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lookups = append(l.lookups, p)
+	return nil, sarama.ErrLeaderNotAvailable
+}
+
+// A record for a partition whose leader is not known (the first record of
+// a topic found only partition 0's leader) starts a fix, which looks the
+// leader up; before, such a record waited for ever.
+func TestDirectUnknownLeaderStartsFix(t *testing.T) {
+	d, _, db, _ := directRig(t, 5, 1000000)
+	lc := &leaderless{}
+	d.client = lc
+	tp := d.topics["orders"]
+	tp.fixing = false
+	p1 := &dpart{topic: tp, id: 1, pid: -1} // no leader known
+	tp.parts = append(tp.parts, p1)
+	var key []byte
+	for i := 0; ; i++ { // a key of partition 1
+		key = fmt.Appendf(nil, "k%d", i)
+		if murmur2(key)&0x7fffffff%2 == 1 {
+			break
+		}
+	}
+	if err := d.publish(&Message{Topic: "orders", Key: key, Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		lc.mu.Lock()
+		n := len(lc.lookups)
+		lc.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no leader lookup for a record of a partition without a known leader")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d.stop()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(p1.queue) != 1 || len(db.ready) != 0 {
+		t.Errorf("queued %d records on partition 1, %d ready on the broker: want 1 queued, none ready", len(p1.queue), len(db.ready))
 	}
 }
