@@ -29,28 +29,23 @@ type slabs struct {
 }
 
 // take returns n bytes (length n, capped) that no one else refers to.
-func (s *slabs) take(n int) []byte {
-	if n > byteBlock/4 {
-		return make([]byte, n)
-	}
-	if cap(s.bytes) < n || s.bytes == nil { // never nil, even for n == 0
-		s.bytes = make([]byte, 0, byteBlock)
-	}
-	b := s.bytes[:n:n]
-	s.bytes = s.bytes[n:n:cap(s.bytes)]
-	return b
-}
+func (s *slabs) take(n int) []byte { return carve(&s.bytes, n, byteBlock) }
 
 // headers returns n zeroed Headers (length n, capped) that no one else
 // refers to.
-func (s *slabs) headers(n int) []Header {
-	if n > headerBlock/4 {
-		return make([]Header, n)
+func (s *slabs) headers(n int) []Header { return carve(&s.hdrs, n, headerBlock) }
+
+// carve cuts n elements (length n, capped) off the front of *rest, the
+// unused rest of a block of size block, starting a new block when they do
+// not fit; a piece over a quarter of a block gets its own allocation.
+func carve[T any](rest *[]T, n, block int) []T {
+	if n > block/4 {
+		return make([]T, n)
 	}
-	if cap(s.hdrs) < n || s.hdrs == nil { // never nil, even for n == 0
-		s.hdrs = make([]Header, 0, headerBlock)
+	if cap(*rest) < n || *rest == nil { // never nil, even for n == 0
+		*rest = make([]T, 0, block)
 	}
-	h := s.hdrs[:n:n]
-	s.hdrs = s.hdrs[n:n:cap(s.hdrs)]
-	return h
+	b := (*rest)[:n:n]
+	*rest = (*rest)[n:n:cap(*rest)]
+	return b
 }

@@ -72,7 +72,6 @@ type dtopic struct {
 	parts  []*dpart   // by partition index (sorted ids), nil until resolved
 	early  []*Message // published before the partitions were known
 	fixing bool       // a goroutine resolves the topic or its broken partitions
-	broken bool       // some partition waits for a leader or a retry
 	rr     int32      // round robin for records without a key
 }
 
@@ -96,7 +95,6 @@ type dbatch struct {
 	rb       sarama.RecordBatch
 	size     int
 	attempts int
-	pid      int64
 }
 
 type dbroker struct {
@@ -179,17 +177,17 @@ func (d *direct) signal(c chan struct{}) {
 
 // publish queues m; it never blocks (the pipeline bounds what is in flight).
 func (d *direct) publish(m *Message) error {
-	size := recordSize(m)
+	m.size = recordSize(m)
 	d.mu.Lock()
 	if d.closing {
 		d.mu.Unlock()
 		return ErrClosed
 	}
 	d.pending++
-	if size+batchOverhead > d.maxBatch {
-		// sarama's words, which Classify knows: poison, message_too_large.
-		d.failed = append(d.failed, failure{m, sarama.ConfigurationError(fmt.Sprintf(
-			"Attempt to produce message larger than configured Producer.MaxMessageBytes: %d > %d", size+batchOverhead, d.maxBatch))})
+	if m.size+batchOverhead > d.maxBatch {
+		// Poison, message_too_large (Classify): the broker would refuse it.
+		d.failed = append(d.failed, failure{m, fmt.Errorf("record of %d bytes exceeds kafka.max_message_bytes (%d): %w",
+			m.size+batchOverhead, d.maxBatch, sarama.ErrMessageSizeTooLarge)})
 		d.mu.Unlock()
 		d.signal(d.wake)
 		return nil
@@ -209,9 +207,9 @@ func (d *direct) publish(m *Message) error {
 		}
 		return nil
 	}
-	wake := d.place(t, m)
+	p, wake := d.place(t, m)
 	fix := false
-	if m.Partition >= 0 && t.parts[d.index(t, m.Partition)].leader == nil && !t.fixing {
+	if p.leader == nil && !t.fixing {
 		t.fixing, fix = true, true // no leader known: the fix finds it
 	}
 	d.mu.Unlock()
@@ -224,22 +222,9 @@ func (d *direct) publish(m *Message) error {
 	return nil
 }
 
-// index is the position of partition id in t.parts; under mu.
-func (d *direct) index(t *dtopic, id int32) int {
-	if int(id) < len(t.parts) && t.parts[id].id == id {
-		return int(id) // the usual case: ids 0..n-1
-	}
-	for i, p := range t.parts {
-		if p.id == id {
-			return i
-		}
-	}
-	return 0
-}
-
-// place puts m on its partition's queue and returns the broker to wake, if
-// any. Under mu; t is resolved.
-func (d *direct) place(t *dtopic, m *Message) *dbroker {
+// place puts m on its partition's queue and returns the partition and the
+// broker to wake, if any. Under mu; t is resolved.
+func (d *direct) place(t *dtopic, m *Message) (*dpart, *dbroker) {
 	var i int32
 	n := int32(len(t.parts))
 	if m.Key == nil {
@@ -251,7 +236,7 @@ func (d *direct) place(t *dtopic, m *Message) *dbroker {
 	p := t.parts[i]
 	m.Partition = p.id
 	p.queue = append(p.queue, m)
-	return d.markReady(p)
+	return p, d.markReady(p)
 }
 
 // markReady lists p with its leader if it has something to send; under mu.
@@ -316,7 +301,6 @@ func (d *direct) fixOnce(t *dtopic) (time.Duration, error) {
 		for i, id := range ids {
 			t.parts[i] = &dpart{topic: t, id: id, pid: -1}
 		}
-		t.broken = true
 		early := t.early
 		t.early = nil
 		for _, m := range early {
@@ -378,7 +362,6 @@ func (d *direct) fixOnce(t *dtopic) (time.Duration, error) {
 			wake = append(wake, w)
 		}
 	}
-	t.broken = broken
 	if !broken {
 		t.fixing = false
 	}
@@ -518,15 +501,14 @@ func (d *direct) newBatch(p *dpart) *dbatch {
 	size := batchOverhead
 	n, hdrs := 0, 0
 	for _, m := range p.queue {
-		s := recordSize(m)
-		if n > 0 && size+s > d.maxBatch {
+		if n > 0 && size+m.size > d.maxBatch {
 			break
 		}
-		size += s
+		size += m.size
 		n++
 		hdrs += len(m.Headers)
 	}
-	b := &dbatch{part: p, msgs: p.queue[:n:n], size: size, pid: p.pid}
+	b := &dbatch{part: p, msgs: p.queue[:n:n], size: size}
 	p.queue = p.queue[n:]
 	if len(p.queue) == 0 {
 		p.queue = nil // let the backing array go with the batch
@@ -618,7 +600,6 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, res *sarama.ProduceRespo
 			}
 			p.leader = nil // the leader may have moved: look it up again
 			unready(db, p)
-			p.topic.broken = true
 			fixes[p.topic] = true
 			done = append(done, verdict{p.topic.name, nil, err}) // counted, nothing completed
 		case reqErr == nil && kind != Transient:

@@ -48,6 +48,10 @@ type Message struct {
 		pm         sarama.ProducerMessage
 		key, value sarama.ByteEncoder
 	}
+	// size bounds the record's bytes in a batch (recordSize), set by the
+	// direct engine's publish so that building the batch need not count
+	// again.
+	size int
 }
 
 // Producer wraps a sarama AsyncProducer. New allocates; Run connects
