@@ -427,13 +427,30 @@ func loadConfig(name string, args []string, getenv func(string) string, extra ..
 			errs = append(errs, fmt.Errorf("%s (flag --%s): %w", f.k.name, f.k.flag, err))
 		}
 	}
+	// Commands that touch PostgreSQL only run without kafka.brokers: the
+	// first migrate comes before Kafka is set up, and status must work with
+	// Kafka down. Only the validated copy gets a stand-in.
+	v := c
+	if postgresOnly(name) && len(v.Kafka.Brokers) == 0 {
+		v.Kafka.Brokers = []string{"unused:9092"}
+	}
 	// Report parse errors and validation errors together: one run shows all.
-	if err := errors.Join(append(errs, c.Validate())...); err != nil {
+	if err := errors.Join(append(errs, v.Validate())...); err != nil {
 		return Config{}, err
 	}
 	obs, _ := c.Outboxes() // valid: Validate resolved them
 	c.Postgres.Mappings = relay.Mappings(obs)
 	return c, nil
+}
+
+// postgresOnly reports whether command name (as loadConfig gets it) uses
+// PostgreSQL only, never Kafka.
+func postgresOnly(name string) bool {
+	switch name {
+	case "migrate", "status", "cleanup", "dlq list", "dlq resolve":
+		return true
+	}
+	return false
 }
 
 // ownTableOnly refuses a command that reads or writes the relay's own

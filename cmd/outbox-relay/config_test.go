@@ -708,3 +708,34 @@ func selfSignedPEM(t *testing.T) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
+
+// Commands that touch PostgreSQL only load without kafka.brokers (the first
+// migrate comes before Kafka exists; status works with Kafka down), keep
+// no stand-in broker in the loaded config, and still reject a bad one;
+// commands that publish or check Kafka still require it.
+func TestKafkaBrokersOnlyWhereKafkaIsUsed(t *testing.T) {
+	pgOnly := envOf(map[string]string{"OUTBOX_RELAY_POSTGRES_URL": testURL})
+	badBroker := envOf(map[string]string{"OUTBOX_RELAY_POSTGRES_URL": testURL, "OUTBOX_RELAY_KAFKA_BROKERS": "nohostport"})
+	for _, tt := range []struct {
+		cmd         string
+		needsBroker bool
+	}{
+		{"migrate", false}, {"status", false}, {"cleanup", false}, {"dlq list", false}, {"dlq resolve", false},
+		{"run", true}, {"replay", true}, {"check", true}, {"dlq replay", true},
+	} {
+		t.Run(tt.cmd, func(t *testing.T) {
+			c, err := loadConfig(tt.cmd, nil, pgOnly)
+			switch {
+			case tt.needsBroker && (err == nil || !strings.Contains(err.Error(), "kafka.brokers")):
+				t.Fatalf("without kafka.brokers: err %v, want one naming kafka.brokers", err)
+			case !tt.needsBroker && err != nil:
+				t.Fatalf("without kafka.brokers: %v, want it to load (PostgreSQL only)", err)
+			case !tt.needsBroker && len(c.Kafka.Brokers) != 0:
+				t.Fatalf("loaded config has brokers %v, want none: the stand-in is for validation only", c.Kafka.Brokers)
+			}
+			if _, err := loadConfig(tt.cmd, nil, badBroker); err == nil || !strings.Contains(err.Error(), "kafka.brokers") {
+				t.Fatalf("with kafka.brokers=nohostport: err %v, want one naming kafka.brokers", err)
+			}
+		})
+	}
+}
