@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -90,6 +91,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	reg := prometheus.NewRegistry() // this term's metrics, served while it runs
 	var err error
 	var pub Publisher
+	var catchingUp func(bool) // the producer's, at least once: it batches harder while the stream catches up
 	if cfg.Delivery == ExactlyOnce {
 		var valid func(ctx context.Context) error
 		if t.fence != nil {
@@ -105,6 +107,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		if err != nil {
 			return err
 		}
+		catchingUp = p.CatchingUp
 		t.producer, pub = p, p
 	}
 	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Outboxes: r.outboxes, Format: cfg.Compat, Start: r.acked,
@@ -122,6 +125,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.stream.Fence = t.fence
+	t.stream.OnCatchUp = catchingUp
 	t.stream.Messages = cfg.Heartbeat.Interval > 0 || cfg.Messages.Prefix != ""
 	t.stream.MessagePrefix = cfg.Messages.Prefix
 	// The stream compares the server it streams from with this history and
@@ -167,7 +171,11 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	g.Go(func() error { return t.lag.Run(after) })
 	if cfg.Heartbeat.Interval > 0 {
 		// Leader only: a standby's heartbeats would time nothing.
-		hb := replication.NewHeartbeater(cfg.Postgres, cfg.Heartbeat.Interval, t.pipe.Emitted, t.log, r.heartbeats)
+		emitted := func(end pglogrepl.LSN, sent time.Time) {
+			t.pipe.Emitted(end, sent)
+			t.stream.ServerAt(end) // how far the server's WAL is: the stream batches reads when far behind
+		}
+		hb := replication.NewHeartbeater(cfg.Postgres, cfg.Heartbeat.Interval, emitted, t.log, r.heartbeats)
 		g.Go(func() error { return hb.Run(after) })
 	}
 	// Leader only: makes the server write the slot's confirmed position

@@ -71,24 +71,24 @@ func startFrom(prev, cur Identity, watermark, confirmed pglogrepl.LSN) (start pg
 // the replication connection, the one START_REPLICATION will use, so both
 // come from the server that will stream (not one a failover replaced since
 // Prepare read the slot).
-func identify(ctx context.Context, conn *pgconn.PgConn, slot string) (Identity, pglogrepl.LSN, error) {
+func identify(ctx context.Context, conn *pgconn.PgConn, slot string) (id Identity, confirmed, serverEnd pglogrepl.LSN, err error) {
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
-		return Identity{}, 0, fmt.Errorf("identify system: %w", err)
+		return Identity{}, 0, 0, fmt.Errorf("identify system: %w", err)
 	}
-	id := Identity{SystemID: sys.SystemID, Timeline: sys.Timeline}
+	id = Identity{SystemID: sys.SystemID, Timeline: sys.Timeline}
 	// slot matches [a-z0-9_]{1,63} (Config.Validate): safe as a literal. A
 	// replication connection takes only simple queries.
 	res, err := conn.Exec(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '"+slot+"'").ReadAll()
 	if err != nil {
-		return id, 0, fmt.Errorf("read confirmed_flush_lsn of slot %q: %w", slot, err)
+		return id, 0, 0, fmt.Errorf("read confirmed_flush_lsn of slot %q: %w", slot, err)
 	}
 	if len(res) != 1 || len(res[0].Rows) != 1 || res[0].Rows[0][0] == nil {
-		return id, 0, fmt.Errorf("read confirmed_flush_lsn of slot %q on %s: slot missing or without a confirmed position", slot, id)
+		return id, 0, 0, fmt.Errorf("read confirmed_flush_lsn of slot %q on %s: slot missing or without a confirmed position", slot, id)
 	}
 	lsn, err := pglogrepl.ParseLSN(string(res[0].Rows[0][0]))
 	if err != nil {
-		return id, 0, fmt.Errorf("parse confirmed_flush_lsn of slot %q: %w", slot, err)
+		return id, 0, 0, fmt.Errorf("parse confirmed_flush_lsn of slot %q: %w", slot, err)
 	}
-	return id, lsn, nil
+	return id, lsn, sys.XLogPos, nil
 }

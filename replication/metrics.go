@@ -22,6 +22,7 @@ type Metrics struct {
 	lagPollErrors  prometheus.Counter
 	lastLagSuccess prometheus.Gauge
 	streaming      prometheus.Gauge
+	catchingUp     prometheus.Gauge
 }
 
 // NewMetrics registers the metrics on reg; a nil reg leaves them unregistered
@@ -50,10 +51,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Unix time of the last successful slot lag read."}),
 		streaming: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_streaming",
 			Help: "1 when the replication session streams in-progress transactions (postgres.streaming; pgoutput protocol 2)."}),
+		catchingUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_replication_catching_up",
+			Help: "1 while the stream is more than 256 KiB of WAL behind the server's end (a backlog): reads and produce requests are batched."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.received, m.confirmed, m.reconnects, m.historyChanges, m.slotLag, m.slotRetained, m.slotActive,
-			m.slotWALStatus, m.lagPollErrors, m.lastLagSuccess, m.streaming)
+			m.slotWALStatus, m.lagPollErrors, m.lastLagSuccess, m.streaming, m.catchingUp)
 	}
 	return m
 }

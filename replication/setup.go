@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
@@ -617,6 +619,12 @@ func createReplicationSlot(ctx context.Context, cfg Config) error {
 }
 
 func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error) {
+	return connectReplicationReading(ctx, url, nil)
+}
+
+// connectReplicationReading is connectReplication with the server's bytes
+// read through wrap (nil: directly).
+func connectReplicationReading(ctx context.Context, url string, wrap func(io.Reader) io.Reader) (*pgconn.PgConn, error) {
 	pc, err := pgconn.ParseConfig(url)
 	if err != nil {
 		return nil, fault.Fatal.Wrap(errors.New("parse postgres.url: not a valid connection string"))
@@ -624,6 +632,9 @@ func connectReplication(ctx context.Context, url string) (*pgconn.PgConn, error)
 	withConnectTimeout(pc)
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = "outbox-relay"
+	if wrap != nil {
+		pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend { return pgproto3.NewFrontend(wrap(r), w) }
+	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if fault.IsPrivilege(err) { // fatal (fault.KindOf); only here is the missing grant known
 		return nil, fmt.Errorf("open replication connection as %q: %w; grant it with ALTER ROLE %s REPLICATION (and allow it in pg_hba.conf for the replication database)",

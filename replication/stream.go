@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,12 +68,14 @@ type Stream struct {
 	metrics  *Metrics
 	progress Progress
 
-	mu   sync.Mutex // guards conn: pgconn is not safe for concurrent use
-	conn *pgconn.PgConn
+	mu      sync.Mutex // guards conn: pgconn is not safe for concurrent use
+	conn    *pgconn.PgConn
+	catchUp *catchUpReader // conn's reader; the loop tells it how far behind the stream is
 
 	slotSeen     bool          // the slot existed or was created in this process
 	identity     Identity      // the server history the progress's watermark is on; the loop goroutine's
 	received     atomic.Uint64 // highest WAL position seen
+	serverEnd    atomic.Uint64 // the server's WAL end as last learnt (IDENTIFY_SYSTEM, ServerAt)
 	streaming    atomic.Bool
 	lastSentTime time.Time     // guarded by mu, like every status update
 	lastSentLSN  pglogrepl.LSN // Flush of the last status update; guarded by mu
@@ -91,8 +94,13 @@ type Stream struct {
 	// outbox); "" when off. Set, it needs Messages and a server with them:
 	// on an older one the session is refused as fatal. Set before Run.
 	MessagePrefix string
-	oldWarned     bool            // the server is too old for Messages; said once
-	warned        map[string]bool // the failover warnings (SlotInfo.Warnings) logged so far
+	// OnCatchUp, when set, hears when the stream starts or stops catching
+	// up (far behind the server's WAL end: catchUpReader), from the loop
+	// goroutine: the relay's producer batches harder meanwhile. Set before Run.
+	OnCatchUp  func(catchingUp bool)
+	catchingUp bool            // what OnCatchUp last heard; the loop goroutine's
+	oldWarned  bool            // the server is too old for Messages; said once
+	warned     map[string]bool // the failover warnings (SlotInfo.Warnings) logged so far
 }
 
 // Fence is what the stream needs from leader election.
@@ -132,6 +140,38 @@ func (s *Stream) Identity() Identity { return s.identity }
 // Streaming reports whether a replication session is currently streaming.
 // Any goroutine; used by /readyz.
 func (s *Stream) Streaming() bool { return s.streaming.Load() }
+
+// tellCatchUp calls OnCatchUp when the stream started or stopped catching up.
+func (s *Stream) tellCatchUp() {
+	if s.catchUp == nil {
+		return
+	}
+	if b := s.catchUp.behind.Load(); b != s.catchingUp {
+		s.catchingUp = b
+		if b {
+			s.metrics.catchingUp.Set(1)
+		} else {
+			s.metrics.catchingUp.Set(0)
+		}
+		s.log.Debug().Bool("catching_up", b).Str("received", s.Received().String()).
+			Str("server_wal_end", pglogrepl.LSN(s.serverEnd.Load()).String()).Msg("replication stream catching up (batched reads and requests) or caught up")
+		if s.OnCatchUp != nil {
+			s.OnCatchUp(b)
+		}
+	}
+}
+
+// ServerAt tells the stream that the server's WAL reached end (a
+// heartbeat's position): far ahead of the stream, it reads in batches (see
+// catchUpReader). Safe from any goroutine.
+func (s *Stream) ServerAt(end pglogrepl.LSN) {
+	for {
+		cur := s.serverEnd.Load()
+		if uint64(end) <= cur || s.serverEnd.CompareAndSwap(cur, uint64(end)) {
+			return
+		}
+	}
+}
 
 // Received returns the highest WAL position received.
 func (s *Stream) Received() pglogrepl.LSN { return pglogrepl.LSN(s.received.Load()) }
@@ -217,10 +257,17 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 			s.log.Warn().Msg(w)
 		}
 	}
-	conn, err := connectReplication(ctx, s.cfg.URL)
+	var catchUp *catchUpReader
+	conn, err := connectReplicationReading(ctx, s.cfg.URL, func(r io.Reader) io.Reader {
+		c, br := newCatchUpReader(r)
+		catchUp = c
+		return br
+	})
 	if err != nil {
 		return err
 	}
+	catchUp.onSocket(conn.Conn())
+	s.catchUp = catchUp
 	if err := s.checkSenderTimeout(ctx, conn); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return err
@@ -301,10 +348,11 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 // the watermark is at least that, and status updates never carry less than
 // the server already has.
 func (s *Stream) resume(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
-	cur, confirmed, err := identify(ctx, conn, s.cfg.Slot)
+	cur, confirmed, end, err := identify(ctx, conn, s.cfg.Slot)
 	if err != nil {
 		return 0, err
 	}
+	s.serverEnd.Store(uint64(end)) // this server's, not a raise of the last session's
 	prev, watermark := s.identity, s.progress.Flushed()
 	start, why := startFrom(prev, cur, watermark, confirmed)
 	switch why {
@@ -452,6 +500,10 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 			return fmt.Errorf("parse keepalive: %w", err)
 		}
 		s.observe(ka.ServerWALEnd)
+		// The walsender has read the WAL up to ServerWALEnd: a stream whose
+		// last messages were far behind may have caught up since.
+		s.catchUp.observe(ka.ServerWALEnd, pglogrepl.LSN(s.serverEnd.Load()))
+		s.tellCatchUp()
 		// Every XLogData before this keepalive was handled on this goroutine,
 		// so the progress can judge whether it is idle.
 		s.progress.AdvanceIdle(ka.ServerWALEnd)
@@ -466,6 +518,9 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 			return fmt.Errorf("parse XLogData: %w", err)
 		}
 		s.observe(xld.WALStart)
+		// Not xld.ServerWALEnd: a logical walsender sends WALStart there.
+		s.catchUp.observe(xld.WALStart, pglogrepl.LSN(s.serverEnd.Load()))
+		s.tellCatchUp()
 		if err := h(ctx, xld.WALStart, xld.WALData); err != nil {
 			if ctx.Err() != nil {
 				return nil

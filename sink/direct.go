@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // direct is the producer engine of kafka.producer: direct. It speaks to the
@@ -60,6 +62,9 @@ type direct struct {
 	stopped chan struct{} // closed by stop: goroutines end
 	wake    chan struct{} // the fixer: topics to resolve, a new id, local failures
 	failed  []failure     // records refused before a batch: completed by the fixer
+
+	catchingUp atomic.Bool        // Producer.CatchingUp: requests at most one per catchUpGap
+	requests   prometheus.Counter // produce requests sent; nil in tests
 }
 
 type failure struct {
@@ -403,13 +408,35 @@ func (d *direct) brokerFor(b *sarama.Broker) *dbroker {
 	return db
 }
 
-// send is a broker's sender: one request in flight at a time.
+// catchUpGap is the least time between two produce requests to a broker
+// while the replication stream catches up (Producer.CatchingUp). One
+// request in flight batches whatever arrives during a round trip, but a
+// broker on the same host answers in a few hundred microseconds: a backlog
+// of one-row transactions went out a few records per request (29k requests
+// for 200k events), and the drain ran at under half the speed of the
+// sarama producer with its 1 ms linger. Live traffic is not held: an event
+// goes out as soon as no request is in flight.
+const catchUpGap = 5 * time.Millisecond
+
+// send is a broker's sender: one request in flight at a time, at most one
+// per catchUpGap while catching up.
 func (d *direct) send(db *dbroker) {
+	pace := time.NewTimer(time.Hour)
+	pace.Stop()
+	var last time.Time // when the last request left
 	for {
 		select {
 		case <-d.stopped:
 			return
 		case <-db.wake:
+		}
+		if gap := catchUpGap - time.Since(last); d.catchingUp.Load() && gap > 0 {
+			pace.Reset(gap) // records queued meanwhile go in the same request
+			select {
+			case <-d.stopped:
+				return
+			case <-pace.C:
+			}
 		}
 		d.mu.Lock()
 		if db.busy || len(db.ready) == 0 {
@@ -430,6 +457,10 @@ func (d *direct) send(db *dbroker) {
 		}
 		db.busy = true
 		d.mu.Unlock()
+		last = time.Now()
+		if d.requests != nil {
+			d.requests.Inc()
+		}
 		req := &sarama.ProduceRequest{RequiredAcks: sarama.WaitForAll, Timeout: d.timeout, Version: d.version}
 		for _, b := range batches {
 			req.AddBatch(b.part.topic.name, b.part.id, &b.rb)

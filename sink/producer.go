@@ -91,6 +91,7 @@ type metrics struct {
 	published *prometheus.CounterVec
 	errors    *prometheus.CounterVec
 	connected prometheus.Gauge
+	requests  prometheus.Counter // produce requests of the direct engine
 	// metadataRetries counts sarama's metadata retries (metadataWatch).
 	metadataRetries prometheus.Counter
 }
@@ -110,6 +111,8 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 			[]string{"reason"}),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_connected",
 			Help: "1 while the producer can reach the Kafka cluster."}),
+		requests: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_produce_requests_total",
+			Help: "Produce requests sent (kafka.producer: direct); events published per request is the batching."}),
 		metadataRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_metadata_retries_total",
 			Help: "Metadata requests sarama retried: a topic that does not exist, or a partition without a leader; publishing to it waits meanwhile."}),
 	}
@@ -117,7 +120,7 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 		m.errors.WithLabelValues(r) // export zeros, so rate() and alerts work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.errors, m.connected, m.metadataRetries)
+		reg.MustRegister(m.published, m.errors, m.connected, m.requests, m.metadataRetries)
 	}
 	meta := &metadataWatch{retries: m.metadataRetries, log: log.With().Str("component", "sink").Logger()}
 	base := sc.Metadata.Retry.BackoffFunc
@@ -257,6 +260,7 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	}
 	if p.cfg.Producer != ProducerSarama {
 		d := newDirect(client, p.sc, p.cfg, p.complete)
+		d.requests = p.metrics.requests
 		if err := d.start(); err != nil {
 			client.Close()
 			health.Close()
@@ -449,6 +453,19 @@ const closeTimeout = time.Second
 // Publish hands m to the producer. It blocks while sarama's input buffer is
 // full (backpressure), until ctx ends, or until Run has returned. Safe for
 // concurrent use; records published from one goroutine keep their order.
+// CatchingUp tells the producer whether its input is a backlog (the
+// replication stream far behind the server's WAL end). While it is, the
+// direct engine sends at most one request per broker every few
+// milliseconds, so records go in large batches; live events are never held.
+// Safe from any goroutine; the sarama engine batches by its own settings.
+func (p *Producer) CatchingUp(on bool) {
+	p.inputMu.RLock()
+	defer p.inputMu.RUnlock()
+	if p.dp != nil {
+		p.dp.catchingUp.Store(on)
+	}
+}
+
 func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	p.inputMu.RLock()
 	defer p.inputMu.RUnlock()
