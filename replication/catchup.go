@@ -69,7 +69,6 @@ func (c *catchUpReader) onSocket(conn net.Conn) {
 	switch conn.(type) {
 	case *net.TCPConn, *net.UnixConn:
 		c.plain.Store(true)
-
 	}
 }
 
@@ -78,10 +77,7 @@ func (c *catchUpReader) observe(at, serverEnd pglogrepl.LSN) {
 	if c == nil {
 		return // a stream tested without a connection
 	}
-	behind := serverEnd > at && serverEnd-at > catchUpBehind
-	if c.behind.Load() != behind {
-		c.behind.Store(behind)
-	}
+	c.behind.Store(serverEnd > at && serverEnd-at > catchUpBehind)
 }
 
 // newCatchUpReader wraps r (the connection) in a reader that batches while

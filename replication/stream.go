@@ -141,11 +141,13 @@ func (s *Stream) Identity() Identity { return s.identity }
 // Any goroutine; used by /readyz.
 func (s *Stream) Streaming() bool { return s.streaming.Load() }
 
-// tellCatchUp calls OnCatchUp when the stream started or stopped catching up.
-func (s *Stream) tellCatchUp() {
+// track judges, with the stream at at, whether it is catching up, and
+// tells the metric, the log and OnCatchUp when that changed.
+func (s *Stream) track(at pglogrepl.LSN) {
 	if s.catchUp == nil {
-		return
+		return // a stream tested without a connection
 	}
+	s.catchUp.observe(at, pglogrepl.LSN(s.serverEnd.Load()))
 	if b := s.catchUp.behind.Load(); b != s.catchingUp {
 		s.catchingUp = b
 		if b {
@@ -164,10 +166,13 @@ func (s *Stream) tellCatchUp() {
 // ServerAt tells the stream that the server's WAL reached end (a
 // heartbeat's position): far ahead of the stream, it reads in batches (see
 // catchUpReader). Safe from any goroutine.
-func (s *Stream) ServerAt(end pglogrepl.LSN) {
+func (s *Stream) ServerAt(end pglogrepl.LSN) { raise(&s.serverEnd, uint64(end)) }
+
+// raise sets a to v if v is larger; safe from any goroutine.
+func raise(a *atomic.Uint64, v uint64) {
 	for {
-		cur := s.serverEnd.Load()
-		if uint64(end) <= cur || s.serverEnd.CompareAndSwap(cur, uint64(end)) {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
 			return
 		}
 	}
@@ -502,8 +507,7 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 		s.observe(ka.ServerWALEnd)
 		// The walsender has read the WAL up to ServerWALEnd: a stream whose
 		// last messages were far behind may have caught up since.
-		s.catchUp.observe(ka.ServerWALEnd, pglogrepl.LSN(s.serverEnd.Load()))
-		s.tellCatchUp()
+		s.track(ka.ServerWALEnd)
 		// Every XLogData before this keepalive was handled on this goroutine,
 		// so the progress can judge whether it is idle.
 		s.progress.AdvanceIdle(ka.ServerWALEnd)
@@ -519,8 +523,7 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 		}
 		s.observe(xld.WALStart)
 		// Not xld.ServerWALEnd: a logical walsender sends WALStart there.
-		s.catchUp.observe(xld.WALStart, pglogrepl.LSN(s.serverEnd.Load()))
-		s.tellCatchUp()
+		s.track(xld.WALStart)
 		if err := h(ctx, xld.WALStart, xld.WALData); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -535,12 +538,7 @@ func (s *Stream) handleCopyData(ctx context.Context, h Handler, data []byte) err
 }
 
 func (s *Stream) observe(lsn pglogrepl.LSN) {
-	for {
-		cur := s.received.Load()
-		if uint64(lsn) <= cur || s.received.CompareAndSwap(cur, uint64(lsn)) {
-			break
-		}
-	}
+	raise(&s.received, uint64(lsn))
 	s.metrics.received.Set(float64(s.received.Load()))
 }
 

@@ -412,9 +412,8 @@ func (d *direct) brokerFor(b *sarama.Broker) *dbroker {
 // while the replication stream catches up (Producer.CatchingUp). One
 // request in flight batches whatever arrives during a round trip, but a
 // broker on the same host answers in a few hundred microseconds: a backlog
-// of one-row transactions went out a few records per request (29k requests
-// for 200k events), and the drain ran at under half the speed of the
-// sarama producer with its 1 ms linger. Live traffic is not held: an event
+// of one-row transactions went out in about three times as many requests
+// (806 against 265 for 200k events), each one broker CPU. Live traffic is not held: an event
 // goes out as soon as no request is in flight.
 const catchUpGap = 5 * time.Millisecond
 
@@ -430,12 +429,14 @@ func (d *direct) send(db *dbroker) {
 			return
 		case <-db.wake:
 		}
-		if gap := catchUpGap - time.Since(last); d.catchingUp.Load() && gap > 0 {
-			pace.Reset(gap) // records queued meanwhile go in the same request
-			select {
-			case <-d.stopped:
-				return
-			case <-pace.C:
+		if d.catchingUp.Load() { // live traffic reads no clock and waits for nothing
+			if gap := catchUpGap - time.Since(last); gap > 0 {
+				pace.Reset(gap) // records queued meanwhile go in the same request
+				select {
+				case <-d.stopped:
+					return
+				case <-pace.C:
+				}
 			}
 		}
 		d.mu.Lock()
