@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -18,9 +20,20 @@ import (
 // read full buffers, and doubled the walsender's CPU per event. While the
 // stream is catching up (the server's WAL end well ahead of what was
 // received, so what arrives is old anyway), a read that found little
-// waits a moment first and lets the socket fill; the reads then take up
-// to catchUpBuffer bytes at a time.
-// Live traffic (the server's WAL end near the stream) reads at once.
+// first lets the socket fill; the reads then take up to catchUpBuffer
+// bytes at a time. Live traffic (the server's WAL end near the stream)
+// reads at once.
+//
+// On TCP (Linux) the kernel does the waiting: with SO_RCVLOWAT at
+// catchUpMark the poller wakes the reader only once that much is queued,
+// one wake-up per ~40 rows instead of one per few, and a timer lowers the
+// mark after catchUpMaxWait so the tail of a backlog (or a walsender busy
+// decoding other tables) is not held. Measured against a 50 us sleep
+// after a short read (500k events of 100 rows/txn, alternating runs):
+// context switches 0.2-0.3x, relay CPU per event 0.67-0.80x, events/s
+// 1.1-1.17x; 1-row transactions 0.7-0.8x the CPU at the same speed. On a
+// Unix socket, whose readiness ignores the mark, the reader sleeps
+// catchUpWait before the read instead.
 //
 // Only on a plain socket, where a read returns all the bytes that arrived:
 // a TLS connection returns one record per read, and the walsender writes a
@@ -30,10 +43,8 @@ const (
 	// at the start of a session, then each heartbeat) counts as catching
 	// up: several transactions of 100 outbox rows.
 	catchUpBehind = 256 << 10
-	// catchUpWait is the least pause before a read that follows a short
-	// one: other goroutines run meanwhile, and in an idle process the timer
-	// fires with the next network event (the runtime's poller sleeps in
-	// milliseconds). Measured in drains, 500 us let the walsender fill the
+	// catchUpWait is the pause before a read that follows a short one on a
+	// Unix socket. Measured in drains, 500 us let the walsender fill the
 	// socket's receive window and wait on it (6% fewer events/s); 50 us did
 	// not.
 	catchUpWait = 50 * time.Microsecond
@@ -41,6 +52,11 @@ const (
 	// of the walsender would otherwise read once per message.
 	catchUpShort  = 16 << 10
 	catchUpBuffer = 64 << 10
+	// catchUpMark is the receive low-water mark while catching up: half
+	// the buffer, so the walsender never waits on a full window meanwhile.
+	catchUpMark = 32 << 10
+	// catchUpMaxWait bounds a wait for the mark.
+	catchUpMaxWait = time.Millisecond
 )
 
 // catchUpReader sits under pgproto3's reader on the replication connection.
@@ -52,22 +68,94 @@ type catchUpReader struct {
 	behind atomic.Bool
 	short  atomic.Bool // the last read returned less than catchUpShort
 	waits  atomic.Uint64
+
+	raw     syscall.RawConn // a TCP socket whose mark can be set, else nil
+	timer   *time.Timer     // lowers the mark after maxWait
+	maxWait time.Duration   // catchUpMaxWait; tests lengthen it
+	mu      sync.Mutex      // the mark: the reader and the timer set it
+	mark    int             // SO_RCVLOWAT now
+	armed   bool            // a wait for the mark is in progress
 }
 
 func (c *catchUpReader) Read(p []byte) (int, error) {
-	if c.short.Load() && c.behind.Load() && c.plain.Load() {
+	behind := c.behind.Load()
+	if behind && c.short.Load() && c.plain.Load() {
 		c.waits.Add(1)
-		time.Sleep(catchUpWait)
+		if c.raw != nil {
+			c.fill()
+		} else {
+			time.Sleep(catchUpWait)
+		}
+	} else if !behind && c.raw != nil {
+		c.setMark(1) // live: wake on the first byte again
 	}
 	n, err := c.r.Read(p)
 	c.short.Store(n < catchUpShort)
 	return n, err
 }
 
+// fill waits, without reading, until catchUpMark bytes are queued on the
+// socket, catchUpMaxWait passed or the connection's read deadline did (the
+// read after it then fails as it would have). The read itself goes through
+// pgconn's reader as always.
+func (c *catchUpReader) fill() {
+	c.mu.Lock()
+	c.armed = true
+	c.mu.Unlock()
+	c.setMark(catchUpMark)
+	c.timer.Reset(c.maxWait)
+	waited := false
+	_ = c.raw.Read(func(uintptr) bool {
+		if waited {
+			return true // readable, or the mark was lowered with bytes queued
+		}
+		waited = true
+		return false // park on the poller until the socket is readable
+	})
+	c.timer.Stop()
+	c.mu.Lock()
+	c.armed = false
+	c.mu.Unlock()
+}
+
+// lower is the timer's: a wait past catchUpMaxWait takes what is queued.
+// Lowering SO_RCVLOWAT wakes the poller if bytes are there (Linux checks
+// the queue against the new mark at once).
+func (c *catchUpReader) lower() {
+	c.mu.Lock()
+	armed := c.armed
+	c.mu.Unlock()
+	if armed {
+		c.setMark(1)
+	}
+}
+
+func (c *catchUpReader) setMark(v int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mark == v {
+		return
+	}
+	c.mark = v
+	_ = c.raw.Control(func(fd uintptr) { setLowWater(fd, v) })
+}
+
 // onSocket enables the waits if conn is a plain socket (see above).
 func (c *catchUpReader) onSocket(conn net.Conn) {
-	switch conn.(type) {
-	case *net.TCPConn, *net.UnixConn:
+	switch conn := conn.(type) {
+	case *net.TCPConn:
+		c.plain.Store(true)
+		if !lowWaterWakes || conn.RemoteAddr() == nil {
+			return // no mark here (or no socket: a test's zero conn)
+		}
+		raw, err := conn.SyscallConn()
+		if err != nil {
+			return
+		}
+		c.raw, c.mark, c.maxWait = raw, 1, catchUpMaxWait
+		c.timer = time.AfterFunc(time.Hour, c.lower)
+		c.timer.Stop()
+	case *net.UnixConn:
 		c.plain.Store(true)
 	}
 }
