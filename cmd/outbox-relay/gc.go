@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"runtime"
 	"runtime/debug"
 )
 
@@ -45,32 +44,4 @@ func tuneGC(maxInflightBytes int64) (percent int, limit int64) {
 	percent = debug.SetGCPercent(-1)
 	debug.SetGCPercent(percent)
 	return percent, debug.SetMemoryLimit(-1)
-}
-
-// defaultProcs is GOMAXPROCS of `outbox-relay run` when the environment
-// does not set it. The relay is one pipeline (the replication loop decodes
-// and queues, one sender per broker encodes, its response reader acks), so
-// more processors buy little parallelism but cost hand-offs between
-// threads: a goroutine woken on an idle P wakes another thread, and every
-// idle-to-busy turn restarts the runtime's monitor thread at 20 us ticks.
-// Measured on 2 cores beside PostgreSQL and Kafka, alternating runs of the
-// same binary, 1 against Go's default (2): 100-row drain 0.79-0.93x the
-// CPU per event at 0.97-1.22x the events/s; 1-row drain 0.78-0.94x at
-// 0.99-1.17x; zstd 0.81-0.92x at 1.18x; 1,000 events/s 0.82x; 5,000
-// events/s 0.79-0.86x (make bench: 0.90x, 0.76x and 0.82x). One core covers
-// about 200k events/s of relay work, above what one walsender sends.
-const defaultProcs = 1
-
-// procsTuning is the GOMAXPROCS of `run`; set is false when the standard
-// GOMAXPROCS environment variable names it (the runtime already applied it).
-func procsTuning(getenv func(string) string) (procs int, set bool) {
-	return defaultProcs, getenv("GOMAXPROCS") == ""
-}
-
-// tuneProcs applies procsTuning and returns GOMAXPROCS in effect.
-func tuneProcs() int {
-	if n, set := procsTuning(os.Getenv); set {
-		runtime.GOMAXPROCS(n)
-	}
-	return runtime.GOMAXPROCS(0)
 }

@@ -25,22 +25,3 @@ func TestGCTuning(t *testing.T) {
 		})
 	}
 }
-
-func TestProcsTuning(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		env   map[string]string
-		procs int
-		set   bool
-	}{
-		{name: "default: one processor", procs: 1, set: true},
-		{name: "GOMAXPROCS set: the runtime's", env: map[string]string{"GOMAXPROCS": "4"}, procs: 1, set: false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			n, set := procsTuning(func(k string) string { return tc.env[k] })
-			if n != tc.procs || set != tc.set {
-				t.Errorf("procsTuning = %d %v, want %d %v", n, set, tc.procs, tc.set)
-			}
-		})
-	}
-}

@@ -204,9 +204,7 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	log = log.With().Str("slot", cfg.Postgres.Slot).Logger()
 	log.Info().Str("version", version).Str("config", cfg.redacted()).Msg("starting outbox-relay")
 	gcPercent, memLimit := tuneGC(cfg.InFlight.MaxBytes)
-	procs := tuneProcs()
-	log.Info().Int("gogc", gcPercent).Int64("gomemlimit", memLimit).Int("gomaxprocs", procs).
-		Msg("go runtime settings (GOGC, GOMEMLIMIT, GOMAXPROCS override them)")
+	log.Info().Int("gogc", gcPercent).Int64("gomemlimit", memLimit).Msg("go runtime GC pacing (GOGC, GOMEMLIMIT override it)")
 	logRetention(cfg, log)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
