@@ -74,7 +74,6 @@ type catchUpReader struct {
 	maxWait time.Duration   // catchUpMaxWait; tests lengthen it
 	mu      sync.Mutex      // the mark: the reader and the timer set it
 	mark    int             // SO_RCVLOWAT now
-	armed   bool            // a wait for the mark is in progress
 }
 
 func (c *catchUpReader) Read(p []byte) (int, error) {
@@ -99,9 +98,6 @@ func (c *catchUpReader) Read(p []byte) (int, error) {
 // read after it then fails as it would have). The read itself goes through
 // pgconn's reader as always.
 func (c *catchUpReader) fill() {
-	c.mu.Lock()
-	c.armed = true
-	c.mu.Unlock()
 	c.setMark(catchUpMark)
 	c.timer.Reset(c.maxWait)
 	waited := false
@@ -113,22 +109,13 @@ func (c *catchUpReader) fill() {
 		return false // park on the poller until the socket is readable
 	})
 	c.timer.Stop()
-	c.mu.Lock()
-	c.armed = false
-	c.mu.Unlock()
 }
 
 // lower is the timer's: a wait past catchUpMaxWait takes what is queued.
 // Lowering SO_RCVLOWAT wakes the poller if bytes are there (Linux checks
-// the queue against the new mark at once).
-func (c *catchUpReader) lower() {
-	c.mu.Lock()
-	armed := c.armed
-	c.mu.Unlock()
-	if armed {
-		c.setMark(1)
-	}
-}
+// the queue against the new mark at once). A timer that fires after its
+// wait ended is harmless: every wait sets the mark first.
+func (c *catchUpReader) lower() { c.setMark(1) }
 
 func (c *catchUpReader) setMark(v int) {
 	c.mu.Lock()
@@ -145,12 +132,12 @@ func (c *catchUpReader) onSocket(conn net.Conn) {
 	switch conn := conn.(type) {
 	case *net.TCPConn:
 		c.plain.Store(true)
-		if !lowWaterWakes || conn.RemoteAddr() == nil {
-			return // no mark here (or no socket: a test's zero conn)
+		if !lowWaterWakes {
+			return // the reader sleeps instead
 		}
 		raw, err := conn.SyscallConn()
 		if err != nil {
-			return
+			return // no socket (a test's zero conn): the reader sleeps
 		}
 		c.raw, c.mark, c.maxWait = raw, 1, catchUpMaxWait
 		c.timer = time.AfterFunc(time.Hour, c.lower)
