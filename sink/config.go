@@ -36,7 +36,8 @@ type Config struct {
 	// poison (dead-letter reason topic_not_allowed).
 	TopicAllowlist []string `yaml:"topic_allowlist"`
 	// Producer is the produce engine: "direct" (default; "" too), the
-	// relay's own on sarama's Broker API (direct.go), or "sarama", sarama's
+	// relay's own (direct.go: sarama's client for metadata, its own
+	// connections for produce requests, wire.go), or "sarama", sarama's
 	// AsyncProducer. Both speak the same idempotent, acks=all protocol;
 	// direct spares each record about six goroutine hand-offs (bench: 0.77x
 	// the relay CPU per event in a 100-row drain, 0.74x at 1k events/s).

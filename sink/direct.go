@@ -12,13 +12,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// direct is the producer engine of kafka.producer: direct. It speaks to the
-// partition leaders through sarama's Broker API and keeps what sarama's
+// direct is the producer engine of kafka.producer: direct. It takes
+// metadata and producer ids from sarama's client and sends produce
+// requests on connections of its own (wire.go). What sarama's
 // AsyncProducer spreads over a chain of goroutines per topic, partition and
-// broker (each record crosses six channels there) in one lock: Publish
-// queues the record on its partition, the broker's sender builds one
-// ProduceRequest from every partition that has records and nothing in
-// flight, and the broker's response reader completes the records. At a low
+// broker (each record crosses six channels there) it keeps in one lock:
+// Publish queues the record on its partition, and the broker's sender
+// builds one request from every partition that has records and nothing in
+// flight, sends it and completes the records with the response. At a low
 // rate that is two goroutine wake-ups per record instead of about eight; in
 // a drain the batches are as large as what queued while the last request
 // was in flight.
@@ -36,15 +37,16 @@ import (
 // fails alone: the broker did not take its sequence numbers, so the next
 // batch reuses them.
 type direct struct {
-	client   sarama.Client
-	codec    sarama.CompressionCodec
-	level    int
-	version  int16 // ProduceRequest version
-	timeout  int32 // ms the broker waits for the replicas (acks=all)
-	maxBatch int   // bytes in one record batch: kafka.max_message_bytes
-	maxReq   int   // bytes in one request
-	retryMax int
-	retry    backoff.Policy
+	client      sarama.Client
+	sc          *sarama.Config // dialing the brokers: TLS, SASL, timeouts
+	codec       sarama.CompressionCodec
+	level       int
+	wireVersion int16 // Produce version of the requests (wire)
+	timeout     int32 // ms the broker waits for the replicas (acks=all)
+	maxBatch    int   // bytes in one record batch: kafka.max_message_bytes
+	maxReq      int   // bytes in one request
+	retryMax    int
+	retry       backoff.Policy
 	// complete reports the verdict on records of one topic (Producer.complete):
 	// metrics, then each Message.Done; no records: a failed attempt that is
 	// retried, for the metrics. Called without mu held.
@@ -97,18 +99,24 @@ type dpart struct {
 type dbatch struct {
 	part     *dpart
 	msgs     []*Message
-	rb       sarama.RecordBatch
+	first    int64 // timestamp of the first record, ms since the epoch
+	maxDelta int64 // the last timestamp's distance from it, ms
+	pid      int64
+	epoch    int16
+	seq      int32 // the first record's sequence number
 	size     int
 	attempts int
+	got      bool  // the last response answered for the batch
+	err      error // and this was its answer
 }
 
 type dbroker struct {
-	b     *sarama.Broker
+	b     *sarama.Broker // the leader as sarama's metadata knows it: its address
+	w     *wire          // the sender's connection, nil until dialed or after an error
 	wake  chan struct{}
 	ready []*dpart // partitions with queued records or a resend due
 	spare []*dpart // build's other list, so it never writes the one it reads
 	busy  bool     // a request is in flight
-	dead  bool     // a network error: close and reopen before the next request
 }
 
 // Record size bounds as sarama counts them, so a batch never exceeds
@@ -121,8 +129,8 @@ const (
 )
 
 func newDirect(client sarama.Client, sc *sarama.Config, cfg Config, complete func(string, []*Message, error)) *direct {
-	d := &direct{client: client, codec: sc.Producer.Compression, level: sc.Producer.CompressionLevel,
-		version: produceVersion(sc.Version), timeout: int32(sc.Producer.Timeout / time.Millisecond),
+	d := &direct{client: client, sc: sc, codec: sc.Producer.Compression, level: sc.Producer.CompressionLevel,
+		wireVersion: wireVersion(sc.Version), timeout: int32(sc.Producer.Timeout / time.Millisecond),
 		maxBatch: cfg.MaxMessageBytes, maxReq: max(maxRequest, 2*cfg.MaxMessageBytes),
 		retryMax: cfg.RetryMax, retry: backoff.Policy{Initial: 100 * time.Millisecond, Max: cfg.RetryBackoffMax},
 		complete: complete, pid: -1, epoch: -1, newPID: true,
@@ -444,34 +452,55 @@ func (d *direct) send(db *dbroker) {
 			d.mu.Unlock()
 			continue
 		}
-		if db.dead {
-			db.dead = false
-			d.mu.Unlock()
-			_ = db.b.Close() // the connection broke: reopen it for this request
-			_ = db.b.Open(d.client.Config())
-			d.mu.Lock()
-		}
 		batches := d.build(db)
 		if len(batches) == 0 {
 			d.mu.Unlock()
 			continue
 		}
 		db.busy = true
+		w := db.w
 		d.mu.Unlock()
 		last = time.Now()
-		if d.requests != nil {
-			d.requests.Inc()
+		var err error
+		if w != nil && w.expired(last) {
+			w.close() // the SASL session ends soon: a new connection authenticates again
+			w = nil
 		}
-		req := &sarama.ProduceRequest{RequiredAcks: sarama.WaitForAll, Timeout: d.timeout, Version: d.version}
-		for _, b := range batches {
-			req.AddBatch(b.part.topic.name, b.part.id, &b.rb)
+		if w == nil {
+			w, err = dialWire(db.b.Addr(), d.sc)
+			d.mu.Lock()
+			db.w = w
+			if w != nil && d.isStopped() {
+				w.close() // stop closed the connections it knew
+			}
+			d.mu.Unlock()
 		}
-		err := db.b.AsyncProduce(req, func(res *sarama.ProduceResponse, err error) {
-			d.answer(db, batches, res, err)
-		})
-		if err != nil {
-			d.answer(db, batches, nil, err) // not sent: no callback comes
+		if err == nil {
+			if d.requests != nil {
+				d.requests.Inc()
+			}
+			err = w.produce(d, batches)
+			if err != nil {
+				w.close() // the stream is out of step: the next request dials again
+				d.mu.Lock()
+				db.w = nil
+				d.mu.Unlock()
+			}
 		}
+		if err != nil && d.isStopped() {
+			return // stop closed the connection: what is in flight stays unconfirmed
+		}
+		d.answer(db, batches, err)
+	}
+}
+
+// isStopped reports whether stop ran.
+func (d *direct) isStopped() bool {
+	select {
+	case <-d.stopped:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -540,44 +569,20 @@ func (d *direct) newBatch(p *dpart) *dbatch {
 		n++
 		hdrs += len(m.Headers)
 	}
-	b := &dbatch{part: p, msgs: p.queue[:n:n], size: size}
+	b := &dbatch{part: p, msgs: p.queue[:n:n], size: size, pid: p.pid, epoch: p.epoch, seq: p.seq}
 	p.queue = p.queue[n:]
 	if len(p.queue) == 0 {
 		p.queue = nil // let the backing array go with the batch
 	}
-	// One allocation each for the records, their pointers and the header
-	// pointers of the whole batch.
-	recs := make([]sarama.Record, n)
-	ptrs := make([]*sarama.Record, n)
-	hp := make([]*sarama.RecordHeader, hdrs)
-	first := b.msgs[0].Timestamp
-	if first.IsZero() {
-		first = time.Now()
+	b.first = b.msgs[0].Timestamp.UnixMilli()
+	if b.msgs[0].Timestamp.IsZero() {
+		b.first = time.Now().UnixMilli()
 	}
-	first = first.Truncate(time.Millisecond)
-	var maxDelta time.Duration
-	for i, m := range b.msgs {
-		ts := m.Timestamp
-		if ts.IsZero() {
-			ts = first
+	for _, m := range b.msgs[1:] {
+		if !m.Timestamp.IsZero() {
+			b.maxDelta = max(b.maxDelta, m.Timestamp.UnixMilli()-b.first)
 		}
-		delta := ts.Truncate(time.Millisecond).Sub(first)
-		maxDelta = max(maxDelta, delta)
-		r := &recs[i]
-		r.Key, r.Value, r.TimestampDelta, r.OffsetDelta = m.Key, m.Value, delta, int64(i)
-		if len(m.Headers) > 0 {
-			h := hp[:len(m.Headers):len(m.Headers)]
-			hp = hp[len(m.Headers):]
-			for j := range m.Headers {
-				h[j] = &m.Headers[j]
-			}
-			r.Headers = h
-		}
-		ptrs[i] = r
 	}
-	b.rb = sarama.RecordBatch{Version: 2, Codec: d.codec, CompressionLevel: d.level,
-		FirstTimestamp: first, MaxTimestamp: first.Add(maxDelta), LastOffsetDelta: int32(n - 1),
-		ProducerID: p.pid, ProducerEpoch: p.epoch, FirstSequence: p.seq, Records: ptrs}
 	p.seq = int32((int64(p.seq) + int64(n)) % (1 << 31)) // wraps to 0 after MaxInt32, as the broker expects
 	p.batch, p.sent = b, true
 	return b
@@ -587,7 +592,7 @@ func (d *direct) newBatch(p *dpart) *dbatch {
 // stands for it). It runs on the broker's response reader, which must not
 // call the broker: anything that needs it (metadata, a new connection) goes
 // to a fix goroutine or the sender.
-func (d *direct) answer(db *dbroker, batches []*dbatch, res *sarama.ProduceResponse, reqErr error) {
+func (d *direct) answer(db *dbroker, batches []*dbatch, reqErr error) {
 	type verdict struct {
 		topic string
 		msgs  []*Message
@@ -604,12 +609,11 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, res *sarama.ProduceRespo
 		p.sent = false
 		err := reqErr
 		if err == nil {
-			blk := res.GetBlock(p.topic.name, p.id)
 			switch {
-			case blk == nil:
+			case !b.got:
 				err = sarama.ErrIncompleteResponse
-			case !errors.Is(blk.Err, sarama.ErrNoError):
-				err = blk.Err
+			case b.err != nil:
+				err = b.err
 			}
 		}
 		if err == nil {
@@ -627,9 +631,6 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, res *sarama.ProduceRespo
 			// Resend as it is: same producer id and sequence numbers, so a
 			// batch the broker did write is dropped as a duplicate.
 			p.due = now.Add(d.retry.Delay(b.attempts))
-			if reason == "network" && reqErr != nil {
-				db.dead = true
-			}
 			p.leader = nil // the leader may have moved: look it up again
 			unready(db, p)
 			fixes[p.topic] = true
@@ -638,7 +639,7 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, res *sarama.ProduceRespo
 			// The broker refused the batch: its sequence numbers were not
 			// taken, the next batch starts with them.
 			p.batch = nil
-			p.seq = b.rb.FirstSequence
+			p.seq = b.seq
 			done = append(done, verdict{p.topic.name, b.msgs, err})
 			if w := d.markReady(p); w != nil {
 				wakes[w] = true
@@ -653,9 +654,6 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, res *sarama.ProduceRespo
 			p.queue = nil
 			done = append(done, verdict{p.topic.name, msgs, err})
 			d.newPID = true
-			if reqErr != nil {
-				db.dead = true
-			}
 		}
 	}
 	if len(db.ready) > 0 {
@@ -785,10 +783,13 @@ func (d *direct) close() {
 func (d *direct) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	select {
-	case <-d.stopped:
-	default:
+	if !d.isStopped() {
 		close(d.stopped)
+	}
+	for _, db := range d.brokers {
+		if db.w != nil {
+			db.w.close() // a sender waiting for a response returns
+		}
 	}
 }
 

@@ -84,37 +84,42 @@ func (d *direct) queueN(t *testing.T, n, size int) []*Message {
 	return out
 }
 
-func produceResponse(kerr sarama.KError) *sarama.ProduceResponse {
-	r := &sarama.ProduceResponse{}
-	r.AddTopicPartition("orders", 0, kerr)
-	return r
+// respond sets what the broker answered for batches (wire.produce does).
+func respond(batches []*dbatch, kerr sarama.KError) []*dbatch {
+	for _, b := range batches {
+		b.got, b.err = true, nil
+		if kerr != sarama.ErrNoError {
+			b.err = kerr
+		}
+	}
+	return batches
 }
 
 func TestDirectBatchesAndSequences(t *testing.T) {
 	d, p, db, v := directRig(t, 5, 1000000)
 	first := d.queueN(t, 3, 10)
 	b1 := d.build(db)
-	if len(b1) != 1 || len(b1[0].msgs) != 3 || b1[0].rb.FirstSequence != 0 || b1[0].rb.ProducerID != 1000 || b1[0].rb.LastOffsetDelta != 2 {
+	if len(b1) != 1 || len(b1[0].msgs) != 3 || b1[0].seq != 0 || b1[0].pid != 1000 {
 		t.Fatalf("first batch: %+v", b1)
 	}
-	if got := b1[0].rb.MaxTimestamp.Sub(b1[0].rb.FirstTimestamp); got != 2*time.Millisecond {
-		t.Errorf("max timestamp delta %s, want 2ms", got)
+	if got := b1[0].maxDelta; got != 2 {
+		t.Errorf("max timestamp delta %d ms, want 2", got)
 	}
 	second := d.queueN(t, 2, 10) // queued while the first is in flight
 	if again := d.build(db); len(again) != 0 {
 		t.Fatalf("built %d batches while one is in flight on the partition", len(again))
 	}
-	d.answer(db, b1, produceResponse(sarama.ErrNoError), nil)
+	d.answer(db, respond(b1, sarama.ErrNoError), nil)
 	for _, m := range first {
 		if errs := v.done[m]; len(errs) != 1 || errs[0] != nil || m.Partition != 0 {
 			t.Fatalf("acked record: verdicts %v partition %d", errs, m.Partition)
 		}
 	}
 	b2 := d.build(db)
-	if len(b2) != 1 || len(b2[0].msgs) != 2 || b2[0].rb.FirstSequence != 3 {
-		t.Fatalf("second batch: %d batches, first sequence %d", len(b2), b2[0].rb.FirstSequence)
+	if len(b2) != 1 || len(b2[0].msgs) != 2 || b2[0].seq != 3 {
+		t.Fatalf("second batch: %d batches, first sequence %d", len(b2), b2[0].seq)
 	}
-	d.answer(db, b2, produceResponse(sarama.ErrNoError), nil)
+	d.answer(db, respond(b2, sarama.ErrNoError), nil)
 	if d.pending != 0 || p.seq != 5 || len(v.done[second[1]]) != 1 {
 		t.Fatalf("pending %d seq %d", d.pending, p.seq)
 	}
@@ -145,8 +150,8 @@ func TestDirectSequenceWraps(t *testing.T) {
 	p.pid, p.epoch, p.seq = d.pid, d.epoch, math.MaxInt32-1
 	d.queueN(t, 2, 1)
 	b := d.build(db)
-	if b[0].rb.FirstSequence != math.MaxInt32-1 || p.seq != 1 {
-		t.Fatalf("first sequence %d, next %d; want %d and 1", b[0].rb.FirstSequence, p.seq, math.MaxInt32-1)
+	if b[0].seq != math.MaxInt32-1 || p.seq != 1 {
+		t.Fatalf("first sequence %d, next %d; want %d and 1", b[0].seq, p.seq, math.MaxInt32-1)
 	}
 }
 
@@ -161,11 +166,10 @@ func TestDirectErrors(t *testing.T) {
 		failQueue bool // the records queued behind it fail too
 		seqAfter  int32
 		newPID    bool
-		dead      bool
 	}{
 		{name: "leader moved: resend as is", retryMax: 5, kerr: sarama.ErrNotLeaderForPartition, resent: true, seqAfter: 3},
 		{name: "network: resend as is on a new connection", retryMax: 5, reqErr: errors.New("read tcp: connection reset by peer: " + sarama.ErrNotConnected.Error()),
-			resent: true, seqAfter: 3, dead: true},
+			resent: true, seqAfter: 3},
 		{name: "retries exhausted: fail, new producer id", retryMax: 0, kerr: sarama.ErrNotEnoughReplicas, failQueue: true, seqAfter: 3, newPID: true},
 		{name: "sequence out of order: fail, new producer id", retryMax: 5, kerr: sarama.ErrOutOfOrderSequenceNumber, failQueue: true, seqAfter: 3, newPID: true},
 		{name: "refused: fail alone, sequence taken back", retryMax: 5, kerr: sarama.ErrMessageSizeTooLarge, seqAfter: 0},
@@ -177,16 +181,15 @@ func TestDirectErrors(t *testing.T) {
 			batch := d.queueN(t, 3, 10)
 			b := d.build(db)
 			queued := d.queueN(t, 2, 10)
-			var res *sarama.ProduceResponse
 			reqErr := tc.reqErr
 			if reqErr == nil {
-				res = produceResponse(tc.kerr)
+				respond(b, tc.kerr)
 			} else {
 				reqErr = fmt.Errorf("wrapped: %w", sarama.ErrNotConnected)
 			}
-			d.answer(db, b, res, reqErr)
-			if p.seq != tc.seqAfter || d.newPID != tc.newPID || db.dead != tc.dead {
-				t.Errorf("seq %d newPID %v dead %v; want %d %v %v", p.seq, d.newPID, db.dead, tc.seqAfter, tc.newPID, tc.dead)
+			d.answer(db, b, reqErr)
+			if p.seq != tc.seqAfter || d.newPID != tc.newPID {
+				t.Errorf("seq %d newPID %v; want %d %v", p.seq, d.newPID, tc.seqAfter, tc.newPID)
 			}
 			if tc.resent {
 				if len(v.done) != 0 || len(v.retried) != 1 {
@@ -199,10 +202,10 @@ func TestDirectErrors(t *testing.T) {
 				p.leader, p.due = db, time.Now().Add(-time.Millisecond)
 				d.markReady(p)
 				again := d.build(db)
-				if len(again) != 1 || again[0] != b[0] || again[0].rb.FirstSequence != 0 || len(again[0].msgs) != 3 {
+				if len(again) != 1 || again[0] != b[0] || again[0].seq != 0 || len(again[0].msgs) != 3 {
 					t.Fatalf("resend: %d batches, same %v", len(again), len(again) == 1 && again[0] == b[0])
 				}
-				d.answer(db, again, produceResponse(sarama.ErrNoError), nil)
+				d.answer(db, respond(again, sarama.ErrNoError), nil)
 				if len(v.done) != 3 {
 					t.Fatalf("%d records completed after the resend, want the batch's 3", len(v.done))
 				}
@@ -229,13 +232,13 @@ func TestDirectErrors(t *testing.T) {
 				d.pid, d.newPID = 2000, false
 				d.markReady(p)
 				got := d.build(db)
-				if len(got) != 1 || got[0].rb.ProducerID != 2000 || got[0].rb.FirstSequence != 0 {
+				if len(got) != 1 || got[0].pid != 2000 || got[0].seq != 0 {
 					t.Fatalf("after the new id: %d batches", len(got))
 				}
 				return
 			}
 			got := d.build(db) // the queued records, with the refused batch's sequence numbers
-			if len(got) != 1 || got[0].rb.FirstSequence != 0 || len(got[0].msgs) != 2 {
+			if len(got) != 1 || got[0].seq != 0 || len(got[0].msgs) != 2 {
 				t.Fatalf("after a refusal: %d batches", len(got))
 			}
 		})
