@@ -435,7 +435,11 @@ func (d *delivery) done(err error) {
 	p := d.p
 	if err == nil {
 		if d.letter == nil {
-			p.m.commitToAck.Observe(time.Since(d.commit).Seconds())
+			acked := d.msg.Acked
+			if acked.IsZero() {
+				acked = time.Now()
+			}
+			p.m.commitToAck.Observe(acked.Sub(d.commit).Seconds())
 			p.order.ack(d.msg.Topic, d.msg.Partition, d.pos)
 			p.rewind.settled(d.pos)
 			d.pend.Ack(d.size)

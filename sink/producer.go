@@ -37,7 +37,11 @@ type Message struct {
 	// Partition is set by the producer before Done: where the record went
 	// (or was meant to go), -1 if it failed before a partition was chosen.
 	Partition int32
-	Done      func(err error)
+	// Acked is when the broker's ack came, set before Done(nil) by the
+	// direct engine (one clock read per request, not per record); zero
+	// where an engine does not set it.
+	Acked time.Time
+	Done  func(err error)
 
 	// rec is the sarama record Producer.Publish hands over, kept here so
 	// that publishing allocates nothing per event (the ProducerMessage,
@@ -290,7 +294,9 @@ func (p *Producer) complete(topic string, msgs []*Message, err error) {
 			c, _ = p.published.LoadOrStore(topic, p.metrics.published.WithLabelValues(topic))
 		}
 		c.(prometheus.Counter).Add(float64(len(msgs)))
+		now := time.Now()
 		for _, m := range msgs {
+			m.Acked = now
 			m.Done(nil)
 		}
 		return
