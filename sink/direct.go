@@ -463,7 +463,7 @@ func (d *direct) send(db *dbroker) {
 		last = time.Now()
 		var err error
 		if w != nil && w.expired(last) {
-			w.close() // the SASL session ends soon: a new connection authenticates again
+			w.close() // idle for long, or its SASL session ends soon
 			w = nil
 		}
 		if w == nil {

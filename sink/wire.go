@@ -40,6 +40,7 @@ type wire struct {
 	clientID string
 	corr     int32
 	reauth   time.Time // the SASL session ends: redial before then (zero: never)
+	last     time.Time // the last request
 
 	req  []byte // the request being built, kept between requests
 	raw  []byte // a batch's records before compression
@@ -105,8 +106,18 @@ func dialWire(addr string, sc *sarama.Config) (*wire, error) {
 
 func (w *wire) close() { _ = w.conn.Close() }
 
-// expired reports whether the broker's SASL session is about to end.
-func (w *wire) expired(now time.Time) bool { return !w.reauth.IsZero() && now.After(w.reauth) }
+// wireIdle is how long a connection may stay unused before the next
+// request dials a new one: brokers close idle connections after
+// connections.max.idle.ms (10 minutes by default), and a request on a
+// connection the broker has just closed fails and waits for a retry.
+const wireIdle = 5 * time.Minute
+
+// expired reports whether the connection should be replaced before the
+// next request: the broker's SASL session is about to end, or it has been
+// idle long enough for the broker to close it.
+func (w *wire) expired(now time.Time) bool {
+	return (!w.reauth.IsZero() && now.After(w.reauth)) || (!w.last.IsZero() && now.Sub(w.last) > wireIdle)
+}
 
 // begin starts a request of api/version in w.req after the size field.
 func (w *wire) begin(api, version int16) {
@@ -123,7 +134,8 @@ func (w *wire) begin(api, version int16) {
 // correlation id), valid until the next request.
 func (w *wire) roundTrip(wait time.Duration) ([]byte, error) {
 	binary.BigEndian.PutUint32(w.req, uint32(len(w.req)-4))
-	_ = w.conn.SetWriteDeadline(time.Now().Add(w.sc.Net.WriteTimeout))
+	w.last = time.Now()
+	_ = w.conn.SetWriteDeadline(w.last.Add(w.sc.Net.WriteTimeout))
 	_, err := w.conn.Write(w.req)
 	if cap(w.req) > keepRequestBuffer {
 		w.req = nil // a rare huge request: do not keep its buffer

@@ -216,3 +216,26 @@ func TestWireReadsProduceResponse(t *testing.T) {
 		}
 	}
 }
+
+// A connection is replaced before a request when its SASL session is about
+// to end or when it sat idle long enough for the broker to close it.
+func TestWireExpires(t *testing.T) {
+	now := time.Now()
+	cases := []struct {
+		name   string
+		reauth time.Time
+		last   time.Time
+		want   bool
+	}{
+		{"new", time.Time{}, time.Time{}, false},
+		{"busy", time.Time{}, now.Add(-time.Second), false},
+		{"idle past the limit", time.Time{}, now.Add(-wireIdle - time.Second), true},
+		{"session ahead", now.Add(time.Minute), now, false},
+		{"session over", now.Add(-time.Second), now, true},
+	}
+	for _, tc := range cases {
+		if got := (&wire{reauth: tc.reauth, last: tc.last}).expired(now); got != tc.want {
+			t.Errorf("%s: expired %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
