@@ -100,7 +100,6 @@ type dbatch struct {
 	part     *dpart
 	msgs     []*Message
 	first    int64 // timestamp of the first record, ms since the epoch
-	maxDelta int64 // the last timestamp's distance from it, ms
 	pid      int64
 	epoch    int16
 	seq      int32 // the first record's sequence number
@@ -560,14 +559,13 @@ func (d *direct) newBatch(p *dpart) *dbatch {
 		p.pid, p.epoch, p.seq = d.pid, d.epoch, 0 // a new producer id counts from 0
 	}
 	size := batchOverhead
-	n, hdrs := 0, 0
+	n := 0
 	for _, m := range p.queue {
 		if n > 0 && size+m.size > d.maxBatch {
 			break
 		}
 		size += m.size
 		n++
-		hdrs += len(m.Headers)
 	}
 	b := &dbatch{part: p, msgs: p.queue[:n:n], size: size, pid: p.pid, epoch: p.epoch, seq: p.seq}
 	p.queue = p.queue[n:]
@@ -576,12 +574,7 @@ func (d *direct) newBatch(p *dpart) *dbatch {
 	}
 	b.first = b.msgs[0].Timestamp.UnixMilli()
 	if b.msgs[0].Timestamp.IsZero() {
-		b.first = time.Now().UnixMilli()
-	}
-	for _, m := range b.msgs[1:] {
-		if !m.Timestamp.IsZero() {
-			b.maxDelta = max(b.maxDelta, m.Timestamp.UnixMilli()-b.first)
-		}
+		b.first = time.Now().UnixMilli() // kept: a resend encodes the same batch
 	}
 	p.seq = int32((int64(p.seq) + int64(n)) % (1 << 31)) // wraps to 0 after MaxInt32, as the broker expects
 	p.batch, p.sent = b, true
@@ -589,9 +582,8 @@ func (d *direct) newBatch(p *dpart) *dbatch {
 }
 
 // answer handles the broker's response to batches (or the error that
-// stands for it). It runs on the broker's response reader, which must not
-// call the broker: anything that needs it (metadata, a new connection) goes
-// to a fix goroutine or the sender.
+// stands for it). It runs on the broker's sender, which must not wait for
+// metadata: a leader lookup goes to a fix goroutine.
 func (d *direct) answer(db *dbroker, batches []*dbatch, reqErr error) {
 	type verdict struct {
 		topic string

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -102,7 +103,11 @@ func TestDirectBatchesAndSequences(t *testing.T) {
 	if len(b1) != 1 || len(b1[0].msgs) != 3 || b1[0].seq != 0 || b1[0].pid != 1000 {
 		t.Fatalf("first batch: %+v", b1)
 	}
-	if got := b1[0].maxDelta; got != 2 {
+	enc, err := (&wire{}).appendBatch(nil, d, b1[0]) // v2 batch: first timestamp at 27, max at 35
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := int64(binary.BigEndian.Uint64(enc[35:])) - int64(binary.BigEndian.Uint64(enc[27:])); got != 2 {
 		t.Errorf("max timestamp delta %d ms, want 2", got)
 	}
 	second := d.queueN(t, 2, 10) // queued while the first is in flight

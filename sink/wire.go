@@ -357,15 +357,17 @@ func (w *wire) appendBatch(b []byte, d *direct, bt *dbatch) ([]byte, error) {
 	b = binary.BigEndian.AppendUint16(b, uint16(d.codec)) // attributes: codec, create time, not transactional
 	b = binary.BigEndian.AppendUint32(b, uint32(len(bt.msgs)-1))
 	b = binary.BigEndian.AppendUint64(b, uint64(bt.first))
-	b = binary.BigEndian.AppendUint64(b, uint64(bt.first+bt.maxDelta))
+	maxAt := len(b)
+	b = binary.BigEndian.AppendUint64(b, 0) // max timestamp, known once the records are written
 	b = binary.BigEndian.AppendUint64(b, uint64(bt.pid))
 	b = binary.BigEndian.AppendUint16(b, uint16(bt.epoch))
 	b = binary.BigEndian.AppendUint32(b, uint32(bt.seq))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(bt.msgs)))
+	var maxDelta int64
 	if d.codec == sarama.CompressionNone {
-		b = appendRecords(b, bt)
+		b, maxDelta = appendRecords(b, bt)
 	} else {
-		w.raw = appendRecords(w.raw[:0], bt)
+		w.raw, maxDelta = appendRecords(w.raw[:0], bt)
 		var err error
 		if b, err = w.compress(b, d.codec, d.level, w.raw); err != nil {
 			return b, err
@@ -374,20 +376,24 @@ func (w *wire) appendBatch(b []byte, d *direct, bt *dbatch) ([]byte, error) {
 			w.raw = nil
 		}
 	}
+	binary.BigEndian.PutUint64(b[maxAt:], uint64(bt.first+maxDelta))
 	binary.BigEndian.PutUint32(b[start+8:], uint32(len(b)-start-12))
 	binary.BigEndian.PutUint32(b[crcAt:], crc32.Checksum(b[crcAt+4:], castagnoli))
 	return b, nil
 }
 
-// appendRecords appends bt's records. Each record's size is counted
-// first: its length leads it as a varint.
-func appendRecords(b []byte, bt *dbatch) []byte {
+// appendRecords appends bt's records and returns the largest timestamp
+// delta. Each record's size is counted first: its length leads it as a
+// varint.
+func appendRecords(b []byte, bt *dbatch) ([]byte, int64) {
+	var maxDelta int64
 	for i, m := range bt.msgs {
 		delta := bt.first
 		if !m.Timestamp.IsZero() {
 			delta = m.Timestamp.UnixMilli()
 		}
 		delta -= bt.first
+		maxDelta = max(maxDelta, delta)
 		n := 1 + varintLen(delta) + varintLen(int64(i)) + bytesLen(m.Key) + bytesLen(m.Value) + varintLen(int64(len(m.Headers)))
 		for j := range m.Headers {
 			n += bytesLen(m.Headers[j].Key) + bytesLen(m.Headers[j].Value)
@@ -404,7 +410,7 @@ func appendRecords(b []byte, bt *dbatch) []byte {
 			b = appendVarBytes(b, m.Headers[j].Value)
 		}
 	}
-	return b
+	return b, maxDelta
 }
 
 // compress appends raw compressed with codec, as sarama's producer

@@ -67,8 +67,14 @@ func saramaBytes(t *testing.T, sc *sarama.Config, req *sarama.ProduceRequest) []
 // saramaBatch is the record batch sarama's producer builds for bt.
 func saramaBatch(d *direct, bt *dbatch) *sarama.RecordBatch {
 	first := time.UnixMilli(bt.first)
+	last := first
+	for _, m := range bt.msgs {
+		if ts := m.Timestamp.Truncate(time.Millisecond); ts.After(last) {
+			last = ts
+		}
+	}
 	rb := &sarama.RecordBatch{Version: 2, Codec: d.codec, CompressionLevel: d.level, PartitionLeaderEpoch: -1,
-		FirstTimestamp: first, MaxTimestamp: first.Add(time.Duration(bt.maxDelta) * time.Millisecond),
+		FirstTimestamp: first, MaxTimestamp: last,
 		LastOffsetDelta: int32(len(bt.msgs) - 1), ProducerID: bt.pid, ProducerEpoch: bt.epoch, FirstSequence: bt.seq}
 	for i, m := range bt.msgs {
 		r := &sarama.Record{Key: m.Key, Value: m.Value, OffsetDelta: int64(i)}
