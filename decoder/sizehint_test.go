@@ -76,3 +76,66 @@ func TestEventsSizedLikeLastTxn(t *testing.T) {
 		})
 	}
 }
+
+// TestRecycledEventsReused: the Events slice handed back with Recycle is
+// where the next transaction's events are built; the payloads and headers
+// the recycled events referred to stay as they were.
+func TestRecycledEventsReused(t *testing.T) {
+	d, err := decoder.New("public.outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Decode(lsnAt(0), pt.OutboxRelation()); err != nil {
+		t.Fatal(err)
+	}
+	next := 1
+	txn := func(n int) *decoder.Txn {
+		t.Helper()
+		msgs := [][]byte{pt.Begin(0x100000, uint32(next))}
+		for i := 0; i < n; i++ {
+			id := strconv.Itoa(next + i)
+			msgs = append(msgs, pt.Insert(pt.OutboxID, pt.Row(id, "order", "o-"+id, "created", `{"n":`+id+`}`, pt.Text(`{"k":"v`+id+`"}`))...))
+		}
+		msgs = append(msgs, pt.Commit(0x100000, 0x100100))
+		var out *decoder.Txn
+		for i, m := range msgs {
+			got, err := d.Decode(lsnAt(i+1), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != nil {
+				out = got
+			}
+		}
+		next += n
+		return out
+	}
+	first := txn(5)
+	array := &first.Events[:1][0]
+	payloads, headers := make([][]byte, 5), make([][]decoder.Header, 5)
+	for i := range first.Events {
+		payloads[i], headers[i] = first.Events[i].Payload, first.Events[i].Headers
+	}
+	d.Recycle(first.Events)
+	second := txn(5)
+	if &second.Events[0] != array {
+		t.Errorf("the next transaction's Events is a new slice, want the recycled one")
+	}
+	for i := range second.Events {
+		if id := int64(6 + i); second.Events[i].ID != id || second.Events[i].AggregateID != "o-"+strconv.FormatInt(id, 10) {
+			t.Errorf("event %d of the second transaction: %+v, want id %d", i, second.Events[i], id)
+		}
+	}
+	for i := range payloads {
+		want := `{"n":` + strconv.Itoa(1+i) + `}`
+		if string(payloads[i]) != want || len(headers[i]) != 1 || string(headers[i][0].Value) != "v"+strconv.Itoa(1+i) {
+			t.Errorf("event %d of the recycled transaction now has payload %s headers %v, want %s", i, payloads[i], headers[i], want)
+		}
+	}
+	d.Recycle(second.Events)
+	big := txn(1100) // larger than an Events slice is kept
+	d.Recycle(big.Events)
+	if small := txn(2); &small.Events[0] == &big.Events[:1][0] {
+		t.Errorf("a slice of %d events was kept for reuse", cap(big.Events))
+	}
+}

@@ -81,7 +81,7 @@ func (f *fakeTxn) Commit(context.Context) (error, map[*sink.Message]error) {
 	}
 	if apply {
 		for _, m := range f.open {
-			f.visible = append(f.visible, *m)
+			f.visible = append(f.visible, written(m))
 		}
 	}
 	f.open = nil

@@ -68,12 +68,17 @@ type slab struct {
 
 // newSlab sizes a slab for the records of evs (Record's).
 func newSlab(evs []decoder.Event, commitLSN string) *slab {
-	nh, nb := 0, 0
+	nh, nb := slabSize(evs, commitLSN)
+	return &slab{hs: make([]sarama.RecordHeader, nh), buf: make([]byte, nb)}
+}
+
+// slabSize is how many headers and header bytes the records of evs need.
+func slabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
 	for i := range evs {
 		nh += ownHeaders + len(evs[i].Headers)
 		nb += headerBytes(&evs[i], commitLSN)
 	}
-	return &slab{hs: make([]sarama.RecordHeader, nh), buf: make([]byte, nb)}
+	return nh, nb
 }
 
 // take returns n headers (length own) and nb bytes (length 0) from s, or

@@ -97,6 +97,7 @@ type Pipeline struct {
 	rewind  rewind            // failed events: the stream restarts from the watermark
 	order   orderWatch
 	eos     *exactlyOnce // delivery: exactly_once (the publisher); nil at least once
+	mem     txnPool      // transactions' deliveries and headers, reused
 
 	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
 	otherRows atomic.Uint64
@@ -192,7 +193,11 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	// A Stream Commit hands out its transaction in chunks: the first from
 	// Decode, the others from Next.
 	for txn != nil {
-		if err := p.handleTxn(ctx, txn); err != nil {
+		err := p.handleTxn(ctx, txn)
+		// Nothing keeps the Events slice: each delivery copied what it
+		// needs (its payload and headers are not in the slice).
+		p.dec.Recycle(txn.Events)
+		if err != nil {
 			return err
 		}
 		if txn, err = p.dec.Next(); err != nil {
@@ -225,16 +230,21 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		p.eos.skipped(len(txn.Events))
 		return nil
 	}
-	ds := make([]delivery, len(txn.Events))
 	var bytes int64
 	commitLSN := lsnText(txn.CommitLSN)
 	at := txn.CommitTime
 	if at.IsZero() { // a refused non-transactional message has no commit
 		at = time.Now()
 	}
+	var nh, nb int
+	if p.format != FormatDebezium {
+		nh, nb = slabSize(txn.Events, commitLSN)
+	}
+	mem := p.mem.get(len(txn.Events), nh, nb)
+	ds := mem.ds
 	var sl *slab
 	if p.format != FormatDebezium {
-		sl = newSlab(txn.Events, commitLSN)
+		sl = mem.slab()
 	}
 	// The last topic routed: the events of a transaction mostly share
 	// their table, aggregate_type and event_type, and the router answers
@@ -256,10 +266,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			tmpl = ob.Template
 			p.decodedBy[ev.TableIndex].Add(1)
 		}
-		// Field by field into the zeroed d (ds is new): a composite literal
+		// Field by field into the zeroed d (ds is new or cleared): a composite literal
 		// would copy the whole delivery, its sink.Message included, with
 		// write barriers.
-		d.p, d.id, d.idText, d.table = p, ev.ID, ev.IDText, ev.TableIndex
+		d.p, d.mem, d.id, d.idText, d.table = p, mem, ev.ID, ev.IDText, ev.TableIndex
 		d.mark = ob.Own && fromTable && !message
 		d.lsn, d.txnLSN, d.pos, d.commit = ev.LSN, txn.CommitLSN, pos, at
 		d.size, d.attempts = int64(len(ev.Payload)), p.rewind.attemptsOf(pos)
@@ -324,6 +334,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		d.pend = pend
 		if d.finished {
 			pend.Ack(d.size)
+			d.release()
 			continue
 		}
 		if p.log.Debug().Enabled() {
@@ -357,6 +368,7 @@ func (p *Pipeline) poisonRow(ctx context.Context, d *delivery, reason string, er
 // dead-letter topic. Its Done runs on the producer's goroutines.
 type delivery struct {
 	p        *Pipeline
+	mem      *txnMem // its transaction's memory, reused once every delivery of it settled (release)
 	pend     *checkpoint.Pending
 	msg      sink.Message
 	id       int64
@@ -427,6 +439,7 @@ func (d *delivery) deadLettered() {
 	d.p.rewind.settled(d.pos)
 	d.p.rewind.markDead(d.pos)
 	d.pend.Ack(d.size)
+	d.release()
 }
 
 // done is the broker's verdict on d.msg. It runs on the producer's
@@ -443,6 +456,7 @@ func (d *delivery) done(err error) {
 			p.order.ack(d.msg.Topic, d.msg.Partition, d.pos)
 			p.rewind.settled(d.pos)
 			d.pend.Ack(d.size)
+			d.release()
 			return
 		}
 		p.m.deadLettered.WithLabelValues(d.letter.Reason, d.tableLabel()).Inc()

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -56,7 +57,7 @@ func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
 	s.mu.Lock()
 	s.tries[m.Topic]++
 	n := s.tries[m.Topic]
-	s.sent = append(s.sent, *m)
+	s.sent = append(s.sent, written(m))
 	s.mu.Unlock()
 	if s.answer == nil {
 		s.held <- m
@@ -64,6 +65,19 @@ func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
 	}
 	go m.Done(s.answer(m.Topic, n))
 	return nil
+}
+
+// written is what a broker keeps of m: a copy of its bytes. The pipeline
+// reuses a transaction's Messages and headers once all of them are acked,
+// so a test that looks at records after their ack needs the copy.
+func written(m *sink.Message) sink.Message {
+	c := *m
+	c.Key, c.Value = bytes.Clone(m.Key), bytes.Clone(m.Value)
+	c.Headers = make([]sarama.RecordHeader, len(m.Headers))
+	for i, h := range m.Headers {
+		c.Headers[i] = sarama.RecordHeader{Key: bytes.Clone(h.Key), Value: bytes.Clone(h.Value)}
+	}
+	return c
 }
 
 func (s *scriptedPublisher) snapshot() ([]sink.Message, map[string]int) {

@@ -43,19 +43,25 @@ type Message struct {
 	Acked time.Time
 	Done  func(err error)
 
-	// rec is the sarama record Producer.Publish hands over, kept here so
-	// that publishing allocates nothing per event (the ProducerMessage,
-	// and the Key and Value interface values, which point into it). A
-	// Message is published again only after its Done ran, when sarama is
-	// done with rec.
-	rec struct {
-		pm         sarama.ProducerMessage
-		key, value sarama.ByteEncoder
-	}
+	// rec is the sarama record the sarama engine hands over, allocated at
+	// a Message's first Publish and kept, so that publishing it again
+	// (after a failure) allocates nothing (the ProducerMessage, and the Key
+	// and Value interface values, which point into it). A Message is
+	// published again only after its Done ran, when sarama is done with
+	// rec. A pointer, not a field: the direct engine never uses it, and a
+	// Message is part of every event in flight (208 bytes less each).
+	rec *saramaRecord
 	// size bounds the record's bytes in a batch (recordSize), set by the
 	// direct engine's publish so that building the batch need not count
 	// again.
 	size int
+}
+
+// saramaRecord is what the sarama engine's Publish hands to sarama for a
+// Message (Message.rec).
+type saramaRecord struct {
+	pm         sarama.ProducerMessage
+	key, value sarama.ByteEncoder
 }
 
 // Producer wraps a sarama AsyncProducer. New allocates; Run connects
@@ -481,7 +487,10 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	if p.dp != nil {
 		return p.dp.publish(m) // never blocks: the pipeline bounds what is in flight
 	}
-	r := &m.rec
+	if m.rec == nil {
+		m.rec = new(saramaRecord)
+	}
+	r := m.rec
 	r.key, r.value = m.Key, m.Value
 	r.pm = sarama.ProducerMessage{ // every field, also sarama's own (retries), starts afresh
 		Topic:     m.Topic,

@@ -19,9 +19,10 @@ type inputOnly struct {
 func (a *inputOnly) Input() chan<- *sarama.ProducerMessage { return a.in }
 
 // TestPublishAllocatesNothing: Publish hands sarama the record kept in the
-// Message, so it allocates nothing per event (it allocated the
-// ProducerMessage and the Key and Value interface values), and a Message
-// published again starts from a fresh record with its current fields.
+// Message, allocated at its first Publish, so publishing it again allocates
+// nothing (it allocated the ProducerMessage and the Key and Value interface
+// values each time), and a Message published again starts from a fresh
+// record with its current fields.
 func TestPublishAllocatesNothing(t *testing.T) {
 	p, err := New(validConfig(), zerolog.Nop(), nil)
 	if err != nil {

@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/IBM/sarama"
+)
+
+// txnMem is the memory of one transaction's deliveries and of its records'
+// headers (the slab). In a drain it was half of what the relay allocated
+// per event (about 770 of 1,500 bytes), all of it garbage a few
+// milliseconds later: fresh pages to fault in and zero, and collections.
+// Instead the last of the transaction's deliveries to settle (acked, or
+// its dead letter acked) hands it back to the pool, and the next
+// transaction of its size class takes it.
+//
+// A delivery settles exactly once, as the last thing anything does with
+// it: done, deadLettered and the handover of a delivery finished before a
+// rewind end with release. Until every delivery of the transaction has
+// settled, nothing of txnMem is reused, so a delivery held by a queue
+// (retries, row marks), the producer or a halt keeps the whole of it. A
+// transaction abandoned by a rewind (parked, unsent) never reaches zero and
+// is left to the garbage collector.
+type txnMem struct {
+	ds   []delivery
+	hs   []sarama.RecordHeader
+	buf  []byte
+	left atomic.Int32 // deliveries not yet settled
+	pool *txnPool
+}
+
+// txnPool keeps settled txnMems by size class: class c holds 1<<c
+// deliveries. A free list, not a sync.Pool: what it keeps is bounded
+// (keepEvents per class, so a few MiB in all), and it hands back what it
+// was given, which the tests rely on. Transactions above the largest class
+// allocate and are not kept.
+type txnPool struct {
+	mu   sync.Mutex
+	free [txnClasses][]*txnMem
+}
+
+const (
+	// txnClasses bounds the kept transactions at 1<<(txnClasses-1) events
+	// (about 320 KiB of deliveries): a larger one is rare, and keeping it
+	// would hold that much for the next rare one.
+	txnClasses = 11
+	// keepEvents bounds the deliveries kept per class: acks settle
+	// transactions about as fast as new ones come, so a short list serves.
+	keepEvents = 2048
+	// keepHeaderBytes and keepHeaders bound the slab a kept txnMem holds
+	// on to; a larger one (huge headers) is let go.
+	keepHeaderBytes = 1 << 20
+	keepHeaders     = 1 << 16
+)
+
+// get returns a txnMem for n deliveries with its slab sized for nh headers
+// and nb bytes; its deliveries are zero, as a fresh allocation's.
+func (tp *txnPool) get(n, nh, nb int) *txnMem {
+	c := bits.Len(uint(max(n, 1) - 1)) // smallest c with 1<<c >= n
+	var m *txnMem
+	switch {
+	case n == 0:
+		m = &txnMem{} // nothing will settle: not kept
+	case c < txnClasses:
+		tp.mu.Lock()
+		if f := tp.free[c]; len(f) > 0 {
+			m = f[len(f)-1]
+			f[len(f)-1] = nil
+			tp.free[c] = f[:len(f)-1]
+		}
+		tp.mu.Unlock()
+		if m == nil {
+			m = &txnMem{ds: make([]delivery, 0, 1<<c), pool: tp}
+		}
+	default:
+		m = &txnMem{ds: make([]delivery, 0, n)} // not kept: no pool
+	}
+	m.ds = m.ds[:n]
+	if cap(m.hs) < nh {
+		m.hs = make([]sarama.RecordHeader, nh)
+	}
+	if cap(m.buf) < nb {
+		m.buf = make([]byte, nb)
+	}
+	m.hs, m.buf = m.hs[:nh], m.buf[:nb]
+	m.left.Store(int32(n))
+	return m
+}
+
+// put keeps m for a later transaction of its class, unless the class has
+// enough. m is cleared: what its records referred to (payloads, topics,
+// dead letters) is not kept alive by the pool.
+func (tp *txnPool) put(m *txnMem) {
+	clear(m.ds)
+	clear(m.hs)
+	if cap(m.buf) > keepHeaderBytes {
+		m.buf = nil
+	}
+	if cap(m.hs) > keepHeaders {
+		m.hs = nil
+	}
+	c := bits.Len(uint(cap(m.ds) - 1))
+	tp.mu.Lock()
+	if len(tp.free[c])<<c < keepEvents {
+		tp.free[c] = append(tp.free[c], m)
+	}
+	tp.mu.Unlock()
+}
+
+// slab is the headers slab over m's memory.
+func (m *txnMem) slab() *slab { return &slab{hs: m.hs, buf: m.buf} }
+
+// release ends d's use of its transaction's memory; the last delivery to
+// settle returns the memory to the pool. Nothing may touch d after it.
+func (d *delivery) release() {
+	if m := d.mem; m != nil && m.left.Add(-1) == 0 && m.pool != nil {
+		m.pool.put(m)
+	}
+}
