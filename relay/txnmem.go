@@ -32,10 +32,12 @@ type txnMem struct {
 }
 
 // txnPool keeps settled txnMems by size class: class c holds 1<<c
-// deliveries. A free list, not a sync.Pool: what it keeps is bounded
-// (keepEvents per class, so a few MiB in all), and it hands back what it
-// was given, which the tests rely on. Transactions above the largest class
-// allocate and are not kept.
+// deliveries. A free list, not a sync.Pool: what it keeps is bounded, and
+// it hands back what it was given, which the tests rely on. Per class at
+// most keepEvents deliveries (328 bytes each) with up to keepHeaders
+// headers (48 bytes) and keepHeaderBytes bytes each: 1.6 MiB, 18 MiB if
+// transactions of every size class came and settled in bursts.
+// Transactions above the largest class allocate and are not kept.
 type txnPool struct {
 	mu   sync.Mutex
 	free [txnClasses][]*txnMem
@@ -47,12 +49,14 @@ const (
 	// would hold that much for the next rare one.
 	txnClasses = 11
 	// keepEvents bounds the deliveries kept per class: acks settle
-	// transactions about as fast as new ones come, so a short list serves.
-	keepEvents = 2048
-	// keepHeaderBytes and keepHeaders bound the slab a kept txnMem holds
-	// on to; a larger one (huge headers) is let go.
-	keepHeaderBytes = 1 << 20
-	keepHeaders     = 1 << 16
+	// transactions about as fast as new ones come, so a short list serves
+	// (one response settles a few hundred events).
+	keepEvents = 1024
+	// keepHeaders and keepHeaderBytes bound, per delivery, the header slab
+	// a kept txnMem holds on to; a larger one (many or long headers) is
+	// let go.
+	keepHeaders     = 16
+	keepHeaderBytes = 512
 )
 
 // get returns a txnMem for n deliveries with its slab sized for nh headers
@@ -95,13 +99,13 @@ func (tp *txnPool) get(n, nh, nb int) *txnMem {
 func (tp *txnPool) put(m *txnMem) {
 	clear(m.ds)
 	clear(m.hs)
-	if cap(m.buf) > keepHeaderBytes {
+	c := bits.Len(uint(cap(m.ds) - 1))
+	if cap(m.buf) > keepHeaderBytes<<c {
 		m.buf = nil
 	}
-	if cap(m.hs) > keepHeaders {
+	if cap(m.hs) > keepHeaders<<c {
 		m.hs = nil
 	}
-	c := bits.Len(uint(cap(m.ds) - 1))
 	tp.mu.Lock()
 	if len(tp.free[c])<<c < keepEvents {
 		tp.free[c] = append(tp.free[c], m)
