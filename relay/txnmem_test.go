@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"math/bits"
 	"strconv"
 	"testing"
 
@@ -82,4 +83,40 @@ func TestTransactionMemoryReusedOnlyWhenSettled(t *testing.T) {
 		}
 	}
 	t.Error("the first transaction's memory was never reused after its last ack")
+}
+
+// The free list keeps at most keepEvents deliveries per size class, and no
+// header slab larger than its per-delivery bound.
+func TestTransactionMemoryKeptIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		events, nh, nb  int
+		wantKept        int
+		wantHs, wantBuf bool // the slab is kept with the txnMem
+	}{
+		{"one-event transactions", 1, 6, 100, keepEvents, true, true},
+		{"100-event transactions", 100, 600, 10000, keepEvents / 128, true, true},
+		{"huge header bytes are let go", 1, 6, keepHeaderBytes + 1, keepEvents, true, false},
+		{"many headers are let go", 2, 2*keepHeaders + 1, 100, keepEvents / 2, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tp txnPool
+			var ms []*txnMem
+			for range 2*keepEvents/tc.events + 10 {
+				ms = append(ms, tp.get(tc.events, tc.nh, tc.nb))
+			}
+			for _, m := range ms {
+				tp.put(m)
+			}
+			c := bits.Len(uint(tc.events - 1))
+			if got := len(tp.free[c]); got != tc.wantKept {
+				t.Fatalf("kept %d, want %d", got, tc.wantKept)
+			}
+			for _, m := range tp.free[c] {
+				if (m.hs != nil) != tc.wantHs || (m.buf != nil) != tc.wantBuf {
+					t.Fatalf("kept a slab of %d headers and %d bytes", cap(m.hs), cap(m.buf))
+				}
+			}
+		})
+	}
 }
