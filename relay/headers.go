@@ -66,12 +66,6 @@ type slab struct {
 	buf []byte
 }
 
-// newSlab sizes a slab for the records of evs (Record's).
-func newSlab(evs []decoder.Event, commitLSN string) *slab {
-	nh, nb := slabSize(evs, commitLSN)
-	return &slab{hs: make([]sarama.RecordHeader, nh), buf: make([]byte, nb)}
-}
-
 // slabSize is how many headers and header bytes the records of evs need.
 func slabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
 	for i := range evs {

@@ -236,16 +236,12 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	if at.IsZero() { // a refused non-transactional message has no commit
 		at = time.Now()
 	}
-	var nh, nb int
+	var nh, nb int // Debezium's records build their own headers
 	if p.format != FormatDebezium {
 		nh, nb = slabSize(txn.Events, commitLSN)
 	}
 	mem := p.mem.get(len(txn.Events), nh, nb)
-	ds := mem.ds
-	var sl *slab
-	if p.format != FormatDebezium {
-		sl = mem.slab()
-	}
+	ds, sl := mem.ds, mem.slab()
 	// The last topic routed: the events of a transaction mostly share
 	// their table, aggregate_type and event_type, and the router answers
 	// the same for the same inputs (a topic once admitted stays admitted).
@@ -333,8 +329,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		d := &ds[i]
 		d.pend = pend
 		if d.finished {
-			pend.Ack(d.size)
-			d.release()
+			d.settle()
 			continue
 		}
 		if p.log.Debug().Enabled() {
@@ -368,7 +363,7 @@ func (p *Pipeline) poisonRow(ctx context.Context, d *delivery, reason string, er
 // dead-letter topic. Its Done runs on the producer's goroutines.
 type delivery struct {
 	p        *Pipeline
-	mem      *txnMem // its transaction's memory, reused once every delivery of it settled (release)
+	mem      *txnMem // its transaction's memory, reused once every delivery of it settled (settle)
 	pend     *checkpoint.Pending
 	msg      sink.Message
 	id       int64
@@ -438,8 +433,7 @@ func (d *delivery) tableLabel() string {
 func (d *delivery) deadLettered() {
 	d.p.rewind.settled(d.pos)
 	d.p.rewind.markDead(d.pos)
-	d.pend.Ack(d.size)
-	d.release()
+	d.settle()
 }
 
 // done is the broker's verdict on d.msg. It runs on the producer's
@@ -455,8 +449,7 @@ func (d *delivery) done(err error) {
 			p.m.commitToAck.Observe(acked.Sub(d.commit).Seconds())
 			p.order.ack(d.msg.Topic, d.msg.Partition, d.pos)
 			p.rewind.settled(d.pos)
-			d.pend.Ack(d.size)
-			d.release()
+			d.settle()
 			return
 		}
 		p.m.deadLettered.WithLabelValues(d.letter.Reason, d.tableLabel()).Inc()

@@ -91,3 +91,10 @@ func TestLSNText(t *testing.T) {
 		}
 	}
 }
+
+// newSlab sizes a slab of its own for the records of evs, as the pipeline
+// does with a transaction's memory (txnMem.slab).
+func newSlab(evs []decoder.Event, commitLSN string) *slab {
+	nh, nb := slabSize(evs, commitLSN)
+	return &slab{hs: make([]sarama.RecordHeader, nh), buf: make([]byte, nb)}
+}

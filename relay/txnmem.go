@@ -17,8 +17,8 @@ import (
 // transaction of its size class takes it.
 //
 // A delivery settles exactly once, as the last thing anything does with
-// it: done, deadLettered and the handover of a delivery finished before a
-// rewind end with release. Until every delivery of the transaction has
+// it (settle: done, deadLettered and the handover of a delivery finished
+// before a rewind end with it). Until every delivery of the transaction has
 // settled, nothing of txnMem is reused, so a delivery held by a queue
 // (retries, row marks), the producer or a halt keeps the whole of it. A
 // transaction abandoned by a rewind (parked, unsent) never reaches zero and
@@ -27,6 +27,7 @@ type txnMem struct {
 	ds   []delivery
 	hs   []sarama.RecordHeader
 	buf  []byte
+	sl   slab         // over hs and buf, for the transaction's records (slab)
 	left atomic.Int32 // deliveries not yet settled
 	pool *txnPool
 }
@@ -99,6 +100,7 @@ func (tp *txnPool) get(n, nh, nb int) *txnMem {
 func (tp *txnPool) put(m *txnMem) {
 	clear(m.ds)
 	clear(m.hs)
+	m.sl = slab{}
 	c := bits.Len(uint(cap(m.ds) - 1))
 	if cap(m.buf) > keepHeaderBytes<<c {
 		m.buf = nil
@@ -113,12 +115,18 @@ func (tp *txnPool) put(m *txnMem) {
 	tp.mu.Unlock()
 }
 
-// slab is the headers slab over m's memory.
-func (m *txnMem) slab() *slab { return &slab{hs: m.hs, buf: m.buf} }
+// slab is the headers slab over m's memory (no allocation of its own).
+func (m *txnMem) slab() *slab {
+	m.sl = slab{hs: m.hs, buf: m.buf}
+	return &m.sl
+}
 
-// release ends d's use of its transaction's memory; the last delivery to
-// settle returns the memory to the pool. Nothing may touch d after it.
-func (d *delivery) release() {
+// settle acks d to the tracker (its event is in Kafka: acked, or its dead
+// letter acked) and ends its use of its transaction's memory: the last
+// delivery to settle returns the memory to the pool. Every path that acks a
+// delivery goes through here, exactly once, and nothing may touch d after.
+func (d *delivery) settle() {
+	d.pend.Ack(d.size)
 	if m := d.mem; m != nil && m.left.Add(-1) == 0 && m.pool != nil {
 		m.pool.put(m)
 	}
