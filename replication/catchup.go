@@ -129,6 +129,9 @@ func (c *catchUpReader) setMark(v int) {
 
 // onSocket enables the waits if conn is a plain socket (see above).
 func (c *catchUpReader) onSocket(conn net.Conn) {
+	if w, ok := conn.(interface{ Unwrap() net.Conn }); ok {
+		conn = w.Unwrap() // rawconn: the socket beneath
+	}
 	switch conn := conn.(type) {
 	case *net.TCPConn:
 		c.plain.Store(true)

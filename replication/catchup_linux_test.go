@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/rawconn"
 )
 
 // On a TCP socket the wait is the kernel's: SO_RCVLOWAT at catchUpMark
@@ -26,10 +28,11 @@ func TestCatchUpReaderLowWaterMarkOnTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	conn, err := ln.Accept()
+	accepted, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
+	conn := rawconn.Wrap(accepted) // as connectReplication dials it
 	defer conn.Close()
 	c, r := newCatchUpReader(conn)
 	c.onSocket(conn)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/internal/rawconn"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -632,6 +634,14 @@ func connectReplicationReading(ctx context.Context, url string, wrap func(io.Rea
 	withConnectTimeout(pc)
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = "outbox-relay"
+	dial := pc.DialFunc
+	pc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return rawconn.Wrap(c), nil
+	}
 	if wrap != nil {
 		pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend { return pgproto3.NewFrontend(wrap(r), w) }
 	}

@@ -19,6 +19,8 @@ import (
 	snappy "github.com/klauspost/compress/snappy/xerial"
 	"github.com/klauspost/compress/zstd"
 	"github.com/pierrec/lz4/v4"
+
+	"github.com/outbox-relay/outbox-relay/internal/rawconn"
 )
 
 // wire is the direct engine's connection to one broker for produce
@@ -75,6 +77,7 @@ func dialWire(addr string, sc *sarama.Config) (*wire, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker %s: %w", addr, err)
 	}
+	conn = rawconn.Wrap(conn)
 	if sc.Net.TLS.Enable {
 		cfg := sc.Net.TLS.Config
 		if cfg == nil {
