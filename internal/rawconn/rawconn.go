@@ -6,10 +6,10 @@
 // idle. At a thousand events a second the relay turns from idle to busy at
 // least twice per event (the walsender's message, the broker's answer), so
 // the monitor woke, slept 20 us and woke again several times per event:
-// about a third of the relay's context switches. The sockets are
-// non-blocking, so a read or write never blocks and needs no hand-off of
-// the processor; waiting for readiness still goes through the poller, with
-// the connection's deadlines.
+// about half of the relay's context switches and a third of its CPU. The
+// sockets are non-blocking, so a read or write never blocks and needs no
+// hand-off of the processor; waiting for readiness still goes through the
+// poller, with the connection's deadlines.
 package rawconn
 
 import (
