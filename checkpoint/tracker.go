@@ -158,22 +158,26 @@ func (t *Tracker) fits(n int, b int64) bool {
 // be called from any goroutine and never blocks on I/O. Acking more events
 // than were added is a bug and panics, because silently absorbing it could
 // move the watermark past an unacked event.
-func (p *Pending) Ack(bytes int64) {
+func (p *Pending) Ack(bytes int64) { p.AckN(1, bytes) }
+
+// AckN is n calls of Ack whose sizes sum to bytes, under one lock: the
+// acks of a record batch's events of one transaction.
+func (p *Pending) AckN(n int, bytes int64) {
 	t := p.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p.abandoned {
 		return
 	}
-	if p.remaining <= 0 {
-		panic(fmt.Sprintf("checkpoint: extra ack for transaction ending at %s", p.end))
+	if n < 1 || p.remaining < n {
+		panic(fmt.Sprintf("checkpoint: %d acks for transaction ending at %s with %d events unacked", n, p.end, p.remaining))
 	}
-	p.remaining--
+	p.remaining -= n
 	if bytes > p.bytes {
 		bytes = p.bytes
 	}
 	p.bytes -= bytes
-	t.events--
+	t.events -= n
 	t.bytes -= bytes
 	if p.remaining == 0 {
 		// Release whatever the per-event byte counts did not cover.

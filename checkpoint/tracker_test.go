@@ -426,3 +426,45 @@ func TestMark(t *testing.T) {
 		})
 	}
 }
+
+// AckN is n Acks under one lock: the watermark, the events and the bytes in
+// flight move as they would, and more acks than a transaction has unacked
+// panic (absorbing them could move the watermark past an unacked event).
+func TestAckN(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		acks      []int // AckN sizes in turn (100 bytes per event) on a 5-event transaction
+		wantMark  pglogrepl.LSN
+		wantLeft  int
+		wantBytes int64
+		wantPanic bool
+	}{
+		{"part", []int{2, 2}, 0x10, 1, 100, false},
+		{"all in one", []int{5}, 0x20, 0, 0, false},
+		{"all in turns", []int{1, 3, 1}, 0x20, 0, 0, false},
+		{"one too many", []int{4, 2}, 0x10, 1, 100, true},
+		{"none", []int{0}, 0x10, 5, 500, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := New(0x10, Limits{})
+			p, err := tr.Add(context.Background(), 0x20, 5, 500)
+			if err != nil {
+				t.Fatal(err)
+			}
+			panicked := func() (did bool) {
+				defer func() { did = recover() != nil }()
+				for _, n := range tc.acks {
+					p.AckN(n, int64(100*n))
+				}
+				return false
+			}()
+			if panicked != tc.wantPanic {
+				t.Fatalf("panicked %v, want %v", panicked, tc.wantPanic)
+			}
+			events, bytes := tr.InFlight()
+			if got := tr.Flushed(); got != tc.wantMark || events != tc.wantLeft || bytes != tc.wantBytes {
+				t.Fatalf("watermark %s, %d events and %d bytes in flight; want %s, %d, %d", got, events, bytes, tc.wantMark, tc.wantLeft, tc.wantBytes)
+			}
+		})
+	}
+}

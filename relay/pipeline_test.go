@@ -42,7 +42,12 @@ type scriptedPublisher struct {
 	// maxBytes, when set, refuses larger records as sarama does
 	// (kafka.max_message_bytes), with no answer asked.
 	maxBytes int
+	// acked is what the pipeline gave OnAcked: a test may ack a held
+	// batch through it, as the direct engine does.
+	acked func(msgs []*sink.Message, at time.Time)
 }
+
+func (s *scriptedPublisher) OnAcked(f func([]*sink.Message, time.Time)) { s.acked = f }
 
 func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
 	m.Partition = 0 // one partition: every test event shares it

@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -118,5 +119,98 @@ func TestTransactionMemoryKeptIsBounded(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The acks of a record batch handed over whole (the direct engine's
+// OnAcked) settle as each record's Done(nil) would: a batch that mixes
+// transactions and leaves one event of each unacked moves nothing and
+// frees no memory; the batch with the rest moves the watermark past both,
+// records the batch's last position for the order watch, and frees both
+// transactions' memory. A dead letter in a batch goes through its Done.
+func TestBatchAcksSettleAsDone(t *testing.T) {
+	h := newHarness(t, fastPolicy, nil)
+	take := func(n int) []*sink.Message {
+		t.Helper()
+		ms := make([]*sink.Message, n)
+		for i := range ms {
+			ms[i] = <-h.pub.held
+		}
+		return ms
+	}
+	if h.pub.acked == nil {
+		t.Fatal("NewPipeline did not register with OnAcked")
+	}
+	start := h.p.tracker.Flushed()
+	rows := func(ids ...int) [][]pg.Col {
+		var r [][]pg.Col
+		for _, id := range ids {
+			r = append(r, order(strconv.Itoa(id), "agg-"+strconv.Itoa(id)))
+		}
+		return r
+	}
+	if err := h.txn(0x200, 0x210, rows(1, 2, 3)...); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.txn(0x300, 0x310, rows(4, 5)...); err != nil {
+		t.Fatal(err)
+	}
+	ms := take(5)
+	of := map[*sink.Message]bool{}
+	for _, m := range ms {
+		of[m] = true
+	}
+	h.pub.acked([]*sink.Message{ms[0], ms[1], ms[3]}, time.Now())
+	if got := h.p.tracker.Flushed(); got != start {
+		t.Fatalf("watermark %s after a batch that left an event of each transaction unacked, want %s", got, start)
+	}
+	if ev, _ := h.p.tracker.InFlight(); ev != 2 {
+		t.Fatalf("%d events in flight, want 2", ev)
+	}
+	if err := h.txn(0x400, 0x410, rows(6)...); err != nil { // another size class
+		t.Fatal(err)
+	}
+	later := take(1)
+	for _, m := range later {
+		if of[m] {
+			t.Fatalf("event %s got the memory of a transaction with an event not acked", eventID(m))
+		}
+	}
+	if id, key := eventID(ms[2]), string(ms[2].Key); id != "3" || key != "agg-3" {
+		t.Fatalf("the unacked record now has event_id %q key %q, want 3 and agg-3", id, key)
+	}
+	k, lastPos := partitionKey{ms[4].Topic, ms[4].Partition}, ms[4].Ref.(*delivery).pos // cleared once its memory is free
+	h.pub.acked([]*sink.Message{ms[2], ms[4]}, time.Now())
+	if got, want := h.p.tracker.Flushed(), pglogrepl.LSN(0x310); got != want {
+		t.Fatalf("watermark %s after every event of the first two transactions was acked, want %s", got, want)
+	}
+	h.p.order.mu.RLock()
+	high := h.p.order.acked[k]
+	h.p.order.mu.RUnlock()
+	if high == nil || pglogrepl.LSN(high.Load()) != lastPos {
+		t.Fatalf("order watch has no acked position %s for %v", lastPos, k)
+	}
+	for _, m := range later {
+		m.Done(nil)
+	}
+	if got, want := h.p.tracker.Flushed(), pglogrepl.LSN(0x410); got != want {
+		t.Fatalf("watermark %s, want %s", got, want)
+	}
+	// Both settled transactions' memory is free again: the next two
+	// transactions of their size classes take it.
+	if err := h.txn(0x500, 0x510, rows(9, 10, 11)...); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.txn(0x600, 0x610, rows(12, 13)...); err != nil {
+		t.Fatal(err)
+	}
+	reused := 0
+	for _, m := range take(5) {
+		if of[m] {
+			reused++
+		}
+	}
+	if reused != 5 {
+		t.Fatalf("%d of 5 records reuse the memory of the transactions acked in batches, want 5", reused)
 	}
 }

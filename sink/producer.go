@@ -42,6 +42,9 @@ type Message struct {
 	// where an engine does not set it.
 	Acked time.Time
 	Done  func(err error)
+	// Ref is the publisher's own (the relay's delivery): the producer
+	// never reads it, and hands it back with the record to OnAcked.
+	Ref any
 
 	// rec is the sarama record the sarama engine hands over, allocated at
 	// a Message's first Publish and kept, so that publishing it again
@@ -87,6 +90,9 @@ type Producer struct {
 	flushOnce sync.Once
 	// dial connects the clients and the producer; tests swap in fakes.
 	dial func(hc *sarama.Config) error
+	// acked, if set (OnAcked), takes the direct engine's successful
+	// batches whole instead of a Done(nil) per record.
+	acked func(msgs []*Message, at time.Time)
 
 	// inputMu lets Publish run on several goroutines (the replication loop
 	// and the retry queue) and never send on the input of a closed producer.
@@ -289,6 +295,14 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	return nil
 }
 
+// OnAcked makes the direct engine hand each acked record batch (records
+// of one partition, in the order published) to f in one call, with the
+// time the broker's answer came, instead of calling each record's Done(nil):
+// the acks of a batch can then be counted together. f owns every record's
+// completion (it calls Done for those it does not handle itself). Failures
+// still go to each Done. Call it before Run; the sarama engine ignores it.
+func (p *Producer) OnAcked(f func(msgs []*Message, at time.Time)) { p.acked = f }
+
 // complete is the direct engine's verdict on msgs, all of topic: the
 // metrics, then each record's Done. No msgs: an attempt that failed and is
 // retried, counted only.
@@ -301,6 +315,10 @@ func (p *Producer) complete(topic string, msgs []*Message, err error) {
 		}
 		c.(prometheus.Counter).Add(float64(len(msgs)))
 		now := time.Now()
+		if p.acked != nil {
+			p.acked(msgs, now)
+			return
+		}
 		for _, m := range msgs {
 			m.Acked = now
 			m.Done(nil)
