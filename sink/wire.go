@@ -44,7 +44,8 @@ type wire struct {
 	reauth   time.Time // the SASL session ends: redial before then (zero: never)
 	last     time.Time // the last request
 
-	req  []byte // the request being built, kept between requests
+	req  []byte // the request being built, kept between requests up to keep bytes
+	keep int    // keepRequestBuffer, or more while the stream catches up
 	raw  []byte // a batch's records before compression
 	resp []byte
 
@@ -140,8 +141,8 @@ func (w *wire) roundTrip(wait time.Duration) ([]byte, error) {
 	w.last = time.Now()
 	_ = w.conn.SetWriteDeadline(w.last.Add(w.sc.Net.WriteTimeout))
 	_, err := w.conn.Write(w.req)
-	if cap(w.req) > keepRequestBuffer {
-		w.req = nil // a rare huge request: do not keep its buffer
+	if cap(w.req) > max(w.keep, keepRequestBuffer) {
+		w.req = nil // a huge request in live traffic: do not keep its buffer
 	}
 	if err != nil {
 		return nil, err
@@ -232,6 +233,13 @@ func (w *wire) authenticate() error {
 // batch's got and err. An error return is the request's: the connection
 // is not usable after it.
 func (w *wire) produce(d *direct, batches []*dbatch) error {
+	// A drain sends requests of up to maxReq back to back: dropping the
+	// buffer after each made the next one grow anew, 1.25x at a time (about
+	// 50 MB allocated, copied and page-faulted per 300k-event drain).
+	w.keep = keepRequestBuffer
+	if d.catchingUp.Load() {
+		w.keep = d.maxReq + 2*d.maxBatch
+	}
 	if err := w.encodeProduce(d, batches); err != nil {
 		return err
 	}
@@ -263,6 +271,18 @@ func (w *wire) encodeProduce(d *direct, batches []*dbatch) error {
 		}
 	}
 	b = binary.BigEndian.AppendUint32(b, uint32(topics))
+	if d.codec == sarama.CompressionNone {
+		// One allocation of the whole request instead of growing it: the
+		// batches' sizes bound their records (as sarama counts them).
+		need := 0
+		for i, bt := range batches {
+			need += bt.size + 8 // partition id, batch size
+			if i == 0 || bt.part.topic != batches[i-1].part.topic {
+				need += 2 + len(bt.part.topic.name) + 4
+			}
+		}
+		b = slices.Grow(b, need)
+	}
 	var err error
 	for i := 0; i < len(batches); {
 		t := batches[i].part.topic
