@@ -22,6 +22,16 @@ func eventID(m *sink.Message) string {
 	return ""
 }
 
+// heldN takes the next n records the publisher holds.
+func (h *harness) heldN(n int) []*sink.Message {
+	h.t.Helper()
+	ms := make([]*sink.Message, n)
+	for i := range ms {
+		ms[i] = h.held()
+	}
+	return ms
+}
+
 // A transaction's memory (its deliveries, Messages and headers) is reused
 // only once every event of it is acked: while one event waits, later
 // transactions get memory of their own and the waiting record keeps its
@@ -29,14 +39,7 @@ func eventID(m *sink.Message) string {
 // takes the memory.
 func TestTransactionMemoryReusedOnlyWhenSettled(t *testing.T) {
 	h := newHarness(t, fastPolicy, nil) // every record held until the test answers
-	take := func(n int) []*sink.Message {
-		t.Helper()
-		ms := make([]*sink.Message, n)
-		for i := range ms {
-			ms[i] = <-h.pub.held
-		}
-		return ms
-	}
+	take := h.heldN
 	lsn := pglogrepl.LSN(0x100)
 	txn := func(ids ...int) []*sink.Message {
 		t.Helper()
@@ -127,17 +130,11 @@ func TestTransactionMemoryKeptIsBounded(t *testing.T) {
 // transactions and leaves one event of each unacked moves nothing and
 // frees no memory; the batch with the rest moves the watermark past both,
 // records the batch's last position for the order watch, and frees both
-// transactions' memory. A dead letter in a batch goes through its Done.
+// transactions' memory. A record that is no plain delivery (a dead letter,
+// the exactly-once checkpoint) goes through its Done.
 func TestBatchAcksSettleAsDone(t *testing.T) {
 	h := newHarness(t, fastPolicy, nil)
-	take := func(n int) []*sink.Message {
-		t.Helper()
-		ms := make([]*sink.Message, n)
-		for i := range ms {
-			ms[i] = <-h.pub.held
-		}
-		return ms
-	}
+	take := h.heldN
 	if h.pub.acked == nil {
 		t.Fatal("NewPipeline did not register with OnAcked")
 	}
@@ -160,7 +157,16 @@ func TestBatchAcksSettleAsDone(t *testing.T) {
 	for _, m := range ms {
 		of[m] = true
 	}
-	h.pub.acked([]*sink.Message{ms[0], ms[1], ms[3]}, time.Now())
+	foreign := 0
+	other := &sink.Message{Topic: "elsewhere", Done: func(err error) {
+		if err == nil {
+			foreign++
+		}
+	}}
+	h.pub.acked([]*sink.Message{ms[0], other, ms[1], ms[3]}, time.Now())
+	if foreign != 1 {
+		t.Fatalf("a record that is no delivery was acked %d times, want once through its Done", foreign)
+	}
 	if got := h.p.tracker.Flushed(); got != start {
 		t.Fatalf("watermark %s after a batch that left an event of each transaction unacked, want %s", got, start)
 	}
