@@ -475,9 +475,9 @@ func (p *Pipeline) acked(msgs []*sink.Message, at time.Time) {
 	if part >= 0 {
 		p.order.ack(topic, part, high)
 	}
-	// Settle, as settle does: the tracker first, then the memory. A
-	// delivery is not read after its group settled (its memory may be
-	// reused at once); an unsettled one keeps its transaction's memory.
+	// Settle (settleRun). A delivery is not read after its group settled
+	// (its memory may be reused at once); an unsettled one keeps its
+	// transaction's memory.
 	var (
 		pend  *checkpoint.Pending
 		mem   *txnMem
@@ -485,12 +485,8 @@ func (p *Pipeline) acked(msgs []*sink.Message, at time.Time) {
 		bytes int64
 	)
 	flush := func() {
-		if n == 0 {
-			return
-		}
-		pend.AckN(n, bytes)
-		if mem != nil && mem.left.Add(-int32(n)) == 0 && mem.pool != nil {
-			mem.pool.put(mem)
+		if n > 0 {
+			settleRun(pend, mem, n, bytes)
 		}
 		n, bytes = 0, 0
 	}

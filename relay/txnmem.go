@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/checkpoint"
 )
 
 // txnMem is the memory of one transaction's deliveries and of its records'
@@ -125,9 +127,15 @@ func (m *txnMem) slab() *slab {
 // letter acked) and ends its use of its transaction's memory: the last
 // delivery to settle returns the memory to the pool. Every path that acks a
 // delivery goes through here, exactly once, and nothing may touch d after.
-func (d *delivery) settle() {
-	d.pend.Ack(d.size)
-	if m := d.mem; m != nil && m.left.Add(-1) == 0 && m.pool != nil {
-		m.pool.put(m)
+func (d *delivery) settle() { settleRun(d.pend, d.mem, 1, d.size) }
+
+// settleRun settles n deliveries of one transaction (pend, mem) carrying
+// bytes payload bytes: the tracker's acks first, then the memory, which the
+// last of the transaction's deliveries hands back. Pipeline.acked settles
+// the consecutive deliveries of an acked batch with one call.
+func settleRun(pend *checkpoint.Pending, mem *txnMem, n int, bytes int64) {
+	pend.AckN(n, bytes)
+	if mem != nil && mem.left.Add(-int32(n)) == 0 && mem.pool != nil {
+		mem.pool.put(mem)
 	}
 }
