@@ -190,10 +190,11 @@ type Decoder struct {
 	memUsed  int    // bytes of records in memory
 	rec      []byte // scratch record
 
-	hbPrefix []byte    // the heartbeat Message prefix; nil: none
-	msg      msgState  // message events (envelope.go)
-	hb       Heartbeat // decoded by the last Decode call, if hbOK
-	hbOK     bool
+	hbPrefix  []byte    // the heartbeat Message prefix; nil: none
+	msg       msgState  // message events (envelope.go)
+	hb        Heartbeat // decoded by the last Decode call, if hbOK
+	hbOK      bool
+	streamMsg bool // the last message was Stream Start, Stop, Commit or Abort (StreamMessage)
 }
 
 // Interning stops at this many strings, or at strings this long, so that a
@@ -259,7 +260,7 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 		return nil, protocolError(walStart, "message", "empty walData")
 	}
 	body := walData[1:]
-	d.hbOK = false
+	d.hbOK, d.streamMsg = false, false
 	if d.replay != nil {
 		return nil, protocolError(walStart, "message", "the chunks of streamed transaction %d were not all taken (Next)", d.replay.txn.Xid)
 	}
@@ -305,12 +306,16 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 		}
 		return d.message(walStart, body)
 	case 'S':
+		d.streamMsg = true
 		return nil, d.streamStart(walStart, body)
 	case 'E':
+		d.streamMsg = true
 		return nil, d.streamStop(walStart, body)
 	case 'c':
+		d.streamMsg = true
 		return d.streamCommit(walStart, body)
 	case 'A':
+		d.streamMsg = true
 		return nil, d.streamAbort(walStart, body)
 	default:
 		// Update, Delete, Truncate, Type, Origin, and anything newer:
@@ -354,6 +359,11 @@ func (d *Decoder) maybeChunk() *Txn {
 // open: the server resends in full every transaction that commits after the
 // confirmed position, as PostgreSQL's own subscriber relies on.
 func (d *Decoder) InTxn() bool { return d.inTxn || d.cur != nil || d.replay != nil }
+
+// StreamMessage reports whether the message the last Decode took was a
+// streaming one (Stream Start, Stop, Commit or Abort): the streamed
+// transactions' Counts and Spilled may have changed. The loop's goroutine.
+func (d *Decoder) StreamMessage() bool { return d.streamMsg }
 
 // Counts returns the running totals. Call it from the goroutine that calls
 // Decode (e.g. to update metrics after each message); it does not block.

@@ -71,7 +71,7 @@ func BenchmarkHandleTxn100BatchAcks(b *testing.B) {
 	benchHandleTxn100(b, a, func() int { return a.n })
 }
 
-func benchHandleTxn100(b *testing.B, pub Publisher, published func() int) {
+func benchHandleTxn100(b *testing.B, pub publisher, published func() int) {
 	const rows = 100
 	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
 	if err != nil {
@@ -80,10 +80,11 @@ func benchHandleTxn100(b *testing.B, pub Publisher, published func() int) {
 	cfg := PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100,
 		Policy: Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond},
 		Limits: checkpoint.Limits{MaxEvents: 10000, MaxBytes: 64 << 20}}
-	p, err := NewPipeline(cfg, pub, &fakeMarker{marked: make(chan string, 10)}, zerolog.Nop(), nil)
+	p, err := NewPipeline(cfg, atLeastOnce{pub}, &fakeMarker{marked: make(chan string, 10)}, zerolog.Nop(), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
+	wireAcks(p, pub)
 	ctx := context.Background()
 	if err := p.Handle(ctx, 0x100, pg.OutboxRelation()); err != nil {
 		b.Fatal(err)

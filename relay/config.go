@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outbox-relay/outbox-relay/exactlyonce"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -35,8 +36,8 @@ type Config struct {
 	MaxUnackedAge time.Duration `yaml:"max_unacked_age"`
 	// Delivery is at_least_once (the default) or exactly_once: Kafka
 	// transactions aligned to PostgreSQL transactions (docs/guarantees.md).
-	Delivery    string            `yaml:"delivery"`
-	ExactlyOnce ExactlyOnceConfig `yaml:"exactly_once"`
+	Delivery    string             `yaml:"delivery"`
+	ExactlyOnce exactlyonce.Config `yaml:"exactly_once"`
 	// Compat is the record format and the default column mapping:
 	// FormatOwn ("") or FormatDebezium ("debezium").
 	Compat string `yaml:"compat"`
@@ -53,36 +54,9 @@ const (
 	ExactlyOnce = "exactly_once"
 )
 
-// ExactlyOnceConfig is the Kafka transaction batching and checkpoint of
-// delivery: exactly_once.
-type ExactlyOnceConfig struct {
-	// MaxBatchEvents closes a Kafka transaction before the next PostgreSQL
-	// transaction would take it past this many events.
-	MaxBatchEvents int `yaml:"max_batch_events"`
-	// MaxBatchInterval closes a Kafka transaction this long after it opened
-	// (at the next PostgreSQL transaction boundary).
-	MaxBatchInterval time.Duration `yaml:"max_batch_interval"`
-	// MaxBatchIdle commits a Kafka transaction once no WAL message arrived
-	// for this long and no commit is in flight: a quiet stream is visible
-	// in milliseconds, a draining one still fills batches (0: off, batches
-	// close by size and age only).
-	MaxBatchIdle time.Duration `yaml:"max_batch_idle"`
-	// CheckpointTopic is the compacted topic of the checkpoint records.
-	CheckpointTopic string `yaml:"checkpoint_topic"`
-	// TransactionTimeout is transaction.timeout.ms of the producer.
-	TransactionTimeout time.Duration `yaml:"transaction_timeout"`
-	// TransactionalID defaults to outbox-relay-<slot>.
-	TransactionalID string `yaml:"transactional_id"`
-}
-
 // TxnID is the transactional id: exactly_once.transactional_id, or
 // outbox-relay-<slot>.
-func (c Config) TxnID() string {
-	if c.ExactlyOnce.TransactionalID != "" {
-		return c.ExactlyOnce.TransactionalID
-	}
-	return "outbox-relay-" + c.Postgres.Slot
-}
+func (c Config) TxnID() string { return c.ExactlyOnce.ID(c.Postgres.Slot) }
 
 // InFlightConfig bounds events published but not yet acked by Kafka.
 type InFlightConfig struct {
@@ -158,8 +132,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 30 * time.Second,
 		MaxUnackedAge:   30 * time.Second,
 		Delivery:        AtLeastOnce,
-		ExactlyOnce: ExactlyOnceConfig{MaxBatchEvents: 5000, MaxBatchInterval: 100 * time.Millisecond, MaxBatchIdle: time.Millisecond,
-			CheckpointTopic: "outbox-relay.checkpoints", TransactionTimeout: time.Minute},
+		ExactlyOnce:     exactlyonce.DefaultConfig(),
 	}
 }
 
@@ -212,7 +185,7 @@ func (c Config) Validate() error {
 	if c.Delivery == ExactlyOnce {
 		maxBatch = c.InFlight.MaxEvents
 	}
-	errs = append(errs, c.ExactlyOnce.validate(maxBatch))
+	errs = append(errs, c.ExactlyOnce.Validate(maxBatch))
 	switch c.Delivery {
 	case AtLeastOnce, ExactlyOnce:
 	default:
@@ -222,28 +195,6 @@ func (c Config) Validate() error {
 		if _, err := c.Outboxes(); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	return errors.Join(errs...)
-}
-
-func (e ExactlyOnceConfig) validate(maxBatch int) error {
-	var errs []error
-	if e.MaxBatchEvents < 1 || e.MaxBatchEvents > maxBatch {
-		errs = append(errs, fmt.Errorf("exactly_once.max_batch_events: %d must be between 1 and inflight.max_events (%d) (default 5000)", e.MaxBatchEvents, maxBatch))
-	}
-	if e.MaxBatchInterval < time.Millisecond || e.MaxBatchInterval > time.Minute {
-		errs = append(errs, fmt.Errorf("exactly_once.max_batch_interval: %s is out of range: use 1ms..1m (default 100ms)", e.MaxBatchInterval))
-	} else if e.MaxBatchIdle < 0 || e.MaxBatchIdle > e.MaxBatchInterval {
-		errs = append(errs, fmt.Errorf("exactly_once.max_batch_idle: %s is out of range: use 0 (off)..exactly_once.max_batch_interval (%s) (default 1ms)", e.MaxBatchIdle, e.MaxBatchInterval))
-	}
-	if err := sink.ValidTopic(e.CheckpointTopic); err != nil {
-		errs = append(errs, fmt.Errorf("exactly_once.checkpoint_topic: %w (default outbox-relay.checkpoints)", err))
-	}
-	if e.TransactionTimeout < time.Second || e.TransactionTimeout > 15*time.Minute {
-		errs = append(errs, fmt.Errorf("exactly_once.transaction_timeout: %s is out of range: use 1s..15m, at most the brokers' transaction.max.timeout.ms (default 60s)", e.TransactionTimeout))
-	}
-	if len(e.TransactionalID) > 200 || strings.ContainsFunc(e.TransactionalID, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-		errs = append(errs, fmt.Errorf("exactly_once.transactional_id: %q must be at most 200 printable characters without spaces (default outbox-relay-<slot>)", e.TransactionalID))
 	}
 	return errors.Join(errs...)
 }

@@ -159,7 +159,7 @@ func TestWatermarkInterleavings(t *testing.T) {
 			}
 			p, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: fastPolicy,
 				Limits: checkpoint.Limits{MaxEvents: 4, MaxBytes: 1 << 20}, Start: start, HeartbeatPrefix: prefix},
-				pub, &fakeMarker{marked: make(chan string, 10)}, zerolog.Nop(), nil)
+				atLeastOnce{pub}, &fakeMarker{marked: make(chan string, 10)}, zerolog.Nop(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

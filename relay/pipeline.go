@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -22,14 +21,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
-
-// Publisher is what the pipeline needs from the sink. Publish hands m over
-// and returns; the broker's verdict comes later through m.Done. It is
-// called from the replication loop and from the retry goroutine, and must
-// return once the publisher is stopped, whatever ctx.
-type Publisher interface {
-	Publish(ctx context.Context, m *sink.Message) error
-}
 
 // RowMarker records dead letters and halts on the outbox row, so an
 // operator finds them with SQL (deadletter.Store).
@@ -69,8 +60,10 @@ type PipelineConfig struct {
 // Pipeline is the data path between the replication stream and the sink:
 // it decodes each WAL message, registers each transaction with the tracker
 // (in log order, which is where backpressure blocks), publishes, and
-// applies the poison policy to what the broker refuses. Acks come back
-// through each message's Done into the tracker. It implements
+// applies the poison policy to what the broker refuses. It hands each
+// transaction to one Delivery; acks come back through Acked (the one ack
+// path: batches from the delivery, single records through their Done) into
+// the tracker, failures through each record's Done. It implements
 // replication.Progress.
 //
 // NewPipeline allocates; Run works off retries and row marks until its ctx
@@ -83,7 +76,7 @@ type Pipeline struct {
 	router    *sink.Router // owned by the replication loop goroutine
 	policy    Policy
 	tracker   *checkpoint.Tracker
-	pub       Publisher
+	out       Delivery
 	marker    RowMarker
 	log       zerolog.Logger
 	dec       *decoder.Decoder // owned by the replication loop goroutine
@@ -96,10 +89,10 @@ type Pipeline struct {
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
 	rewind  rewind            // failed events: the stream restarts from the watermark
 	order   orderWatch
-	eos     *exactlyOnce // delivery: exactly_once (the publisher); nil at least once
-	mem     txnPool      // transactions' deliveries and headers, reused
+	mem     txnPool // transactions' deliveries and headers, reused
 
 	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
+	handled   atomic.Uint64         // WAL messages handled (Handled)
 	otherRows atomic.Uint64
 	// Streamed transactions (decoder.Counts), for the metrics.
 	prevStream   decoder.Counts
@@ -114,7 +107,7 @@ type Pipeline struct {
 }
 
 // NewPipeline validates and allocates; it starts nothing. reg may be nil.
-func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolog.Logger, reg prometheus.Registerer) (*Pipeline, error) {
+func NewPipeline(cfg PipelineConfig, out Delivery, marker RowMarker, log zerolog.Logger, reg prometheus.Registerer) (*Pipeline, error) {
 	if cfg.Policy.MaxAttempts < 1 || cfg.Policy.Topic == "" {
 		return nil, errors.New("relay: poison policy needs a dead-letter topic and at least one attempt")
 	}
@@ -131,7 +124,7 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	}
 	cfg.Policy.Format = cfg.Format
 	p := &Pipeline{table: cfg.Outboxes[0].Mapping.Table.String(), outboxes: cfg.Outboxes, format: cfg.Format,
-		router: router, policy: cfg.Policy, pub: pub, marker: marker,
+		router: router, policy: cfg.Policy, out: out, marker: marker,
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
@@ -142,12 +135,6 @@ func NewPipeline(cfg PipelineConfig, pub Publisher, marker RowMarker, log zerolo
 	p.decodedBy = make([]atomic.Uint64, len(p.outboxes))
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
-	}
-	if e, ok := pub.(*exactlyOnce); ok {
-		p.eos = e
-	}
-	if a, ok := pub.(batchAcker); ok {
-		a.OnAcked(p.acked)
 	}
 	p.m = newPipelineMetrics(p, reg)
 	return p, nil
@@ -177,14 +164,12 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	if p.rewind.active.Load() {
 		return replication.ErrRestart
 	}
-	if p.eos != nil {
-		p.eos.handled() // activity: a Kafka transaction is committed when the stream goes quiet
-	}
+	p.handled.Add(1)
 	txn, err := p.dec.Decode(walStart, walData)
 	if err != nil {
 		return fmt.Errorf("decode: %w", err)
 	}
-	if len(walData) > 0 && strings.IndexByte("SEcA", walData[0]) >= 0 {
+	if p.dec.StreamMessage() {
 		p.countStream()
 	}
 	if txn == nil {
@@ -223,14 +208,17 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		}
 		return nil
 	}
-	if p.eos != nil && txn.CommitLSN <= p.eos.skipThrough() {
-		// Exactly once: committed to Kafka in an earlier session or term
-		// (the checkpoint), not yet confirmed to the slot. The watermark
-		// passes it like a heartbeat, so the slot is confirmed past it.
+	skip, err := p.out.Begin(ctx, txn)
+	if err != nil {
+		return err
+	}
+	if skip {
+		// In Kafka already (the delivery knows it, e.g. from a checkpoint),
+		// not yet confirmed to the slot. The watermark passes it like a
+		// heartbeat, so the slot is confirmed past it.
 		if !txn.Partial {
 			p.tracker.Mark(txn.EndLSN)
 		}
-		p.eos.skipped(len(txn.Events))
 		return nil
 	}
 	var bytes int64
@@ -299,19 +287,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			last.ok, last.fromTable, last.table = true, fromTable, ev.TableIndex
 			last.aggType, last.eventType, last.topic = ev.AggregateType, ev.EventType, topic
 		}
-		if p.eos != nil {
-			if reason, cause, ok := p.rewind.deadNext(pos); ok {
-				// Exactly once: the broker refused it until on_poison applied;
-				// its dead letter goes into this Kafka transaction instead.
-				p.toDeadLetter(d, reason, cause)
-			}
-		}
-	}
-	if p.eos != nil {
-		// Closes the Kafka transaction first when this PostgreSQL
-		// transaction would not fit in it (never splits one).
-		if err := p.eos.before(&eosTxn{commit: txn.CommitLSN, events: len(ds), bytes: bytes, partial: txn.Partial}); err != nil {
-			return err
+		if reason, cause, ok := p.rewind.deadNext(pos); ok {
+			// Its Kafka transaction was aborted after on_poison applied
+			// (lostBatch): its dead letter goes out in its place now.
+			p.toDeadLetter(d, reason, cause)
 		}
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.
@@ -338,13 +317,11 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		if p.log.Debug().Enabled() {
 			d.logID(p.log.Debug()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
-		if err := p.pub.Publish(pubCtx, &d.msg); err != nil {
+		if err := p.out.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
 		}
 	}
-	if p.eos != nil && !txn.Partial {
-		p.eos.after(txn.CommitLSN, txn.EndLSN)
-	}
+	p.out.End(txn)
 	return nil
 }
 
@@ -439,20 +416,17 @@ func (d *delivery) deadLettered() {
 	d.settle()
 }
 
-// batchAcker is a Publisher that hands over the acks of a record batch
-// in one call (sink.Producer, direct engine).
-type batchAcker interface {
-	OnAcked(f func(msgs []*sink.Message, at time.Time))
-}
-
-// acked is done(nil) for the records of one acked batch (one partition, in
-// publish order), with the per-batch work done once: the order watch sees
-// the batch's last position, and the deliveries of one transaction that
-// follow each other settle with one tracker call. In a drain of 100-row
-// transactions these were a lock, a map lookup and a compare-and-swap per
-// event. Records that are not plain deliveries (dead letters, the
-// exactly-once checkpoint) go through their Done.
-func (p *Pipeline) acked(msgs []*sink.Message, at time.Time) {
+// Acked is the one ack path: every record in msgs (acked together, at) is
+// in Kafka. The delivery calls it with a record batch (the direct engine:
+// one partition, in publish order; a transactional delivery: a committed
+// Kafka transaction), a record's Done(nil) with that record alone. The per-batch
+// work is done once: the order watch sees each partition run's last
+// position, and the deliveries of one transaction that follow each other
+// settle with one tracker call (in a drain of 100-row transactions these
+// were a lock, a map lookup and a compare-and-swap per event). A dead
+// letter goes on through letterAcked; a record that is no delivery of this
+// pipeline through its Done. Any goroutine; it does not block.
+func (p *Pipeline) Acked(msgs []*sink.Message, at time.Time) {
 	var (
 		topic string
 		part  int32 = -1
@@ -492,8 +466,12 @@ func (p *Pipeline) acked(msgs []*sink.Message, at time.Time) {
 	}
 	for _, m := range msgs {
 		d, ok := m.Ref.(*delivery)
-		if !ok || d.letter != nil {
+		switch {
+		case !ok:
 			m.Done(nil)
+			continue
+		case d.letter != nil:
+			d.letterAcked()
 			continue
 		}
 		if d.pend != pend || d.mem != mem {
@@ -506,33 +484,41 @@ func (p *Pipeline) acked(msgs []*sink.Message, at time.Time) {
 	flush()
 }
 
-// done is the broker's verdict on d.msg. It runs on the producer's
-// goroutines and must not block: everything slow goes through a queue.
+// letterAcked: d's dead letter is in Kafka. A message's is acked now; a
+// row's once the row is marked too.
+func (d *delivery) letterAcked() {
+	p := d.p
+	p.m.deadLettered.WithLabelValues(d.letter.Reason, d.tableLabel()).Inc()
+	if d.message {
+		// No row to mark: the dead letter is the only copy (the slot
+		// was the other), so it is acked once Kafka has it.
+		d.deadLettered()
+		return
+	}
+	p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
+}
+
+// done is the broker's verdict on d.msg, for a delivery that does not hand
+// over its acks in batches: an ack goes on to Acked, a failure is handled
+// here. It runs on the producer's goroutines and must not block:
+// everything slow goes through a queue.
 func (d *delivery) done(err error) {
 	p := d.p
 	if err == nil {
-		if d.letter == nil {
-			acked := d.msg.Acked
-			if acked.IsZero() {
-				acked = time.Now()
-			}
-			p.m.commitToAck.Observe(acked.Sub(d.commit).Seconds())
-			p.order.ack(d.msg.Topic, d.msg.Partition, d.pos)
-			p.rewind.settled(d.pos)
-			d.settle()
-			return
+		at := d.msg.Acked
+		if at.IsZero() {
+			at = time.Now()
 		}
-		p.m.deadLettered.WithLabelValues(d.letter.Reason, d.tableLabel()).Inc()
-		if d.message {
-			// No row to mark: the dead letter is the only copy (the slot
-			// was the other), so it is acked once Kafka has it.
-			d.deadLettered()
-			return
-		}
-		p.marks.push(rowMark{d: d, dead: true}, 0) // acks once the row says so
+		one := [1]*sink.Message{&d.msg}
+		p.Acked(one[:], at)
 		return
 	}
-	if p.eos == nil || !errors.Is(err, errAborted) {
+	// lost: the record's Kafka transaction was aborted, so
+	// nothing of it reached consumers and everything in it comes again
+	// after a rewind: the event, or its dead letter once on_poison applies.
+	var abort *sink.AbortError
+	lost := errors.As(err, &abort)
+	if !lost || abort.Own {
 		d.attempts++ // not for an abort another record caused
 	}
 	reason, kind := sink.Classify(err)
@@ -548,9 +534,9 @@ func (d *delivery) done(err error) {
 	}
 	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
-	if p.eos != nil && action != Halt {
-		// Exactly once: the Kafka transaction is aborted; the event (or its
-		// dead letter, now due) goes into a later one after the rewind.
+	if lost && action != Halt {
+		// The event (or its dead letter, now due) goes into a later Kafka
+		// transaction after the rewind (deadNext).
 		switch {
 		case action == DeadLetter:
 			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
@@ -598,10 +584,10 @@ func (d *delivery) done(err error) {
 	}
 }
 
-// republish is the retry goroutine's job. An error ends Run: the publisher
+// republish is the retry goroutine's job. An error ends Run: the delivery
 // is stopped, so the event stays unacked and the slot keeps it.
 func (p *Pipeline) republish(ctx context.Context, d *delivery) error {
-	if err := p.pub.Publish(ctx, &d.msg); err != nil {
+	if err := p.out.Publish(ctx, &d.msg); err != nil {
 		return fmt.Errorf("resend %s at LSN %s: %w", d.name(), d.lsn, err)
 	}
 	return nil
@@ -617,7 +603,7 @@ func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
 		l = &deadletter.Letter{EventID: d.msgID, Prefix: p.msgPrefix}
 	}
 	d.msg, d.letter = deadLetterRecord(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
-	d.msg.Done = d.done
+	d.msg.Done, d.msg.Ref = d.done, d
 	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
 		Msg("poison event: dead-lettering it; later events of its aggregate go on")
@@ -850,9 +836,7 @@ func (p *Pipeline) Reset(lsn pglogrepl.LSN) error { return p.tracker.Reset(lsn) 
 // tracker: the next session publishes them again. Called on the loop
 // goroutine.
 func (p *Pipeline) Drain(ctx context.Context) error {
-	if p.eos != nil {
-		p.eos.flush() // the acks come with the commit
-	}
+	p.out.Flush() // a delivery may hold acks back until it commits
 	if p.halted.Load() != nil {
 		// The halted event never acks; wait briefly for the others only.
 		var cancel context.CancelFunc
@@ -877,9 +861,7 @@ func (p *Pipeline) Drain(ctx context.Context) error {
 				return err
 			}
 			p.countDecoder()
-			if p.eos != nil {
-				p.eos.rewound()
-			}
+			p.out.Restart()
 			return p.resetDecoder()
 		case <-poll.C:
 		case <-warn.C:
@@ -900,12 +882,14 @@ func (p *Pipeline) finishRewind(ctx context.Context) error {
 	p.tracker.Abandon()
 	p.order.reset()
 	p.rewind.reset()
-	if p.eos != nil {
-		p.eos.rewound()
-	}
+	p.out.Restart()
 	p.countDecoder()
 	return p.resetDecoder()
 }
+
+// Handled counts the WAL messages Handle took: a delivery may watch it to
+// tell a quiet stream. Any goroutine.
+func (p *Pipeline) Handled() uint64 { return p.handled.Load() }
 
 // Advanced receives (without blocking the sender) after the watermark
 // moved; one receive may stand for several moves. Any goroutine.

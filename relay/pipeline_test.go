@@ -49,6 +49,16 @@ type scriptedPublisher struct {
 
 func (s *scriptedPublisher) OnAcked(f func([]*sink.Message, time.Time)) { s.acked = f }
 
+// wireAcks gives a fake that acks in batches the pipeline's ack path, as
+// the term does with its producer.
+func wireAcks(p *Pipeline, pub any) {
+	if a, ok := pub.(interface {
+		OnAcked(func([]*sink.Message, time.Time))
+	}); ok {
+		a.OnAcked(p.Acked)
+	}
+}
+
 func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
 	m.Partition = 0 // one partition: every test event shares it
 	if s.maxBytes > 0 && deadletter.RecordSize(m.Key, m.Value, m.Headers) > s.maxBytes {
@@ -144,10 +154,11 @@ func newHarnessWith(t *testing.T, policy Policy, answer func(string, int) error,
 	for _, f := range configure {
 		f(&cfg)
 	}
-	p, err := NewPipeline(cfg, pub, marker, zerolog.Nop(), nil)
+	p, err := NewPipeline(cfg, atLeastOnce{pub}, marker, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	wireAcks(p, pub)
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, p: p, pub: pub, ctx: ctx, in: make(chan walReq)}
 	ran, streamed := make(chan error, 1), make(chan struct{})

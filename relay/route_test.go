@@ -33,7 +33,7 @@ func newRoutedHarness(t *testing.T, policy Policy, maxTopics int, allow ...strin
 func TestNewPipelineNeedsTopicLimit(t *testing.T) {
 	tmpl, _ := sink.ParseTemplate("t")
 	_, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, Policy: fastPolicy,
-		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, &scriptedPublisher{}, &fakeMarker{}, zerolog.Nop(), nil)
+		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, atLeastOnce{&scriptedPublisher{}}, &fakeMarker{}, zerolog.Nop(), nil)
 	if err == nil || !strings.Contains(err.Error(), "kafka.max_topics") {
 		t.Fatalf("NewPipeline without MaxTopics = %v, want an error naming kafka.max_topics", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/exactlyonce"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
@@ -39,13 +40,15 @@ type term struct {
 
 // termProducer is the term's Kafka side: the at-least-once producer
 // (*sink.Producer) or, under delivery: exactly_once, the transactional
-// batcher (*exactlyOnce). Run connects (Ready closes when publishing may
-// start) and runs until Close or ctx ends.
+// delivery (*exactlyonce.Delivery). Run connects (Ready closes when
+// publishing may start) and runs until Close or ctx ends; OnAcked takes
+// the pipeline's ack path before Run.
 type termProducer interface {
 	Run(ctx context.Context) error
 	Ready() <-chan struct{}
 	Connected() bool
 	Close()
+	OnAcked(f func(msgs []*sink.Message, at time.Time))
 }
 
 func (t *term) ready() (bool, string) {
@@ -90,25 +93,30 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	}
 	reg := prometheus.NewRegistry() // this term's metrics, served while it runs
 	var err error
-	var pub Publisher
+	var out Delivery
 	var catchingUp func(bool) // the producer's, at least once: it batches harder while the stream catches up
 	if cfg.Delivery == ExactlyOnce {
-		var valid func(ctx context.Context) error
+		o := exactlyonce.Options{Slot: cfg.Postgres.Slot, MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes,
+			SystemID: func(ctx context.Context) (string, error) {
+				id, err := replication.IdentifySystem(ctx, cfg.Postgres.URL)
+				return id.SystemID, err
+			},
+			Activity: func() uint64 { return t.pipe.Handled() }, Log: t.log, Registerer: reg}
 		if t.fence != nil {
-			valid = t.fence.Check
+			o.Valid = t.fence.Check
 		}
-		e, err := newExactlyOnce(cfg, t.log, reg, valid)
+		e, err := exactlyonce.New(cfg.ExactlyOnce, cfg.Kafka, o)
 		if err != nil {
 			return err
 		}
-		t.producer, pub = e, e
+		t.producer, out = e, e
 	} else {
 		p, err := sink.New(cfg.Kafka, t.log, reg)
 		if err != nil {
 			return err
 		}
 		catchingUp = p.CatchingUp
-		t.producer, pub = p, p
+		t.producer, out = p, atLeastOnce{p}
 	}
 	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Outboxes: r.outboxes, Format: cfg.Compat, Start: r.acked,
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
@@ -116,10 +124,11 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		Limits:        checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
 		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
 			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
-	}, pub, store, t.log, reg)
+	}, out, store, t.log, reg)
 	if err != nil {
 		return err
 	}
+	t.producer.OnAcked(t.pipe.Acked)
 	repMetrics := replication.NewMetrics(reg)
 	if t.stream, err = replication.NewStream(cfg.Postgres, t.pipe, t.log, repMetrics); err != nil {
 		return err

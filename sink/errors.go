@@ -89,3 +89,29 @@ func isNetwork(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
 		errors.As(err, &ne)
 }
+
+// AbortError is the verdict on a record whose Kafka transaction was
+// aborted: no record of that transaction reached a read_committed
+// consumer, so this one must be published again, in a later transaction.
+// Own: the broker refused this record itself, and Cause (which Unwrap
+// returns, so Classify sees it) says why; otherwise it was aborted for
+// another record's sake, Unwrap returns nil and it classifies as transient.
+type AbortError struct {
+	Cause error
+	Own   bool
+}
+
+func (e *AbortError) Error() string {
+	if e.Own {
+		return "kafka transaction aborted: " + e.Cause.Error()
+	}
+	return "kafka transaction aborted (another record or the transaction failed): " + e.Cause.Error()
+}
+
+// Unwrap returns Cause when the record was refused itself, else nil.
+func (e *AbortError) Unwrap() error {
+	if e.Own {
+		return e.Cause
+	}
+	return nil
+}

@@ -220,6 +220,10 @@ func (p *TxnProducer) SetConnected(ok bool) {
 // checkpoint topic that retention may delete.
 var ErrNotCompacted = errors.New("checkpoint topic is not compacted")
 
+// CheckTopic creates the compacted checkpoint topic, or checks that the
+// one there is compacted (EnsureCheckpointTopic). It blocks on the network.
+func (p *TxnProducer) CheckTopic(topic string) error { return EnsureCheckpointTopic(p.cfg, topic) }
+
 // Begin starts a transaction.
 func (p *TxnProducer) Begin() error { return p.ap.BeginTxn() }
 

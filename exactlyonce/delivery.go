@@ -1,4 +1,23 @@
-package relay
+// Package exactlyonce is delivery: exactly_once. It takes the pipeline's
+// records one PostgreSQL transaction at a time (relay.Delivery), groups
+// whole PostgreSQL transactions into Kafka transactions (batcher), ends
+// each with a checkpoint record (the last commit LSN it holds) in the
+// compacted checkpoint topic, and acks the records only once the commit
+// succeeded: the commit is the ack, so the tracker, and with it the slot,
+// moves only past committed transactions. Any failure aborts the Kafka
+// transaction and fails its records with a *sink.AbortError: the pipeline
+// rewinds, and on the way back Begin skips every PostgreSQL transaction the
+// checkpoint says is committed already.
+//
+// The package owns the producer's lifecycle: Run checks the checkpoint
+// topic, learns the server's system id (Options.SystemID), opens the
+// transactional producer (fencing older ones with the same transactional
+// id), reads the checkpoint, then commits batches as they age. When a
+// producer must be rebuilt (a commit of unknown outcome, a fenced or fatal
+// producer, a failed abort) Run rebuilds it and reads the checkpoint again,
+// without holding the lock; Begin waits for that, so the rewind finds the
+// skip filter current.
+package exactlyonce
 
 import (
 	"context"
@@ -14,42 +33,75 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// exactlyOnce is the publisher of delivery: exactly_once. The pipeline
-// publishes into it as into the at-least-once producer; it groups whole
-// PostgreSQL transactions into Kafka transactions (batcher), ends each with
-// a checkpoint record (the last commit LSN it holds) in the compacted
-// checkpoint topic, and calls every record's Done only once CommitTxn
-// succeeded: the commit is the ack, so the tracker, and with it the slot,
-// moves only past committed transactions. Any failure aborts the Kafka
-// transaction and fails its records with a transient error: the pipeline
-// rewinds (rewind.go) and the checkpoint filter (skipThrough) drops, on the
-// way back, every PostgreSQL transaction already committed.
-//
-// Run opens the transactional producer (fencing older ones with the same
-// transactional id), reads the checkpoint, then commits batches as they
-// age. Publish, before, after, flush and rewound come from the pipeline;
-// every method takes mu, so a commit never interleaves with a publish.
-type exactlyOnce struct {
-	cfg  Config
-	prod txnSink
-	// prepare makes the checkpoint topic and learns the server's system
-	// id (tests swap it).
-	prepare func(ctx context.Context) error
-	log     zerolog.Logger
-	m       eosMetrics
-	// valid checks with a round trip that the lease is still ours (nil
+// Producer is the transactional producer Delivery drives
+// (*sink.TxnProducer; tests use a fake). One owner at a time: Delivery
+// calls it under its lock, or from its commit goroutine or Run while no
+// one else may.
+type Producer interface {
+	CheckTopic(topic string) error
+	Open(ctx context.Context) error
+	Opened() bool
+	Begin() error
+	Send(ctx context.Context, m *sink.Message) error
+	Sync(ctx context.Context, m *sink.Message) error
+	Commit(ctx context.Context) (error, map[*sink.Message]error)
+	Abort(ctx context.Context) (error, map[*sink.Message]error)
+	Fatal() bool
+	Close()
+	ReadCheckpoint(ctx context.Context, topic string, key []byte) ([]byte, error)
+	Connected() bool
+	SetConnected(ok bool)
+}
+
+// Options is what Delivery takes from the relay besides its Config.
+type Options struct {
+	// Slot is postgres.slot: the default transactional id, and recorded in
+	// each checkpoint.
+	Slot string
+	// MaxEvents and MaxBytes are inflight.max_events and max_bytes: a
+	// Kafka transaction's events stay in flight until its commit.
+	MaxEvents int
+	MaxBytes  int64
+	// SystemID reads the PostgreSQL server's system identifier, which the
+	// checkpoint is bound to; Run retries it until it answers.
+	SystemID func(ctx context.Context) (string, error)
+	// Valid checks with a round trip that the lease is still ours (nil
 	// without election): a deposed leader must not fence the new one's
 	// producer.
-	valid func(ctx context.Context) error
+	Valid func(ctx context.Context) error
+	// Activity counts the WAL messages the pipeline handled
+	// (relay.Pipeline.Handled): max_batch_idle commits once it stops
+	// moving. nil: never idle.
+	Activity func() uint64
+	Log      zerolog.Logger
+	// Registerer gets the exactly-once metrics (nil: none).
+	Registerer prometheus.Registerer
+}
+
+// Delivery is the exactly-once delivery. New allocates; Run connects and
+// runs the term's Kafka side; Begin, Publish, End, Flush and Restart come
+// from the pipeline on the replication loop goroutine (Publish also from
+// its retry goroutine). mu guards the batch state; a commit runs on a
+// goroutine of its own and takes mu only to settle, so the loop reads on
+// while the broker commits.
+type Delivery struct {
+	cfg   Config
+	opt   Options
+	id    string // the transactional id
+	prod  Producer
+	log   zerolog.Logger
+	m     metrics
+	acked func(msgs []*sink.Message, at time.Time) // OnAcked; nil: each record's Done(nil)
 
 	ready     chan struct{}
 	closing   chan struct{}
 	closeOnce sync.Once
-	fatal     chan error // ends the term: lost leadership, or a checkpoint it must not use
+	rebuild   chan struct{} // asks Run for a new producer (failLocked)
 	ctx       atomic.Pointer[context.Context]
 
 	skip     atomic.Uint64 // commit LSN of the last committed PostgreSQL transaction (checkpoint)
@@ -58,7 +110,11 @@ type exactlyOnce struct {
 	mu      sync.Mutex
 	b       batcher
 	msgs    []*sink.Message // records of the open Kafka transaction, checkpoint excluded
-	discard bool            // aborted: refuse records until the pipeline rewound
+	discard bool            // aborted: refuse records until the pipeline restarted
+	// reopen: the producer was closed for a rebuild Run has not finished;
+	// Begin waits on reopened, Publish refuses.
+	reopen   bool
+	reopened chan struct{}
 	// isolate counts the records still to be sent one at a time after a
 	// Kafka transaction failed on a record error: sarama fails every
 	// record after the refused one with the refused one's error, so only
@@ -74,40 +130,18 @@ type exactlyOnce struct {
 	pending    []*sink.Message
 	begun      bool // the Kafka transaction of msgs has begun at the producer
 	// exactly_once.max_batch_idle: the open Kafka transaction is committed
-	// once no WAL message reached the pipeline for this long (seen did not
-	// move since the timer was armed at seenAtArm) and no commit is in
-	// flight. A drain never idles that long, a quiet stream does at once.
-	seen      atomic.Uint64 // WAL messages handled (pipeline.Handle)
+	// once Activity did not move since the timer was armed at seenAtArm and
+	// no commit is in flight. A drain never idles that long, a quiet stream
+	// does at once.
 	seenAtArm uint64
 	idleTimer *time.Timer
 	idleArmed bool
 	stopped   bool // the term ended: no commit starts any more
 }
 
-// txnSink is what exactlyOnce needs of the transactional producer
-// (*sink.TxnProducer; tests use a fake).
-type txnSink interface {
-	Open(ctx context.Context) error
-	Opened() bool
-	Begin() error
-	Send(ctx context.Context, m *sink.Message) error
-	Sync(ctx context.Context, m *sink.Message) error
-	Commit(ctx context.Context) (error, map[*sink.Message]error)
-	Abort(ctx context.Context) (error, map[*sink.Message]error)
-	Fatal() bool
-	Close()
-	ReadCheckpoint(ctx context.Context, topic string, key []byte) ([]byte, error)
-	Connected() bool
-	SetConnected(ok bool)
-}
-
-// errAborted is what the records of an aborted Kafka transaction fail
-// with: transient, so the pipeline rewinds and publishes them again.
-var errAborted = errors.New("kafka transaction aborted")
-
-// checkpointRecord is the value of a checkpoint record (design: key = the
-// transactional id).
-type checkpointRecord struct {
+// Checkpoint is the value of a checkpoint record; its key is the
+// transactional id.
+type Checkpoint struct {
 	Slot      string `json:"slot"`
 	SystemID  string `json:"system_id"`
 	CommitLSN string `json:"commit_lsn"`
@@ -115,7 +149,7 @@ type checkpointRecord struct {
 	WrittenAt string `json:"written_at"`
 }
 
-type eosMetrics struct {
+type metrics struct {
 	txns        *prometheus.CounterVec
 	events      prometheus.Histogram
 	commit      prometheus.Histogram
@@ -124,8 +158,8 @@ type eosMetrics struct {
 	abortedTxns prometheus.Counter
 }
 
-func newEOSMetrics(reg prometheus.Registerer) eosMetrics {
-	m := eosMetrics{
+func newMetrics(reg prometheus.Registerer) metrics {
+	m := metrics{
 		txns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_kafka_transactions_total",
 			Help: "Kafka transactions ended under delivery: exactly_once, by result (committed or aborted)."}, []string{"result"}),
 		events: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outbox_relay_kafka_transaction_events",
@@ -144,58 +178,81 @@ func newEOSMetrics(reg prometheus.Registerer) eosMetrics {
 	return m
 }
 
-func newExactlyOnce(cfg Config, log zerolog.Logger, reg prometheus.Registerer, valid func(ctx context.Context) error) (*exactlyOnce, error) {
-	prod, err := sink.NewTxn(cfg.Kafka, cfg.TxnID(), cfg.ExactlyOnce.TransactionTimeout, log)
+// New builds the transactional producer from kafka (it does not dial) and
+// the Delivery over it.
+func New(cfg Config, kafka sink.Config, o Options) (*Delivery, error) {
+	id := cfg.ID(o.Slot)
+	prod, err := sink.NewTxn(kafka, id, cfg.TransactionTimeout, o.Log)
 	if err != nil {
 		return nil, err
 	}
 	// The at-least-once producer's series (events published, errors), so
 	// dashboards work in both modes; it is never run.
-	counters, err := sink.New(cfg.Kafka, log, reg)
+	counters, err := sink.New(kafka, o.Log, o.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	prod.SetMetrics(counters)
-	e := &exactlyOnce{cfg: cfg, prod: prod, valid: valid, m: newEOSMetrics(reg),
-		log:   log.With().Str("component", "exactly_once").Str("transactional_id", cfg.TxnID()).Logger(),
-		ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1),
-		b: batcher{maxEvents: cfg.ExactlyOnce.MaxBatchEvents, inflightEvents: cfg.InFlight.MaxEvents,
-			inflightBytes: cfg.InFlight.MaxBytes, interval: cfg.ExactlyOnce.MaxBatchInterval}}
-	e.prepare = e.prepareKafkaAndPostgres
-	return e, nil
+	return NewWith(cfg, prod, o), nil
 }
+
+// NewWith is New over a producer of the caller's (tests).
+func NewWith(cfg Config, prod Producer, o Options) *Delivery {
+	id := cfg.ID(o.Slot)
+	return &Delivery{cfg: cfg, opt: o, id: id, prod: prod, m: newMetrics(o.Registerer),
+		log:   o.Log.With().Str("component", "exactly_once").Str("transactional_id", id).Logger(),
+		ready: make(chan struct{}), closing: make(chan struct{}), rebuild: make(chan struct{}, 1),
+		reopened: make(chan struct{}),
+		b: batcher{maxEvents: cfg.MaxBatchEvents, inflightEvents: o.MaxEvents,
+			inflightBytes: o.MaxBytes, interval: cfg.MaxBatchInterval}}
+}
+
+// OnAcked makes a commit hand its records to f in one call, with the time
+// it succeeded, instead of calling each record's Done(nil). Call it before
+// Run. Failures still go to each Done.
+func (e *Delivery) OnAcked(f func(msgs []*sink.Message, at time.Time)) { e.acked = f }
 
 // Ready is closed once the producer is initialised and the checkpoint read:
 // the stream may start.
-func (e *exactlyOnce) Ready() <-chan struct{} { return e.ready }
+func (e *Delivery) Ready() <-chan struct{} { return e.ready }
 
-// Connected reports whether the last transaction went through.
-func (e *exactlyOnce) Connected() bool { return e.prod.Connected() }
+// Connected reports whether the last transaction went through. Any goroutine.
+func (e *Delivery) Connected() bool { return e.prod.Connected() }
 
 // Close stops Run: an open Kafka transaction is aborted (its events are
-// unacked; the slot keeps them). Idempotent.
-func (e *exactlyOnce) Close() { e.closeOnce.Do(func() { close(e.closing) }) }
+// unacked; the slot keeps them). Idempotent; does not block.
+func (e *Delivery) Close() { e.closeOnce.Do(func() { close(e.closing) }) }
 
-// skipThrough is the commit LSN at or below which PostgreSQL transactions
-// are already in Kafka.
-func (e *exactlyOnce) skipThrough() pglogrepl.LSN { return pglogrepl.LSN(e.skip.Load()) }
+// SkipThrough is the commit LSN at or below which PostgreSQL transactions
+// are already in Kafka (the checkpoint). Any goroutine.
+func (e *Delivery) SkipThrough() pglogrepl.LSN { return pglogrepl.LSN(e.skip.Load()) }
 
-func (e *exactlyOnce) raiseSkip(lsn pglogrepl.LSN) {
+func (e *Delivery) raiseSkip(lsn pglogrepl.LSN) {
 	for cur := e.skip.Load(); uint64(lsn) > cur && !e.skip.CompareAndSwap(cur, uint64(lsn)); cur = e.skip.Load() {
 	}
 }
 
-func (e *exactlyOnce) context() context.Context {
+func (e *Delivery) context() context.Context {
 	if c := e.ctx.Load(); c != nil {
 		return *c
 	}
 	return context.Background()
 }
 
+func (e *Delivery) activity() uint64 {
+	if e.opt.Activity == nil {
+		return 0
+	}
+	return e.opt.Activity()
+}
+
 // Run prepares the checkpoint topic, opens the producer, reads the
 // checkpoint, then commits Kafka transactions as they reach
-// exactly_once.max_batch_interval, until Close or ctx ends.
-func (e *exactlyOnce) Run(ctx context.Context) error {
+// exactly_once.max_batch_interval and rebuilds the producer when asked,
+// until Close or ctx ends. It returns nil then, or the error that must end
+// the term (a checkpoint it must not use, lost leadership, a producer it
+// cannot rebuild).
+func (e *Delivery) Run(ctx context.Context) error {
 	e.ctx.Store(&ctx)
 	if err := e.start(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -207,7 +264,7 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 		return err
 	}
 	close(e.ready)
-	tick := time.NewTicker(max(time.Millisecond, e.cfg.ExactlyOnce.MaxBatchInterval/4))
+	tick := time.NewTicker(max(time.Millisecond, e.cfg.MaxBatchInterval/4))
 	defer tick.Stop()
 	defer e.stop()
 	for {
@@ -216,11 +273,16 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 			return nil
 		case <-e.closing:
 			return nil
-		case err := <-e.fatal:
-			if errors.Is(err, context.Canceled) {
-				e.log.Warn().Err(err).Msg("term ends")
+		case <-e.rebuild:
+			if err := e.reopenProducer(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				if errors.Is(err, context.Canceled) {
+					e.log.Warn().Err(err).Msg("term ends")
+				}
+				return err
 			}
-			return err
 		case now := <-tick.C:
 			e.mu.Lock()
 			if !e.discard && !e.committing && e.b.due(now) {
@@ -231,21 +293,35 @@ func (e *exactlyOnce) Run(ctx context.Context) error {
 	}
 }
 
+// reopenProducer opens a new producer and reads the checkpoint again
+// (open), outside the lock; then Begin may go on.
+func (e *Delivery) reopenProducer(ctx context.Context) error {
+	err := e.open(ctx)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err == nil {
+		e.reopen = false
+		close(e.reopened)
+		e.reopened = make(chan struct{})
+	}
+	return err
+}
+
 // start makes the checkpoint topic, learns the server's system id, opens
 // the producer and reads the checkpoint; network errors are retried.
-func (e *exactlyOnce) start(ctx context.Context) error {
+func (e *Delivery) start(ctx context.Context) error {
 	if err := e.prepare(ctx); err != nil {
 		return err
 	}
 	return e.open(ctx)
 }
 
-// prepareKafkaAndPostgres creates or checks the checkpoint topic and reads
-// the server's system identifier, retrying what may heal.
-func (e *exactlyOnce) prepareKafkaAndPostgres(ctx context.Context) error {
+// prepare creates or checks the checkpoint topic and reads the server's
+// system identifier, retrying what may heal.
+func (e *Delivery) prepare(ctx context.Context) error {
 	b := backoff.Backoff{Policy: backoff.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
 	for {
-		err := sink.EnsureCheckpointTopic(e.cfg.Kafka, e.cfg.ExactlyOnce.CheckpointTopic)
+		err := e.prod.CheckTopic(e.cfg.CheckpointTopic)
 		if err == nil {
 			break
 		}
@@ -258,9 +334,9 @@ func (e *exactlyOnce) prepareKafkaAndPostgres(ctx context.Context) error {
 		}
 	}
 	for {
-		id, err := replication.IdentifySystem(ctx, e.cfg.Postgres.URL)
+		id, err := e.opt.SystemID(ctx)
 		if err == nil {
-			e.systemID = id.SystemID
+			e.systemID = id
 			break
 		}
 		e.log.Warn().Err(err).Msg("cannot read the PostgreSQL system identifier yet; retrying")
@@ -273,11 +349,11 @@ func (e *exactlyOnce) prepareKafkaAndPostgres(ctx context.Context) error {
 
 // open initialises a new producer (fencing older ones) and reads the
 // checkpoint with it, retrying network errors until ctx ends.
-func (e *exactlyOnce) open(ctx context.Context) error {
+func (e *Delivery) open(ctx context.Context) error {
 	b := backoff.Backoff{Policy: backoff.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
 	for {
-		if e.valid != nil {
-			if err := e.valid(ctx); err != nil {
+		if e.opt.Valid != nil {
+			if err := e.opt.Valid(ctx); err != nil {
 				// Ends the term like a lost lease (context.Canceled), not the relay.
 				return fmt.Errorf("exactly_once: not the leader any more (%v), so not initialising a producer that would fence the new leader's: %w", err, context.Canceled)
 			}
@@ -310,11 +386,11 @@ func (c *checkpointError) Error() string { return c.msg }
 // resume reads the last committed checkpoint and raises the skip filter to
 // it. Called right after the producer was initialised: no older producer
 // can commit anything later.
-func (e *exactlyOnce) resume(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(ctx, e.cfg.ExactlyOnce.TransactionTimeout+10*time.Second)
+func (e *Delivery) resume(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.TransactionTimeout+10*time.Second)
 	defer cancel()
-	topic := e.cfg.ExactlyOnce.CheckpointTopic
-	v, err := e.prod.ReadCheckpoint(rctx, topic, []byte(e.cfg.TxnID()))
+	topic := e.cfg.CheckpointTopic
+	v, err := e.prod.ReadCheckpoint(rctx, topic, []byte(e.id))
 	if err != nil {
 		return err
 	}
@@ -322,19 +398,19 @@ func (e *exactlyOnce) resume(ctx context.Context) error {
 		e.log.Info().Str("topic", topic).Msg("no checkpoint yet: every PostgreSQL transaction from the slot's position is published")
 		return nil
 	}
-	var cp checkpointRecord
+	var cp Checkpoint
 	if err := json.Unmarshal(v, &cp); err != nil {
 		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of %s is not valid JSON (%v); delete it (a tombstone for key %s) only if the slot was recreated, or choose another exactly_once.transactional_id",
-			topic, e.cfg.TxnID(), err, e.cfg.TxnID())}
+			topic, e.id, err, e.id)}
 	}
 	commit, err1 := pglogrepl.ParseLSN(cp.CommitLSN)
 	if _, err2 := pglogrepl.ParseLSN(cp.EndLSN); err1 != nil || err2 != nil {
-		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of %s has invalid LSNs %q/%q", topic, e.cfg.TxnID(), cp.CommitLSN, cp.EndLSN)}
+		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of %s has invalid LSNs %q/%q", topic, e.id, cp.CommitLSN, cp.EndLSN)}
 	}
 	if cp.SystemID != e.systemID {
 		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of transactional id %s was written for PostgreSQL system_id %s (slot %s), but this server is system_id %s: "+
 			"its LSNs mean nothing here. If the database was replaced on purpose, set a new exactly_once.transactional_id (or write a tombstone for key %s) and restart",
-			topic, e.cfg.TxnID(), cp.SystemID, cp.Slot, e.systemID, e.cfg.TxnID())}
+			topic, e.id, cp.SystemID, cp.Slot, e.systemID, e.id)}
 	}
 	e.raiseSkip(commit)
 	e.log.Info().Str("commit_lsn", cp.CommitLSN).Str("end_lsn", cp.EndLSN).Str("written_at", cp.WrittenAt).
@@ -343,7 +419,7 @@ func (e *exactlyOnce) resume(ctx context.Context) error {
 }
 
 // stop aborts what is open and closes the producer.
-func (e *exactlyOnce) stop() {
+func (e *Delivery) stop() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopped = true
@@ -357,17 +433,20 @@ func (e *exactlyOnce) stop() {
 	e.prod.Close()
 }
 
-// Publish adds m to the open Kafka transaction (opening one). m.Done is
-// called once the transaction committed or aborted. After an abort, until
-// the pipeline rewound, m fails at once.
-func (e *exactlyOnce) Publish(ctx context.Context, m *sink.Message) error {
+// Publish adds m to the open Kafka transaction (opening one). Its verdict
+// comes once the transaction committed (OnAcked, or m.Done(nil)) or aborted
+// (m.Done with a *sink.AbortError). After an abort, until the pipeline
+// restarted, and while the producer is rebuilt, m fails at once. The
+// replication loop's goroutine (or the retry goroutine); it blocks while a
+// record is being isolated (one at a time) or sarama's input is full.
+func (e *Delivery) Publish(ctx context.Context, m *sink.Message) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.isolate > 0 {
 		e.waitCommitLocked() // one record at a time, in a transaction of their own
 	}
-	if e.discard || !e.prod.Opened() {
-		m.Done(errAborted)
+	if e.discard || e.reopen || !e.prod.Opened() {
+		m.Done(&sink.AbortError{Cause: errors.New("the kafka transaction was aborted; the record comes again after the rewind")})
 		return nil
 	}
 	e.b.opening(time.Now())
@@ -400,34 +479,73 @@ func (e *exactlyOnce) Publish(ctx context.Context, m *sink.Message) error {
 	return nil
 }
 
-// before is called by the pipeline before a PostgreSQL transaction (or a
-// chunk of one) enters the tracker. It commits the open Kafka transaction
-// first when the PostgreSQL transaction would not fit it. ErrRestart: an
-// abort happened, the session must rewind.
-func (e *exactlyOnce) before(txn *eosTxn) error {
+// Begin is called by the pipeline before a PostgreSQL transaction (or a
+// chunk of one) enters its tracker, on the replication loop goroutine.
+// skip: the checkpoint says it is committed to Kafka already (in an earlier
+// session or term, not yet confirmed to the slot), so it is not published.
+// Otherwise it commits the open Kafka transaction first when txn would not
+// fit in it (never splitting a PostgreSQL transaction). It blocks while the
+// producer is rebuilt (until ctx ends). replication.ErrRestart: an abort
+// happened, the session must rewind.
+func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) (skip bool, err error) {
+	if e.skipped(txn) {
+		return true, nil
+	}
+	var bytes int64 // as the pipeline's tracker counts them
+	for i := range txn.Events {
+		bytes += int64(len(txn.Events[i].Payload))
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.discard {
-		return replication.ErrRestart
+	for e.reopen {
+		ch := e.reopened
+		e.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			e.mu.Lock()
+			return false, ctx.Err()
+		}
+		e.mu.Lock()
 	}
-	commitFirst, err := e.b.before(txn.commit, txn.events, txn.bytes, txn.partial)
+	switch {
+	case e.skipped(txn): // the rebuild read the checkpoint again
+		return true, nil
+	case e.discard:
+		return false, replication.ErrRestart
+	}
+	n := len(txn.Events)
+	commitFirst, err := e.b.before(txn.CommitLSN, n, bytes, txn.Partial)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if commitFirst {
 		e.waitCommitLocked() // a commit in flight first: it sends what is pending
 		if e.discard {
-			return replication.ErrRestart
+			return false, replication.ErrRestart
 		}
 		e.startCommitLocked()
 	}
-	e.b.added(txn.events, txn.bytes)
-	return nil
+	e.b.added(n, bytes)
+	return false, nil
 }
 
-// after is called once the last chunk of a PostgreSQL transaction was
-// published: a full Kafka transaction is committed now.
-func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
+// skipped reports (and counts) txn as committed to Kafka already.
+func (e *Delivery) skipped(txn *decoder.Txn) bool {
+	if txn.CommitLSN > e.SkipThrough() {
+		return false
+	}
+	e.m.skipped.Add(float64(len(txn.Events)))
+	return true
+}
+
+// End is called once every record of txn (or of this chunk of it) was
+// handed to Publish: after the last chunk, a full Kafka transaction is
+// committed now. The replication loop goroutine; does not block.
+func (e *Delivery) End(txn *decoder.Txn) {
+	if txn.Partial {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.discard {
@@ -436,26 +554,22 @@ func (e *exactlyOnce) after(commit, end pglogrepl.LSN) {
 	// The age check here too, not only on the timer: under load the loop
 	// goes from one PostgreSQL transaction to the next and the timer would
 	// rarely find the boundary.
-	if full := e.b.after(commit, end); (full || e.b.due(time.Now())) && !e.committing {
+	if full := e.b.after(txn.CommitLSN, txn.EndLSN); (full || e.b.due(time.Now())) && !e.committing {
 		e.startCommitLocked()
 		return
 	}
 	e.armIdleLocked()
 }
 
-// handled counts a WAL message reaching the pipeline (the replication
-// loop, per message: one atomic add).
-func (e *exactlyOnce) handled() { e.seen.Add(1) }
-
 // armIdleLocked makes idleCheck run after max_batch_idle unless it is
 // armed already, a commit is in flight (its end arms it) or nothing is
 // open. Caller holds mu.
-func (e *exactlyOnce) armIdleLocked() {
-	d := e.cfg.ExactlyOnce.MaxBatchIdle
-	if d <= 0 || e.idleArmed || e.committing || !e.b.open || e.stopped {
+func (e *Delivery) armIdleLocked() {
+	d := e.cfg.MaxBatchIdle
+	if d <= 0 || e.opt.Activity == nil || e.idleArmed || e.committing || !e.b.open || e.stopped {
 		return
 	}
-	e.idleArmed, e.seenAtArm = true, e.seen.Load()
+	e.idleArmed, e.seenAtArm = true, e.activity()
 	if e.idleTimer == nil {
 		e.idleTimer = time.AfterFunc(d, e.idleCheck)
 	} else {
@@ -466,14 +580,14 @@ func (e *exactlyOnce) armIdleLocked() {
 // idleCheck commits the open Kafka transaction when no WAL message came
 // since the timer was armed, max_batch_idle ago; otherwise it looks again
 // after another max_batch_idle.
-func (e *exactlyOnce) idleCheck() {
+func (e *Delivery) idleCheck() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.idleArmed = false
 	if e.discard || e.committing || e.stopped || !e.b.open || e.b.inPG {
 		return // a commit's end, or the next after, arms it again
 	}
-	if e.seen.Load() != e.seenAtArm {
+	if e.activity() != e.seenAtArm {
 		e.armIdleLocked()
 		return
 	}
@@ -483,7 +597,7 @@ func (e *exactlyOnce) idleCheck() {
 // commitNextLocked follows a commit: the transaction that collected
 // records meanwhile is committed at once when it is due, else once the
 // stream is idle (group commit). Caller holds mu.
-func (e *exactlyOnce) commitNextLocked() {
+func (e *Delivery) commitNextLocked() {
 	if e.discard || e.stopped || !e.b.open || e.b.inPG {
 		return
 	}
@@ -494,9 +608,10 @@ func (e *exactlyOnce) commitNextLocked() {
 	e.armIdleLocked()
 }
 
-// flush ends the session's Kafka transaction (Drain): committed when it
-// holds whole PostgreSQL transactions only, aborted when one was cut off.
-func (e *exactlyOnce) flush() {
+// Flush ends the session's Kafka transaction (the pipeline's Drain, before
+// it waits for acks): committed when it holds whole PostgreSQL transactions
+// only, aborted when one was cut off. It blocks until that commit settled.
+func (e *Delivery) Flush() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.waitCommitLocked()
@@ -510,20 +625,19 @@ func (e *exactlyOnce) flush() {
 	}
 }
 
-// rewound is called when the pipeline restarted the stream after an abort.
-func (e *exactlyOnce) rewound() {
+// Restart is called once the pipeline dropped what it had in flight and
+// reads again from its watermark (after every Drain): records are taken
+// again. Does not block.
+func (e *Delivery) Restart() {
 	e.mu.Lock()
 	e.discard = false
 	e.b.inPG, e.b.pgEvents, e.b.pgBytes = false, 0, 0
 	e.mu.Unlock()
 }
 
-// skipped counts n events skipped by the checkpoint filter.
-func (e *exactlyOnce) skipped(n int) { e.m.skipped.Add(float64(n)) }
-
 // waitCommitLocked waits until no commit is in flight. Caller holds mu;
 // it is released meanwhile.
-func (e *exactlyOnce) waitCommitLocked() {
+func (e *Delivery) waitCommitLocked() {
 	for e.committing {
 		ch := e.commitDone
 		e.mu.Unlock()
@@ -535,8 +649,8 @@ func (e *exactlyOnce) waitCommitLocked() {
 // startCommitLocked hands the open Kafka transaction to a commit goroutine
 // (finishCommit); the next one collects records meanwhile. Caller holds mu,
 // and no commit is in flight.
-func (e *exactlyOnce) startCommitLocked() {
-	if !e.b.open || e.committing {
+func (e *Delivery) startCommitLocked() {
+	if !e.b.open || e.committing || e.reopen {
 		return
 	}
 	batch, commitLSN, endLSN := e.msgs, e.b.commitLSN, e.b.endLSN
@@ -552,15 +666,15 @@ func (e *exactlyOnce) startCommitLocked() {
 // batch) and commits. Success acks the batch (Done(nil): the tracker, and
 // with it the slot, moves) and sends the records that waited; failure
 // aborts, and fails both. It closes done once settled.
-func (e *exactlyOnce) finishCommit(batch []*sink.Message, commitLSN, endLSN pglogrepl.LSN, done chan struct{}) {
+func (e *Delivery) finishCommit(batch []*sink.Message, commitLSN, endLSN pglogrepl.LSN, done chan struct{}) {
 	ctx := e.context()
 	var err error
 	var recs map[*sink.Message]error
 	attempted := false
 	if endLSN != 0 {
-		v, _ := json.Marshal(checkpointRecord{Slot: e.cfg.Postgres.Slot, SystemID: e.systemID, CommitLSN: commitLSN.String(),
+		v, _ := json.Marshal(Checkpoint{Slot: e.opt.Slot, SystemID: e.systemID, CommitLSN: commitLSN.String(),
 			EndLSN: endLSN.String(), WrittenAt: time.Now().UTC().Format(time.RFC3339Nano)})
-		cp := &sink.Message{Topic: e.cfg.ExactlyOnce.CheckpointTopic, Key: []byte(e.cfg.TxnID()), Value: v, Timestamp: time.Now()}
+		cp := &sink.Message{Topic: e.cfg.CheckpointTopic, Key: []byte(e.id), Value: v, Timestamp: time.Now()}
 		if serr := e.prod.Send(ctx, cp); serr != nil {
 			err = fmt.Errorf("write checkpoint record: %w", serr)
 		}
@@ -582,8 +696,12 @@ func (e *exactlyOnce) finishCommit(batch []*sink.Message, commitLSN, endLSN pglo
 		if commitLSN != 0 {
 			e.raiseSkip(commitLSN)
 		}
-		for _, m := range batch {
-			m.Done(nil)
+		if e.acked != nil {
+			e.acked(batch, time.Now())
+		} else {
+			for _, m := range batch {
+				m.Done(nil)
+			}
 		}
 		e.sendPendingLocked(ctx)
 		e.commitNextLocked()
@@ -605,7 +723,7 @@ func (e *exactlyOnce) finishCommit(batch []*sink.Message, commitLSN, endLSN pglo
 
 // sendPendingLocked begins the next Kafka transaction with the records
 // that waited for the commit. Caller holds mu.
-func (e *exactlyOnce) sendPendingLocked(ctx context.Context) {
+func (e *Delivery) sendPendingLocked(ctx context.Context) {
 	pend := e.pending
 	e.pending = nil
 	if len(pend) == 0 {
@@ -613,7 +731,7 @@ func (e *exactlyOnce) sendPendingLocked(ctx context.Context) {
 	}
 	if e.discard {
 		for _, m := range pend {
-			m.Done(errAborted)
+			m.Done(&sink.AbortError{Cause: errors.New("an earlier kafka transaction failed")})
 		}
 		return
 	}
@@ -633,20 +751,22 @@ func (e *exactlyOnce) sendPendingLocked(ctx context.Context) {
 	}
 }
 
-// failLocked aborts the open Kafka transaction and fails its records: each
-// with its error in recs (only a record known to be refused itself), else
-// errAborted (transient, and no attempt against on_poison). When the
-// outcome of a commit is unknown, the producer is fatal or the abort
-// failed, it builds a new producer and reads the checkpoint again before
-// failing them, so the rewind they cause finds the filter current.
-// Caller holds mu.
-func (e *exactlyOnce) failLocked(cause error, recs map[*sink.Message]error, unknown bool) {
+// failLocked aborts the open Kafka transaction and fails its records with
+// a *sink.AbortError: Own, with its error, for a record in recs (only one
+// known to be refused itself), else aborted for another's sake (transient,
+// and no attempt against on_poison). When the outcome of a commit is
+// unknown, the producer is fatal or fenced, or the abort failed, it closes
+// the producer and asks Run for a new one, which reads the checkpoint
+// again; Begin waits for it, so the rewind the failures cause finds the
+// skip filter current. Caller holds mu; of the network it waits only for
+// the abort.
+func (e *Delivery) failLocked(cause error, recs map[*sink.Message]error, unknown bool) {
 	ctx := e.context()
 	e.m.abortedTxns.Inc()
 	msgs := e.msgs
 	e.msgs, e.discard, e.begun = nil, true, false
 	e.b.closed(true)
-	rebuild := unknown || !e.prod.Opened() || e.prod.Fatal() || sink.IsFenced(cause)
+	rebuild := unknown || e.reopen || !e.prod.Opened() || e.prod.Fatal() || sink.IsFenced(cause)
 	if !rebuild {
 		aerr, _ := e.prod.Abort(ctx)
 		if aerr != nil {
@@ -656,29 +776,20 @@ func (e *exactlyOnce) failLocked(cause error, recs map[*sink.Message]error, unkn
 	}
 	e.log.Warn().Err(cause).Int("records", len(msgs)).Bool("new_producer", rebuild).
 		Msg("kafka transaction aborted: rewinding to the ack watermark; the checkpoint filter skips what is already committed")
-	if rebuild {
+	if rebuild && !e.reopen {
 		e.prod.Close()
-		if err := e.open(ctx); err != nil {
-			select {
-			case e.fatal <- err:
-			default:
-			}
+		e.reopen = true
+		select {
+		case e.rebuild <- struct{}{}:
+		default:
 		}
 	}
 	e.prod.SetConnected(false)
 	for _, m := range msgs {
-		err := recs[m]
-		if err == nil {
-			err = fmt.Errorf("%w: %v", errAborted, cause) // %v: the cause's kind is not the record's
+		if err := recs[m]; err != nil {
+			m.Done(&sink.AbortError{Cause: err, Own: true})
+			continue
 		}
-		m.Done(err)
+		m.Done(&sink.AbortError{Cause: cause})
 	}
-}
-
-// eosTxn is a PostgreSQL transaction (or chunk) as the batcher sees it.
-type eosTxn struct {
-	commit  pglogrepl.LSN
-	events  int
-	bytes   int64
-	partial bool
 }

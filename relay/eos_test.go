@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/exactlyonce"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -35,6 +36,8 @@ type fakeTxn struct {
 	// refusal); the transaction cannot commit then.
 	record func(m *sink.Message) error
 }
+
+func (f *fakeTxn) CheckTopic(string) error { return nil }
 
 func (f *fakeTxn) Open(context.Context) error {
 	f.mu.Lock()
@@ -117,7 +120,7 @@ func (f *fakeTxn) events(cpTopic string) (ids []string, checkpoint string) {
 	defer f.mu.Unlock()
 	for _, m := range f.visible {
 		if m.Topic == cpTopic {
-			var cp checkpointRecord
+			var cp exactlyonce.Checkpoint
 			_ = json.Unmarshal(m.Value, &cp)
 			checkpoint = cp.CommitLSN
 			continue
@@ -127,29 +130,31 @@ func (f *fakeTxn) events(cpTopic string) (ids []string, checkpoint string) {
 	return ids, checkpoint
 }
 
-// newEOSHarness is the pipeline harness with the exactly-once publisher
-// over f: batches of maxBatch events, committed after interval.
-func newEOSHarness(t *testing.T, f *fakeTxn, maxBatch int, interval time.Duration) (*harness, *exactlyOnce) {
+// cpTopic is the default checkpoint topic, the harness's.
+var cpTopic = exactlyonce.DefaultConfig().CheckpointTopic
+
+// newEOSHarness is the pipeline harness with the exactly-once delivery over
+// prod: batches of maxBatch events, committed after interval, or once the
+// stream was idle for idle (0: off).
+func newEOSHarness(t *testing.T, prod exactlyonce.Producer, maxBatch int, interval, idle time.Duration) *harness {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Postgres.Slot, cfg.Delivery = "s", ExactlyOnce
-	cfg.InFlight = InFlightConfig{MaxEvents: 10, MaxBytes: 1 << 20}
-	cfg.ExactlyOnce.MaxBatchEvents, cfg.ExactlyOnce.MaxBatchInterval = maxBatch, interval
-	cfg.ExactlyOnce.MaxBatchIdle = 0 // batches by size and age; TestExactlyOnceIdleCommit sets it
-	e := &exactlyOnce{cfg: cfg, prod: f, m: newEOSMetrics(nil), log: zerolog.Nop(),
-		ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1),
-		b: batcher{maxEvents: maxBatch, inflightEvents: 10, inflightBytes: 1 << 20, interval: interval}}
-	e.prepare = func(context.Context) error { e.systemID = "sys"; return nil }
+	cfg := exactlyonce.DefaultConfig()
+	cfg.MaxBatchEvents, cfg.MaxBatchInterval, cfg.MaxBatchIdle = maxBatch, interval, idle
+	var p *Pipeline
+	e := exactlyonce.NewWith(cfg, prod, exactlyonce.Options{Slot: "s", MaxEvents: 10, MaxBytes: 1 << 20,
+		SystemID: func(context.Context) (string, error) { return "sys", nil },
+		Activity: func() uint64 { return p.Handled() }, Log: zerolog.Nop()})
 	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
 	if err != nil {
 		t.Fatal(err)
 	}
 	marker := &fakeMarker{marked: make(chan string, 10)}
-	p, err := NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: fastPolicy,
+	p, err = NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: fastPolicy,
 		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, e, marker, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.OnAcked(p.Acked)
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, p: p, ctx: ctx, in: make(chan walReq), marker: marker}
 	ran, eosRan, streamed := make(chan error, 1), make(chan error, 1), make(chan struct{})
@@ -167,10 +172,10 @@ func newEOSHarness(t *testing.T, f *fakeTxn, maxBatch int, interval time.Duratio
 			t.Errorf("Run = %v", err)
 		}
 		if err := <-eosRan; err != nil {
-			t.Errorf("exactlyOnce.Run = %v", err)
+			t.Errorf("exactlyonce.Delivery.Run = %v", err)
 		}
 	})
-	return h, e
+	return h
 }
 
 // The commit is the ack: the watermark stays put while a Kafka transaction
@@ -178,11 +183,11 @@ func newEOSHarness(t *testing.T, f *fakeTxn, maxBatch int, interval time.Duratio
 // and the checkpoint record ends each with its last commit LSN.
 func TestExactlyOnceCommitIsTheAck(t *testing.T) {
 	f := &fakeTxn{}
-	h, e := newEOSHarness(t, f, 3, time.Hour)
+	h := newEOSHarness(t, f, 3, time.Hour, 0)
 	if err := h.txn(100, 110, order("1", "a"), order("2", "a")); err != nil {
 		t.Fatal(err)
 	}
-	if ids, _ := f.events(e.cfg.ExactlyOnce.CheckpointTopic); len(ids) != 0 || h.p.Flushed() != 0 {
+	if ids, _ := f.events(cpTopic); len(ids) != 0 || h.p.Flushed() != 0 {
 		t.Fatalf("visible %v, watermark %s before any commit", ids, h.p.Flushed())
 	}
 	// 2 + 2 > 3: the first Kafka transaction is committed before this one.
@@ -190,7 +195,7 @@ func TestExactlyOnceCommitIsTheAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitFlushed(110)
-	ids, cp := f.events(e.cfg.ExactlyOnce.CheckpointTopic)
+	ids, cp := f.events(cpTopic)
 	if strings.Join(ids, ",") != "1,2" || cp != pglogrepl.LSN(100).String() {
 		t.Fatalf("visible %v checkpoint %s, want 1,2 and %s", ids, cp, pglogrepl.LSN(100))
 	}
@@ -201,7 +206,7 @@ func TestExactlyOnceCommitIsTheAck(t *testing.T) {
 	if err := h.p.Drain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if ids, cp := f.events(e.cfg.ExactlyOnce.CheckpointTopic); strings.Join(ids, ",") != "1,2,3,4" || cp != pglogrepl.LSN(200).String() {
+	if ids, cp := f.events(cpTopic); strings.Join(ids, ",") != "1,2,3,4" || cp != pglogrepl.LSN(200).String() {
 		t.Fatalf("after Drain visible %v checkpoint %s", ids, cp)
 	}
 }
@@ -213,16 +218,14 @@ func TestExactlyOnceCommitIsTheAck(t *testing.T) {
 func TestExactlyOnceIdleCommit(t *testing.T) {
 	release := make(chan struct{})
 	f := &fakeTxn{}
-	h, e := newEOSHarness(t, f, 10, time.Hour)
-	e.mu.Lock()
-	e.cfg.ExactlyOnce.MaxBatchIdle = 20 * time.Millisecond
 	// The second commit is slow: two transactions arrive meanwhile.
-	e.prod = &gatedCommit{fakeTxn: f, gate: func(n int) {
+	started := make(chan struct{})
+	h := newEOSHarness(t, &gatedCommit{fakeTxn: f, gate: func(n int) {
 		if n == 2 {
+			close(started)
 			<-release
 		}
-	}}
-	e.mu.Unlock()
+	}}, 10, time.Hour, 20*time.Millisecond)
 	if err := h.txn(100, 110, order("1", "a")); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +233,11 @@ func TestExactlyOnceIdleCommit(t *testing.T) {
 	if err := h.txn(200, 210, order("2", "a")); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, "the second commit to start", func() bool { e.mu.Lock(); defer e.mu.Unlock(); return e.committing })
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("timed out waiting for the second commit to start")
+	}
 	if err := h.txn(300, 310, order("3", "b")); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +246,7 @@ func TestExactlyOnceIdleCommit(t *testing.T) {
 	}
 	close(release)
 	h.waitFlushed(410)
-	ids, cp := f.events(e.cfg.ExactlyOnce.CheckpointTopic)
+	ids, cp := f.events(cpTopic)
 	if strings.Join(ids, ",") != "1,2,3,4" || cp != pglogrepl.LSN(400).String() {
 		t.Fatalf("visible %v checkpoint %s, want 1,2,3,4 and %s", ids, cp, pglogrepl.LSN(400))
 	}
@@ -262,18 +269,6 @@ func (g *gatedCommit) Commit(ctx context.Context) (error, map[*sink.Message]erro
 	g.n++ // commits never overlap
 	g.gate(g.n)
 	return g.fakeTxn.Commit(ctx)
-}
-
-// waitCond polls cond until it holds or 5 s passed.
-func waitCond(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // Every failure of a Kafka transaction rewinds, and the checkpoint filter
@@ -314,7 +309,7 @@ func TestExactlyOnceFailuresDeliverOnce(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeTxn{commit: tc.commit, record: tc.record}
-			h, e := newEOSHarness(t, f, 2, time.Millisecond)
+			h := newEOSHarness(t, f, 2, time.Millisecond, 0)
 			want := []string{}
 			for i := range 6 {
 				id := itoa(int64(i + 1))
@@ -324,7 +319,7 @@ func TestExactlyOnceFailuresDeliverOnce(t *testing.T) {
 				want = append(want, id)
 			}
 			h.waitFlushed(610)
-			ids, _ := f.events(e.cfg.ExactlyOnce.CheckpointTopic)
+			ids, _ := f.events(cpTopic)
 			if strings.Join(ids, ",") != strings.Join(want, ",") {
 				t.Fatalf("visible %v, want %v exactly once, in order", ids, want)
 			}
@@ -392,7 +387,7 @@ func TestExactlyOncePoisonIsolated(t *testing.T) {
 		}
 		return nil
 	}}
-	h, e := newEOSHarness(t, f, 100, time.Millisecond)
+	h := newEOSHarness(t, f, 100, time.Millisecond, 0)
 	want := []string{}
 	for i := range 6 {
 		id := itoa(int64(i + 1))
@@ -415,7 +410,7 @@ func TestExactlyOncePoisonIsolated(t *testing.T) {
 		if m.Topic == testDLQ {
 			letters++
 		}
-		if m.Topic != testDLQ && m.Topic != e.cfg.ExactlyOnce.CheckpointTopic {
+		if m.Topic != testDLQ && m.Topic != cpTopic {
 			events = append(events, string(m.Headers[0].Value))
 		}
 	}
@@ -427,45 +422,67 @@ func TestExactlyOncePoisonIsolated(t *testing.T) {
 	}
 }
 
-// A checkpoint written for another PostgreSQL server (another system_id)
-// is refused at start with the fix; a valid one raises the skip filter.
-func TestExactlyOnceCheckpointOnStart(t *testing.T) {
-	cases := []struct {
-		name, value string
-		err         string
-		skip        pglogrepl.LSN
-	}{
-		{"none", "", "", 0},
-		{"ours", `{"slot":"s","system_id":"sys","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "", 0x16B3748},
-		{"another server", `{"slot":"s","system_id":"other","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "system_id other", 0},
-		{"not JSON", `{`, "not valid JSON", 0},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := DefaultConfig()
-			cfg.Postgres.Slot = "s"
-			f := &fakeTxn{}
-			if tc.value != "" {
-				f.visible = []sink.Message{{Topic: cfg.ExactlyOnce.CheckpointTopic, Key: []byte(cfg.TxnID()), Value: []byte(tc.value)}}
-			}
-			e := &exactlyOnce{cfg: cfg, prod: f, m: newEOSMetrics(nil), log: zerolog.Nop(),
-				ready: make(chan struct{}), closing: make(chan struct{}), fatal: make(chan error, 1)}
-			e.prepare = func(context.Context) error { e.systemID = "sys"; return nil }
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			err := e.start(ctx)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "exactly_once.") {
-					t.Fatalf("start = %v, want an error with %q naming the key", err, tc.err)
-				}
+// gatedOpen calls gate(n) before the n-th Open (producer built).
+type gatedOpen struct {
+	*fakeTxn
+	n    int
+	gate func(n int)
+}
+
+func (g *gatedOpen) Open(ctx context.Context) error {
+	g.n++ // Run builds producers one at a time
+	g.gate(g.n)
+	return g.fakeTxn.Open(ctx)
+}
+
+// While the producer is rebuilt after a commit of unknown outcome, the
+// stream waits in Begin for it (and for the checkpoint read again) instead
+// of rewinding over and over into a closed producer; then every event is
+// visible exactly once.
+func TestExactlyOnceRebuildWaits(t *testing.T) {
+	lost := errors.New("read tcp: i/o timeout")
+	f := &fakeTxn{commit: func(n int) (bool, error) {
+		if n == 2 {
+			return true, lost
+		}
+		return true, nil
+	}}
+	rebuilding, release := make(chan struct{}), make(chan struct{})
+	h := newEOSHarness(t, &gatedOpen{fakeTxn: f, gate: func(n int) {
+		if n == 2 {
+			close(rebuilding)
+			<-release
+		}
+	}}, 2, time.Millisecond, 0)
+	fed := make(chan error, 1)
+	go func() { // a txn may wait in Begin while the producer is rebuilt
+		for i := range 6 {
+			id := itoa(int64(i + 1))
+			if err := h.txn(pglogrepl.LSN(100*(i+1)), pglogrepl.LSN(100*(i+1)+10), order(id, "a")); err != nil {
+				fed <- err
 				return
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if e.skipThrough() != tc.skip {
-				t.Fatalf("skip filter at %s, want %s", e.skipThrough(), tc.skip)
-			}
-		})
+		}
+		fed <- nil
+	}()
+	select {
+	case <-rebuilding:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lost commit answer never made the delivery rebuild its producer")
+	}
+	// An absence over a window: a delivery that does not wait rewinds
+	// every few milliseconds meanwhile (each rewind's backoff is short).
+	time.Sleep(300 * time.Millisecond)
+	if n := h.restarts.Load(); n > 1 {
+		t.Errorf("%d rewinds while the producer was rebuilt, want at most 1", n)
+	}
+	close(release)
+	if err := <-fed; err != nil {
+		t.Fatal(err)
+	}
+	h.waitFlushed(610)
+	ids, _ := f.events(cpTopic)
+	if strings.Join(ids, ",") != "1,2,3,4,5,6" {
+		t.Fatalf("visible %v, want 1..6 exactly once, in order", ids)
 	}
 }
