@@ -56,7 +56,8 @@ type Backoff struct {
 	attempt int
 }
 
-// Next returns the wait before the next attempt and counts it.
+// Next returns the wait before the next attempt and counts it; it does not
+// wait (pass the result to Sleep).
 func (b *Backoff) Next() time.Duration {
 	b.attempt++
 	return b.Delay(b.attempt)
@@ -65,8 +66,9 @@ func (b *Backoff) Next() time.Duration {
 // Reset starts the schedule over, after a success.
 func (b *Backoff) Reset() { b.attempt = 0 }
 
-// Sleep waits d, or until ctx ends, then returns ctx.Err(). Unlike
-// time.After in a select, the timer is stopped at once when ctx wins.
+// Sleep blocks for d and returns nil, or returns ctx.Err() as soon as ctx
+// ends first. Unlike time.After in a select, the timer is stopped at once
+// when ctx wins. Any goroutine.
 func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

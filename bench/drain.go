@@ -331,52 +331,13 @@ func (b *bench) drainRecvlogical(ctx context.Context, slot string, end int64, ev
 		"-f", "/dev/null", "--endpos", fmtLSN(end), "--no-loop",
 		"--option=proto_version=1", "--option=publication_names="+b.pg.pub)
 	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	m, err := b.runRecvlogical(ctx, cmd, slot, b.drainTimeout(events))
+	if err != nil {
 		r.Err = err.Error()
 		return r
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	var waitErr error
-	done := false
-	alive := func() bool {
-		if done {
-			return false
-		}
-		select {
-		case waitErr = <-exited:
-			done = true
-			return false
-		default:
-			return true
-		}
-	}
-	var ws *cpuSampler
-	if pid := b.pg.walsenderPID(ctx, slot, alive, 30*time.Second); pid != 0 {
-		ws = sampleCPU(pid, 10*time.Millisecond)
-	}
-	timeout := b.drainTimeout(events)
-	if !done {
-		select {
-		case waitErr = <-exited:
-		case <-time.After(timeout):
-			cmd.Process.Kill()
-			<-exited
-			waitErr = fmt.Errorf("still running after %s", timeout)
-		}
-	}
-	r.Seconds = time.Since(t0).Seconds()
-	if ws != nil {
-		if c, ok := ws.Stop(); ok {
-			r.Walsender = c.Seconds()
-		}
-	}
-	if cmd.ProcessState != nil {
-		r.ToolCPU = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
-	}
-	if waitErr != nil {
+	r.Seconds, r.Walsender, r.ToolCPU = m.seconds, m.walsender, m.toolCPU
+	if waitErr := m.waitErr; waitErr != nil {
 		b2, _ := os.ReadFile(logPath)
 		r.Err = fmt.Sprintf("pg_recvlogical: %v %s", waitErr, strings.TrimSpace(string(b2)))
 		return r
@@ -387,6 +348,69 @@ func (b *bench) drainRecvlogical(ctx context.Context, slot string, end int64, ev
 	}
 	r.EventsPerS = float64(events) / r.Seconds
 	return r
+}
+
+// recvlogicalRun is what runRecvlogical measured of one pg_recvlogical run.
+type recvlogicalRun struct {
+	seconds   float64 // from just before the start to the exit
+	walsender float64 // CPU seconds of the slot's walsender; NaN if not read
+	toolCPU   float64 // CPU seconds of the process itself; NaN if not read
+	waitErr   error   // its exit error, or that it outlived the timeout
+}
+
+// runRecvlogical starts cmd (a pg_recvlogical reading slot, killed if the
+// bench dies), samples the CPU of the slot's walsender while it runs, and
+// blocks until it exits, or kills it once it has run for timeout (0: no
+// limit but ctx). The error is cmd.Start's: then nothing was measured.
+func (b *bench) runRecvlogical(ctx context.Context, cmd *exec.Cmd, slot string, timeout time.Duration) (recvlogicalRun, error) {
+	m := recvlogicalRun{walsender: math.NaN(), toolCPU: math.NaN()}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return m, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	done := false
+	alive := func() bool {
+		if done {
+			return false
+		}
+		select {
+		case m.waitErr = <-exited:
+			done = true
+			return false
+		default:
+			return true
+		}
+	}
+	var ws *cpuSampler
+	if pid := b.pg.walsenderPID(ctx, slot, alive, 30*time.Second); pid != 0 {
+		ws = sampleCPU(pid, 10*time.Millisecond)
+	}
+	if !done {
+		var expired <-chan time.Time // nil: never
+		if timeout > 0 {
+			expired = time.After(timeout)
+		}
+		select {
+		case m.waitErr = <-exited:
+		case <-expired:
+			cmd.Process.Kill()
+			<-exited
+			m.waitErr = fmt.Errorf("still running after %s", timeout)
+		}
+	}
+	m.seconds = time.Since(t0).Seconds()
+	if ws != nil {
+		if c, ok := ws.Stop(); ok {
+			m.walsender = c.Seconds()
+		}
+	}
+	if cmd.ProcessState != nil {
+		m.toolCPU = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	}
+	return m, nil
 }
 
 // drainTimeout bounds one drain: generous (5k events/s plus a minute), so a

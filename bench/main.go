@@ -1,7 +1,7 @@
 // Command outbox-bench is outbox-relay's benchmark suite (`make bench`).
 //
 // Against the real PostgreSQL and Kafka that test/services.sh starts, in one
-// run it measures:
+// run it measures (the default -parts; each can be chosen alone):
 //
 //  1. Backlog drain: a backlog of outbox events (1 and 100 rows per
 //     transaction) drained by pg_recvlogical (the walsender's ceiling) and by
@@ -12,11 +12,18 @@
 //  3. pprof CPU and allocation profiles of the relay during one drain.
 //  4. First publish to a new topic: commit of the first event of a fresh
 //     aggregate_type to a consumer reading it, a few probes.
+//  5. Cost curves (curves.go; alone: make bench-curves).
+//
+// On request only (-parts): stream (one 200k-row transaction, pgoutput
+// streaming off and on) and binary (pg_recvlogical with pgoutput's binary
+// option off and on). `outbox-bench forward` is the minimal forwarder the
+// latency part compares the relay with (forward.go).
 //
 // It writes a dated markdown report, PNG figures and profile summaries to
 // bench/results/ and prints the targets with met/missed. See bench/README.md.
 //
-// Usage: outbox-bench [-env FILE] [-relay BIN] [-results DIR] [-scale full|small] [-budget 15m]
+// Usage: outbox-bench [-env FILE] [-relay BIN] [-results DIR] [-scale full|small] [-parts LIST] [-budget 25m]
+// (outbox-bench -h lists every flag).
 package main
 
 import (

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -205,50 +204,17 @@ func (b *bench) recvlogicalBinary(ctx context.Context, slot string, end int64, b
 	if binary {
 		args = append(args, "--option=binary=true")
 	}
-	cmd := exec.CommandContext(ctx, b.recvlogical, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	m, err := b.runRecvlogical(ctx, exec.CommandContext(ctx, b.recvlogical, args...), slot, 0)
+	if err != nil {
 		r.Err = err.Error()
 		return r
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	done := false
-	var waitErr error
-	alive := func() bool {
-		if done {
-			return false
-		}
-		select {
-		case waitErr = <-exited:
-			done = true
-			return false
-		default:
-			return true
-		}
-	}
-	var ws *cpuSampler
-	if pid := b.pg.walsenderPID(ctx, slot, alive, 30*time.Second); pid != 0 {
-		ws = sampleCPU(pid, 10*time.Millisecond)
-	}
-	if !done {
-		waitErr = <-exited
-	}
-	r.Seconds = time.Since(t0).Seconds()
-	if ws != nil {
-		if c, ok := ws.Stop(); ok {
-			r.Walsender = c.Seconds()
-		}
-	}
-	if cmd.ProcessState != nil {
-		r.ToolCPU = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
-	}
+	r.Seconds, r.Walsender, r.ToolCPU = m.seconds, m.walsender, m.toolCPU
 	if st, err := os.Stat(out); err == nil {
 		r.Bytes = st.Size()
 	}
-	if waitErr != nil {
-		r.Err = waitErr.Error()
+	if m.waitErr != nil {
+		r.Err = m.waitErr.Error()
 	}
 	return r
 }

@@ -24,24 +24,26 @@ import (
 
 // Limits bound the work in flight between the decoder and broker acks.
 type Limits struct {
-	// MaxEvents is the most events added but not yet acked. A single
-	// transaction larger than this is still admitted when nothing else is in
-	// flight, or it could never make progress.
+	// MaxEvents is the most events added but not yet acked; 0 is no limit.
+	// A single transaction larger than this is still admitted when no event
+	// or byte is in flight, or it could never make progress.
 	MaxEvents int
-	// MaxBytes is the most payload bytes added but not yet acked, with the
-	// same single-transaction exception.
+	// MaxBytes is the most payload bytes added but not yet acked (0 is no
+	// limit), with the same single-transaction exception.
 	MaxBytes int64
 }
 
-// ErrOutOfOrder is returned by Add when a transaction ends at or before one
-// already added: the caller broke the log-order contract.
+// ErrOutOfOrder is returned by Add when a transaction ends at or before the
+// last position added (by Add or Mark; Abandon lowers that to the
+// watermark, Reset forgets it): the caller broke the log-order contract.
 var ErrOutOfOrder = errors.New("transaction added out of log order")
 
 // ErrInFlight is returned by Reset while transactions are in flight.
 var ErrInFlight = errors.New("transactions still in flight")
 
 // Tracker computes the confirmable watermark. All methods are safe for
-// concurrent use.
+// concurrent use, but Add and Mark carry log order: call them from one
+// goroutine (the replication loop's).
 type Tracker struct {
 	limits Limits
 	now    func() time.Time // time.Now; tests swap it
@@ -58,7 +60,8 @@ type Tracker struct {
 	advanced  chan struct{} // cap 1: a non-blocking "watermark moved" signal
 }
 
-// Pending is one transaction's share of the tracker. Ack it once per event.
+// Pending is one transaction's (or chunk's) share of the tracker. Ack it
+// once per event, from any goroutine; after Abandon its acks are ignored.
 type Pending struct {
 	t         *Tracker
 	end       pglogrepl.LSN
@@ -83,11 +86,15 @@ func New(start pglogrepl.LSN, limits Limits) *Tracker {
 // Add registers a transaction that ends at end with n events carrying bytes
 // payload bytes. A large transaction may be added in chunks: every chunk but
 // the last has end 0, and the watermark cannot pass a chunk until the
-// transaction's last chunk (with its end LSN) is acked too. It must be called in log order from one goroutine (the
-// replication handler). It blocks while the in-flight limits are reached, and
-// returns ctx.Err() if ctx ends first. A transaction with n == 0 is complete at
-// once but still keeps its place, so the watermark reaches it only after every
-// earlier transaction is acked.
+// transaction's last chunk (with its end LSN) is acked too. It must be
+// called in log order from one goroutine (the replication handler, the
+// goroutine that calls Mark). It blocks while adding n events and bytes
+// would pass a limit and something is in flight, until acks (or Abandon)
+// make room, and returns ctx.Err() if ctx ends first. It returns an error
+// wrapping ErrOutOfOrder for a non-zero end at or before the last position
+// added, and an error for a negative n or bytes. A transaction with n == 0
+// is complete at once but still keeps its place, so the watermark reaches
+// it only after every earlier transaction is acked.
 func (t *Tracker) Add(ctx context.Context, end pglogrepl.LSN, n int, bytes int64) (*Pending, error) {
 	if n < 0 || bytes < 0 {
 		return nil, fmt.Errorf("add transaction ending at %s: negative size (%d events, %d bytes)", end, n, bytes)
@@ -155,13 +162,15 @@ func (t *Tracker) fits(n int, b int64) bool {
 }
 
 // Ack records the broker's acknowledgement of one event of size bytes. It may
-// be called from any goroutine and never blocks on I/O. Acking more events
-// than were added is a bug and panics, because silently absorbing it could
-// move the watermark past an unacked event.
+// be called from any goroutine; it takes the tracker's mutex but never
+// waits on I/O. Acking more events than were added is a bug and panics,
+// because silently absorbing it could move the watermark past an unacked
+// event. After Abandon dropped the transaction, an ack is ignored.
 func (p *Pending) Ack(bytes int64) { p.AckN(1, bytes) }
 
 // AckN is n calls of Ack whose sizes sum to bytes, under one lock: the
-// acks of a record batch's events of one transaction.
+// acks of a record batch's events of one transaction. Same rules as Ack;
+// n < 1 panics too.
 func (p *Pending) AckN(n int, bytes int64) {
 	t := p.t
 	t.mu.Lock()
@@ -233,11 +242,14 @@ func (t *Tracker) advanceLocked() {
 	}
 }
 
-// AdvanceIdle moves the watermark to walEnd when nothing is in flight. The
-// caller (the replication loop, via the pipeline) must only call it while the
-// decoder is between transactions; then no event below walEnd can still
-// arrive, and confirming it stops an insert-only slot from pinning WAL while
-// other tables are written.
+// AdvanceIdle moves the watermark up to walEnd when nothing is pending (no
+// transaction, chunk or Mark not yet passed); otherwise, or when walEnd is
+// not above the watermark, it does nothing. The caller (the replication
+// loop, via the pipeline, at a keepalive and at the start of a session)
+// must only call it while the decoder is between transactions; then no
+// event below walEnd can still arrive, and confirming it stops an
+// insert-only slot from pinning WAL while other tables are written. It
+// never blocks.
 func (t *Tracker) AdvanceIdle(walEnd pglogrepl.LSN) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -254,7 +266,8 @@ func (t *Tracker) AdvanceIdle(walEnd pglogrepl.LSN) {
 // Abandon drops every transaction in flight: the caller delivers their
 // events again from the watermark (a rewind after a publish error). The
 // watermark stays; acks of a dropped transaction are ignored; transactions
-// after the watermark may be added again. Any goroutine.
+// after the watermark may be added again. It wakes an Add blocked on the
+// limits and a WaitDrained. Any goroutine; it never blocks.
 func (t *Tracker) Abandon() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -272,15 +285,15 @@ func (t *Tracker) Abandon() {
 	}
 }
 
-// Reset moves the watermark to lsn, down as well as up, and forgets where
-// the last transaction added ended, so the transactions after lsn can be
-// added again. It is for a replication session that starts at the server's
+// Reset moves the watermark to lsn, down as well as up, and forgets the
+// last position added (Add's order check starts over), so the
+// transactions after lsn can be added again. It is for a replication session that starts at the server's
 // confirmed position when the watermark may not be on the server's WAL
 // history (a failover, a slot put back by an operator): the watermark must
 // then not hide anything the server will send. It refuses with ErrInFlight
 // while anything is in flight (call it after WaitDrained), because acks for
-// those transactions would move the watermark on the old history. Any
-// goroutine.
+// those transactions would move the watermark on the old history; a
+// pending Mark counts as in flight. Any goroutine; it never blocks.
 func (t *Tracker) Reset(lsn pglogrepl.LSN) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -317,10 +330,11 @@ func (t *Tracker) Oldest() (time.Time, bool) {
 	return t.pending[t.head].added, true
 }
 
-// Limits returns the configured in-flight limits.
+// Limits returns the configured in-flight limits (0: none). Any goroutine.
 func (t *Tracker) Limits() (events int, bytes int64) { return t.limits.MaxEvents, t.limits.MaxBytes }
 
-// InFlight returns the events and payload bytes added but not yet acked.
+// InFlight returns the events and payload bytes added but not yet acked (nor
+// dropped by Abandon). Any goroutine.
 func (t *Tracker) InFlight() (events int, bytes int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -328,12 +342,18 @@ func (t *Tracker) InFlight() (events int, bytes int64) {
 }
 
 // Advanced returns a channel that receives (without blocking the sender)
-// after the watermark moves. One receive may stand for several moves.
+// after the watermark may have moved: when acked transactions, chunks or
+// marks leave the front (a chunk, end 0, moves nothing), on AdvanceIdle and
+// on Reset. One receive may stand for several moves, or for none. It has
+// one buffered slot: give it to one receiver (the replication loop, for
+// status updates).
 func (t *Tracker) Advanced() <-chan struct{} { return t.advanced }
 
-// WaitDrained blocks until nothing is in flight or ctx ends. Used at shutdown
-// and before a replication reconnect, so the new stream starts at a watermark
-// that covers everything already sent.
+// WaitDrained blocks until nothing is pending (every transaction acked or
+// dropped by Abandon, every Mark passed) and returns nil, or returns
+// ctx.Err() once ctx ends. The pipeline's Drain uses it at shutdown and
+// before each replication session starts, so the session starts at a
+// watermark that covers everything already sent. Any goroutine.
 func (t *Tracker) WaitDrained(ctx context.Context) error {
 	for {
 		t.mu.Lock()

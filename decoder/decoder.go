@@ -2,11 +2,13 @@
 // stream.go) messages into outbox transactions.
 //
 // It is pure: no goroutines, no clock, and no I/O except the temporary files
-// of streamed transactions too large for memory (SetSpill). The replication loop hands it
-// the walData of every XLogData in log order. On Commit, Decode returns the
-// transaction with its outbox events. The caller adds every transaction to the
-// checkpoint tracker, including those without events, so that checkpoints keep
-// log order. Then it publishes the events.
+// of streamed transactions too large for memory (SetSpill). The replication
+// loop hands it the walData of every XLogData in log order. On Commit,
+// Decode returns the transaction with its outbox events; a transaction over
+// the chunk limits (SetChunk) or streamed (stream.go) comes out in chunks
+// (Txn.Partial, Next). The caller registers every transaction and chunk
+// with the checkpoint tracker, including those without events, so that
+// checkpoints keep log order. Then it publishes the events.
 //
 // The parsing is written by hand instead of calling pglogrepl.Parse, which
 // allocates a struct per message and per column. Here an event allocates only
@@ -73,11 +75,13 @@ type Event struct {
 	// event_id. "" for rows.
 	MessageID string
 	// Err is set when the row cannot become an event (a poison row): a
-	// required column NULL, empty, missing or not text, an id that is not
-	// an integer, headers that are not a JSON object or hold a reserved key
-	// (outboxschema.ReservedHeader). The other fields then
-	// hold what could be read (text columns as sent, Headers nil), so the
-	// caller can dead-letter the row or stop on it; the stream goes on.
+	// required column NULL, empty, missing or not text, an integer id
+	// column whose text is not a 64-bit integer, a bytea payload that is
+	// not hex, headers that are not a JSON object or hold a reserved key
+	// (outboxschema.ReservedHeader), or a refused message event (RowError).
+	// The other fields then hold what could be read (text columns as sent,
+	// Headers nil), so the caller can dead-letter the row or stop on it; the
+	// stream goes on.
 	Err *RowError
 }
 
@@ -90,8 +94,8 @@ type Header struct {
 	Value []byte
 }
 
-// Txn is one committed transaction. The Decoder returns it on Commit and does
-// not touch it again: the caller owns it.
+// Txn is one committed transaction, or a chunk of one (Partial). The Decoder
+// does not touch it again once returned: the caller owns it.
 type Txn struct {
 	Xid        uint32
 	BeginLSN   pglogrepl.LSN // final LSN announced by Begin
@@ -109,7 +113,7 @@ type Txn struct {
 // Counts are running totals since New. Read them with Decoder.Counts, from
 // the goroutine that calls Decode.
 type Counts struct {
-	Txns           uint64 // Commits decoded, with or without events
+	Txns           uint64 // transactions whole or at their last chunk, with or without events (a refused non-transactional message event counts as one)
 	Events         uint64 // events in the returned Txns
 	OtherTableRows uint64 // Inserts into tables other than the outbox
 	OtherMessages  uint64 // messages ignored: Update, Delete, Truncate, Type, Origin, Message (not a heartbeat), unknown
@@ -123,7 +127,8 @@ type Counts struct {
 // Decoder holds the state of one replication stream: the relations seen so
 // far and the open transaction. It is used by a single goroutine (the
 // replication loop's handler) and is not safe for concurrent use. None of its
-// methods block.
+// methods wait on another goroutine or the network; only Decode, Next and
+// Close touch the disk, for streamed transactions (SetSpill).
 //
 // After Decode returns an error, the position in the stream is lost: stop,
 // and resume from the slot with a new Decoder.
@@ -207,8 +212,9 @@ const (
 // New returns a Decoder for the outbox table named "schema.name", e.g.
 // "public.outbox", as parsed by outboxschema.ParseTable (a name without a
 // schema means schema public). Names are compared exactly as pgoutput sends
-// them: the unquoted, case-sensitive names stored in the catalog. New is
-// called once per replication stream, from any goroutine, and does not block.
+// them: the unquoted, case-sensitive names stored in the catalog. Make one
+// Decoder per replication stream (replay makes one for Row); New may be
+// called from any goroutine and does not block.
 func New(table string) (*Decoder, error) {
 	t, err := outboxschema.ParseTable(table)
 	if err != nil {
@@ -243,18 +249,25 @@ func NewMapped(maps []outboxschema.Mapping, reserved []string) (*Decoder, error)
 }
 
 // Decode consumes the walData of one XLogData message. It returns a non-nil
-// *Txn only on Commit, including for transactions with no outbox rows: the
-// caller needs them to keep the checkpoint order. walStart is the XLogData's
-// WALStart; it becomes Event.LSN and appears in errors.
+// *Txn on Commit, including for transactions with no outbox rows (the
+// caller needs them to keep the checkpoint order); on an Insert or a
+// message event that brings the open transaction to a chunk limit (a
+// Partial chunk, SetChunk); on Stream Commit (the first chunk: call Next
+// for the others); and for a non-transactional Message with the
+// message-event prefix (a transaction of its own holding the refused
+// event). Otherwise nil. walStart is the XLogData's WALStart; it becomes
+// Event.LSN and appears in errors.
 //
 // walData is not retained: the caller may reuse its buffer once Decode
 // returns. An outbox row that cannot become an event is not an error: it
 // comes out as an Event with Err set, in its place in the transaction.
-// Errors wrap ErrProtocol (malformed or out-of-order messages); the stream
-// cannot continue after one (see Decoder).
+// Errors wrap ErrProtocol (malformed or out-of-order messages) or ErrSpill
+// (the temporary file of a streamed transaction); the stream cannot
+// continue after one (see Decoder).
 //
-// Decode is called from the replication loop's goroutine only and does not
-// block.
+// Decode is called from the replication loop's goroutine only. It waits on
+// nothing but, for a streamed transaction past its memory budget, the
+// disk.
 func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 	if len(walData) == 0 {
 		return nil, protocolError(walStart, "message", "empty walData")

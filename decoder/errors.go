@@ -12,7 +12,8 @@ import (
 // a truncated or malformed message, a message out of transaction order, or an
 // Insert for a relation id never announced. The stream cannot continue: the
 // pipeline returns the error from its handler, and the replication stream
-// stops the relay on every handler error, so nothing needs to match it. It
+// stops the relay on every handler error but replication.ErrRestart, so
+// nothing needs to match it. It
 // tells a broken stream apart from a bad row (RowError, which is no error).
 var ErrProtocol = errors.New("malformed pgoutput stream")
 
@@ -30,12 +31,14 @@ func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 }
 
 // RowError says why an outbox row cannot become an event (Event.Err): a
-// required column that is NULL, missing or not text, an empty aggregate_id,
-// an id that is not an integer, headers that are not a JSON object, or
-// headers with a key reserved for the relay (ReservedHeader is set). The
-// bytes in the WAL never change, so retrying cannot help: the relay
-// dead-letters the row or halts publishing at it (on_poison). The text says
-// what to do.
+// required column that is NULL, missing or not text, an empty key
+// (aggregate_id) or text id, an integer id column whose text is not a
+// 64-bit integer, a bytea payload that is not hex, headers that are not a
+// JSON object, or headers with a key reserved for the relay
+// (ReservedHeader is set); or why a message event was refused (Prefix is
+// set). The bytes in the WAL never change, so retrying cannot help: the
+// relay dead-letters the row or halts publishing at it (on_poison). The
+// text says what to do.
 type RowError struct {
 	Table  string        // schema.name
 	ID     int64         // outbox.id; 0 if unknown or not an integer

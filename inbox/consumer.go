@@ -108,9 +108,12 @@ func (c *Consumer) Stats() Stats {
 		HandlerErrors: c.handlerErrors.Load(), Deleted: c.deleted.Load()}
 }
 
-// Run consumes until ctx ends (then it returns nil, after sarama committed
-// the marked offsets) or a record fails for good (a *FailedError). It
-// reconnects to Kafka on errors by itself. Call it once; it blocks.
+// Run consumes until ctx ends or Close is called (then it returns nil, after
+// sarama committed the marked offsets) or a record fails for good (a
+// *FailedError). Once the consumer group exists it retries Kafka errors by
+// itself; an error creating the group (no broker reachable at start) is
+// returned at once. Call it once, and not after Close (that is an error);
+// it blocks.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running || c.closed {

@@ -45,7 +45,8 @@ func NewRouter() *Router {
 
 // Handle registers h for eventType at schema version version (0 = records
 // without a schema_version header). Registering a pair twice panics, as
-// does a negative version or an eventType also ignored.
+// does a negative version, a nil h or an eventType also ignored. Call it
+// before the consumer runs, from one goroutine.
 func (r *Router) Handle(eventType string, version int, h Handler) {
 	switch {
 	case version < 0:
@@ -65,7 +66,8 @@ func (r *Router) Handle(eventType string, version int, h Handler) {
 
 // Ignore makes records of eventType (any version) succeed without a
 // handler: their event_id is still recorded. For types on a topic that
-// this consumer does not care about.
+// this consumer does not care about. It panics if eventType has handlers.
+// Call it before the consumer runs, from one goroutine.
 func (r *Router) Ignore(eventType string) {
 	if r.handlers[eventType] != nil {
 		panic(fmt.Sprintf("inbox: Router.Ignore(%q): the type has handlers", eventType))

@@ -25,8 +25,9 @@ type DB interface {
 
 // MigrationSQL is the idempotent DDL of the table of handled event ids
 // (table "" = DefaultTable), for those who run migrations with their own
-// tool:
+// tool. It does no I/O:
 //
+//	CREATE SCHEMA IF NOT EXISTS "public";
 //	CREATE TABLE IF NOT EXISTS "public"."processed_events" (
 //	    consumer     text        NOT NULL,  -- Config.Consumer (default: the group id)
 //	    event_id     text        NOT NULL,  -- the record's event_id header

@@ -1,5 +1,7 @@
-// Package migrations holds the versioned SQL that creates the outbox table,
-// its index and the publication, and applies it idempotently.
+// Package migrations holds the versioned SQL of the relay's own objects (the
+// outbox table and its indexes, the publication, and the helper tables
+// beside the outbox: slot registry, leader lease, delivery state) and
+// applies it idempotently, recording each outbox table's history.
 package migrations
 
 import (
@@ -83,9 +85,12 @@ func Load(n Names) ([]Migration, error) {
 }
 
 // Apply runs every migration not yet recorded, each in its own transaction,
-// under an advisory lock so concurrent runs do not race. It returns the
-// versions it applied. conn is a normal connection the caller owns. An
-// applied migration whose file changed since fails with ErrChecksumMismatch.
+// under an advisory lock so concurrent runs do not race (it blocks while
+// another run holds the lock). It first creates n's schema and the history
+// table if missing. It returns the versions it applied, on an error those
+// applied before it. conn is a normal connection the caller owns and must
+// not use concurrently. An applied migration whose file changed since fails
+// with ErrChecksumMismatch.
 func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]int, error) {
 	ms, err := Load(n)
 	if err != nil {

@@ -1,6 +1,7 @@
 // Package outboxschema owns the names of the relay's database objects: the
 // outbox table named by postgres.table and its one parser, the outbox columns
-// the relay reads and writes, the helper tables migrate creates beside
+// the relay reads and writes, the column mappings of outbox tables it reads
+// but does not own (mapping.go), the helper tables migrate creates beside
 // the outbox table, and the record header keys reserved for the relay
 // (headers.go). The SQL in migrations/*.sql refers to the same objects
 // through placeholders filled from here.
@@ -40,8 +41,9 @@ const (
 	MigrationHistory = "outbox_relay_migrations"
 )
 
-// Outbox columns. Their types are not checked: pgoutput sends every value
-// as text and the decoder validates the text.
+// Columns of the relay's own outbox table (DefaultMapping). Their types are
+// not checked at start (pgoutput sends every value as text and the decoder
+// validates the text); a mapped table's are, by Mapping.CheckTypes.
 const (
 	ColID            = "id"
 	ColAggregateType = "aggregate_type"
@@ -58,8 +60,10 @@ const (
 	ColPublishedAt    = "published_at" // set by replay (after the ack) or an earlier publisher
 )
 
-// RequiredColumns are the outbox columns the relay reads, in the order the
-// decoder reports them missing. Read only.
+// RequiredColumns are the columns of the relay's own outbox table that it
+// reads; start-up (package replication), preflight and replay refuse a
+// table without them. The decoder does not use this list: it resolves a
+// Mapping. Read only.
 var RequiredColumns = []string{ColID, ColAggregateType, ColAggregateID, ColEventType, ColPayload}
 
 // BookkeepingColumns are the columns the relay writes when an event is

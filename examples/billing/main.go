@@ -16,7 +16,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
 	"syscall"
 	"time"
@@ -26,22 +25,17 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/internal/sample"
 )
 
 func main() {
-	pg := flag.String("postgres-url", os.Getenv("OUTBOX_RELAY_POSTGRES_URL"), "PostgreSQL URL (env OUTBOX_RELAY_POSTGRES_URL)")
-	brokers := flag.String("kafka-brokers", os.Getenv("OUTBOX_RELAY_KAFKA_BROKERS"), "Kafka brokers, comma-separated (env OUTBOX_RELAY_KAFKA_BROKERS)")
+	pg, brokers := sample.PostgresURL(), sample.KafkaBrokers()
 	group := flag.String("group", "billing", "Kafka consumer group")
 	topic := flag.String("topic", "outbox.event.order", "topic to consume")
-	duration := flag.Duration("duration", 0, "stop after this long (0 = until Ctrl-C)")
+	duration := sample.Duration()
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := sample.Context(*duration, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if *duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *duration)
-		defer cancel()
-	}
 	if err := run(ctx, *pg, strings.Split(*brokers, ","), *group, *topic); err != nil {
 		fmt.Fprintln(os.Stderr, "billing:", err)
 		os.Exit(1)

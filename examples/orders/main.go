@@ -16,12 +16,12 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
-	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-relay/outbox-relay/internal/sample"
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
@@ -38,18 +38,13 @@ type OrderPaid struct {
 }
 
 func main() {
-	pg := flag.String("postgres-url", os.Getenv("OUTBOX_RELAY_POSTGRES_URL"), "PostgreSQL URL (env OUTBOX_RELAY_POSTGRES_URL)")
+	pg := sample.PostgresURL()
 	table := flag.String("table", outbox.DefaultTable, "outbox table (the relay's postgres.table)")
 	rate := flag.Int("rate", 5, "order changes per second")
-	duration := flag.Duration("duration", 0, "stop after this long (0 = until Ctrl-C)")
+	duration := sample.Duration()
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := sample.Context(*duration, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if *duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *duration)
-		defer cancel()
-	}
 	if err := run(ctx, *pg, *table, *rate); err != nil && ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		os.Exit(1)

@@ -47,6 +47,10 @@ func (c *Conn) Unwrap() net.Conn { return c.Conn }
 // SyscallConn is the underlying socket's.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
 
+// Read is net.Conn's Read with a raw read(2): it blocks in the poller until
+// data arrives, the peer closes (io.EOF), the read deadline passes or the
+// connection is closed. As for a net.Conn, one Read and one Write may run
+// at once on different goroutines.
 func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
@@ -82,6 +86,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// Write is net.Conn's Write with raw write(2)s: it blocks in the poller
+// until all of p is written, the write deadline passes or the connection
+// is closed, and returns what was written before an error.
 func (c *Conn) Write(p []byte) (int, error) {
 	var n int
 	var errno syscall.Errno

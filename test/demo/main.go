@@ -29,11 +29,12 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-relay/outbox-relay/internal/sample"
 )
 
 func main() {
-	pg := flag.String("postgres-url", os.Getenv("OUTBOX_RELAY_POSTGRES_URL"), "PostgreSQL URL")
-	brokers := flag.String("kafka-brokers", os.Getenv("OUTBOX_RELAY_KAFKA_BROKERS"), "Kafka brokers")
+	pg, brokers := sample.PostgresURL(), sample.KafkaBrokers()
 	metrics := flag.String("metrics", "http://127.0.0.1:9187/metrics", "relay metrics URL")
 	prefix := flag.String("topic-prefix", "outbox.event.", "follow every topic whose name starts with this (the relay's topic template up to its first placeholder)")
 	dlq := flag.String("dlq-topic", "outbox.dlq", "the dead-letter topic")
@@ -41,15 +42,10 @@ func main() {
 	footer := flag.String("footer", "", "text file shown as a footer")
 	after := flag.Duration("republish-after", 8*time.Second, "when to publish a few delivered records again")
 	count := flag.Int("republish", 3, "how many records to publish again")
-	duration := flag.Duration("duration", 0, "stop after this long (0 = until Ctrl-C)")
+	duration := sample.Duration()
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	ctx, stop := sample.Context(*duration, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	if *duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *duration)
-		defer cancel()
-	}
 	scr := newScreen(os.Stdout, *footer)
 	defer scr.close()
 	db, err := pgxpool.New(ctx, *pg)

@@ -95,7 +95,7 @@ func (r *Relay) Exited() error {
 	return fmt.Errorf("relay exited (%v); log %s:\n%s", r.err, r.LogPath, r.LogTail(4096))
 }
 
-// Unexpected returns an error if the relay exited without Stop.
+// Unexpected returns an error if the relay exited without Stop or Kill.
 func (r *Relay) Unexpected() error {
 	if r.stopped.Load() {
 		return nil
@@ -192,8 +192,11 @@ func (r *Relay) Metric(name string) float64 {
 	return -1
 }
 
-// Stop sends sig and waits up to d for the exit, then kills the process and
-// returns an error. code is the exit code, negative when a signal ended it.
+// Stop sends sig and waits up to d for the exit; past d it kills the
+// process and returns -1000 and an error. Otherwise it returns the exit
+// code (ExitCode: negative when a signal ended it), or 0 when the relay,
+// built with -race, exited with the race detector's code for known races
+// of dependencies only (Races). It blocks; after it Unexpected is nil.
 func (r *Relay) Stop(sig syscall.Signal, d time.Duration) (int, error) {
 	r.stopped.Store(true)
 	r.Cmd.Process.Signal(sig)

@@ -1,8 +1,9 @@
 // Package testkit is the shared harness of outbox-relay's end-to-end suite
 // (test/e2e), fault-injection suite (test/chaos) and benchmarks (bench): the
-// services test/services.sh starts, the relay process, an outbox writer, a
-// real Kafka consumer, the delivery checker and a Java-compatible murmur2
-// partitioner oracle.
+// services test/services.sh starts, a primary/standby PostgreSQL pair of its
+// own (PGPair), the relay process and its metrics, an outbox writer, a real
+// Kafka consumer, the delivery checker, a Java-compatible murmur2
+// partitioner oracle, the race-report reader and a PromQL name lexer.
 package testkit
 
 import (

@@ -29,9 +29,11 @@ const (
 	Traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 )
 
-// Writer commits outbox rows from one goroutine, so commit order is program
-// order. Each transaction is one statement, retried across PostgreSQL
-// restarts without ever writing a transaction twice.
+// Writer commits outbox rows from one goroutine (Write, BigTxn, WriteMixed,
+// Exec), so commit order is program order; Events, Count, Retries and
+// LastLSN may be read from any goroutine. A Write transaction is one
+// statement, retried across PostgreSQL restarts without ever writing a
+// transaction twice; BigTxn and WriteMixed are not retried.
 type Writer struct {
 	DB      *pgxpool.Pool
 	Table   string
@@ -218,7 +220,9 @@ func (w *Writer) Retries() int {
 	return w.retries
 }
 
-// LastLSN is the WAL insert position inside the last event transaction.
+// LastLSN is the highest WAL insert position read inside an event
+// transaction (before its commit) by Write or WriteMixed; BigTxn and a
+// Write whose commit was only recovered after a restart add none. 0 before.
 func (w *Writer) LastLSN() pglogrepl.LSN {
 	w.mu.Lock()
 	defer w.mu.Unlock()
