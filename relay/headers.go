@@ -3,11 +3,11 @@ package relay
 import (
 	"strconv"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Header keys the relay sets on every record. sarama only reads them, so
@@ -44,7 +44,7 @@ const ownHeaders = 5
 // whose keys include one of the relay's, outboxschema.ReservedHeader). The values of all of them
 // share one allocation; the key of the record is the aggregate_id header's
 // value. commitLSN is the transaction's commit LSN, rendered once.
-func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
+func headers(ev *decoder.Event, commitLSN string) (h []sink.Header, key []byte) {
 	return headersIn(nil, ev, commitLSN)
 }
 
@@ -62,7 +62,7 @@ func headerBytes(ev *decoder.Event, commitLSN string) int {
 // event. Each record's slices are capped at its own end: an append to one
 // never writes into the next record's.
 type slab struct {
-	hs  []sarama.RecordHeader
+	hs  []sink.Header
 	buf []byte
 }
 
@@ -77,9 +77,9 @@ func slabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
 
 // take returns n headers (length own) and nb bytes (length 0) from s, or
 // new ones when s is nil or too small.
-func (s *slab) take(own, n, nb int) ([]sarama.RecordHeader, []byte) {
+func (s *slab) take(own, n, nb int) ([]sink.Header, []byte) {
 	if s == nil || len(s.hs) < n || len(s.buf) < nb {
-		return make([]sarama.RecordHeader, own, n), make([]byte, 0, nb)
+		return make([]sink.Header, own, n), make([]byte, 0, nb)
 	}
 	h, b := s.hs[:own:n], s.buf[:0:nb]
 	s.hs, s.buf = s.hs[n:], s.buf[nb:]
@@ -87,7 +87,7 @@ func (s *slab) take(own, n, nb int) ([]sarama.RecordHeader, []byte) {
 }
 
 // headersIn is headers with its memory from s (nil: allocated).
-func headersIn(s *slab, ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
+func headersIn(s *slab, ev *decoder.Event, commitLSN string) (h []sink.Header, key []byte) {
 	h, buf := s.take(ownHeaders, ownHeaders+len(ev.Headers), headerBytes(ev, commitLSN))
 	add := func(s string) []byte {
 		start := len(buf)
@@ -104,13 +104,13 @@ func headersIn(s *slab, ev *decoder.Event, commitLSN string) (h []sarama.RecordH
 	}
 	id := buf[start:len(buf):len(buf)]
 	key = add(ev.AggregateID)
-	h[0] = sarama.RecordHeader{Key: hdrEventID, Value: id}
-	h[1] = sarama.RecordHeader{Key: hdrEventType, Value: add(ev.EventType)}
-	h[2] = sarama.RecordHeader{Key: hdrAggregateType, Value: add(ev.AggregateType)}
-	h[3] = sarama.RecordHeader{Key: hdrAggregateID, Value: key}
-	h[4] = sarama.RecordHeader{Key: hdrLSN, Value: add(commitLSN)}
+	h[0] = sink.Header{Key: hdrEventID, Value: id}
+	h[1] = sink.Header{Key: hdrEventType, Value: add(ev.EventType)}
+	h[2] = sink.Header{Key: hdrAggregateType, Value: add(ev.AggregateType)}
+	h[3] = sink.Header{Key: hdrAggregateID, Value: key}
+	h[4] = sink.Header{Key: hdrLSN, Value: add(commitLSN)}
 	for _, x := range ev.Headers {
-		h = append(h, sarama.RecordHeader{Key: add(x.Key), Value: x.Value})
+		h = append(h, sink.Header{Key: add(x.Key), Value: x.Value})
 	}
 	return h, key
 }

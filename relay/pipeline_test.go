@@ -78,9 +78,9 @@ func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
 func written(m *sink.Message) sink.Message {
 	c := *m
 	c.Key, c.Value = bytes.Clone(m.Key), bytes.Clone(m.Value)
-	c.Headers = make([]sarama.RecordHeader, len(m.Headers))
+	c.Headers = make([]sink.Header, len(m.Headers))
 	for i, h := range m.Headers {
-		c.Headers[i] = sarama.RecordHeader{Key: bytes.Clone(h.Key), Value: bytes.Clone(h.Value)}
+		c.Headers[i] = sink.Header{Key: bytes.Clone(h.Key), Value: bytes.Clone(h.Value)}
 	}
 	return c
 }

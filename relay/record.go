@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
@@ -58,10 +57,10 @@ func DebeziumRecord(ev *decoder.Event, at time.Time) sink.Message {
 		buf = strconv.AppendInt(buf, ev.ID, 10)
 	}
 	id = buf[len(key):len(buf):len(buf)]
-	h := make([]sarama.RecordHeader, 1, 1+len(ev.Headers))
-	h[0] = sarama.RecordHeader{Key: hdrDebeziumID, Value: id}
+	h := make([]sink.Header, 1, 1+len(ev.Headers))
+	h[0] = sink.Header{Key: hdrDebeziumID, Value: id}
 	for _, x := range ev.Headers {
-		h = append(h, sarama.RecordHeader{Key: []byte(x.Key), Value: x.Value})
+		h = append(h, sink.Header{Key: []byte(x.Key), Value: x.Value})
 	}
 	return sink.Message{Key: key, Value: ev.Payload, Headers: h, Timestamp: at}
 }

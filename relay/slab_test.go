@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // TestRecordsFromOneSlab: the records of a transaction take their headers
@@ -37,7 +37,7 @@ func TestRecordsFromOneSlab(t *testing.T) {
 
 	sl := newSlab(evs, commit)
 	recs := make([]struct {
-		h   []sarama.RecordHeader
+		h   []sink.Header
 		key []byte
 	}, len(evs))
 	for i := range evs {
@@ -52,7 +52,7 @@ func TestRecordsFromOneSlab(t *testing.T) {
 	// must not change.
 	for i := range recs {
 		before := Record(&evs[min(i+1, len(evs)-1)], commit, at)
-		_ = append(recs[i].h, sarama.RecordHeader{Key: []byte("x"), Value: []byte("y")})
+		_ = append(recs[i].h, sink.Header{Key: []byte("x"), Value: []byte("y")})
 		for _, h := range recs[i].h {
 			_ = append(h.Key, "XXXXXXXX"...)
 			_ = append(h.Value, "XXXXXXXX"...)
@@ -96,5 +96,5 @@ func TestLSNText(t *testing.T) {
 // does with a transaction's memory (txnMem.slab).
 func newSlab(evs []decoder.Event, commitLSN string) *slab {
 	nh, nb := slabSize(evs, commitLSN)
-	return &slab{hs: make([]sarama.RecordHeader, nh), buf: make([]byte, nb)}
+	return &slab{hs: make([]sink.Header, nh), buf: make([]byte, nb)}
 }

@@ -5,9 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/IBM/sarama"
-
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // txnMem is the memory of one transaction's deliveries and of its records'
@@ -27,7 +26,7 @@ import (
 // is left to the garbage collector.
 type txnMem struct {
 	ds   []delivery
-	hs   []sarama.RecordHeader
+	hs   []sink.Header
 	buf  []byte
 	sl   slab         // over hs and buf, for the transaction's records (slab)
 	left atomic.Int32 // deliveries not yet settled
@@ -86,7 +85,7 @@ func (tp *txnPool) get(n, nh, nb int) *txnMem {
 	}
 	m.ds = m.ds[:n]
 	if cap(m.hs) < nh {
-		m.hs = make([]sarama.RecordHeader, nh)
+		m.hs = make([]sink.Header, nh)
 	}
 	if cap(m.buf) < nb {
 		m.buf = make([]byte, nb)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/IBM/sarama"
 	"github.com/outbox-relay/outbox-relay/backoff"
@@ -32,7 +33,7 @@ type Message struct {
 	Topic     string
 	Key       []byte
 	Value     []byte
-	Headers   []sarama.RecordHeader
+	Headers   []Header
 	Timestamp time.Time
 	// Partition is set by the producer before Done: where the record went
 	// (or was meant to go), -1 if it failed before a partition was chosen.
@@ -58,6 +59,23 @@ type Message struct {
 	// direct engine's publish so that building the batch need not count
 	// again.
 	size int
+}
+
+// Header is one header of a Message. It is sink's own type so that no
+// package outside sink needs sarama's; its fields are sarama.RecordHeader's
+// (the conversion below would not compile otherwise), so the sarama engines
+// pass a Message's headers to sarama as they are (saramaHeaders) and the
+// direct engine encodes them itself (wire.go): no copy per record.
+type Header struct {
+	Key, Value []byte
+}
+
+var _ = sarama.RecordHeader(Header{}) // the same fields: the same memory layout
+
+// saramaHeaders is h as sarama's header type, over the same memory: sarama
+// only reads a record's headers, and Header has RecordHeader's layout.
+func saramaHeaders(h []Header) []sarama.RecordHeader {
+	return unsafe.Slice((*sarama.RecordHeader)(unsafe.Pointer(unsafe.SliceData(h))), len(h))
 }
 
 // saramaRecord is what the sarama engine's Publish hands to sarama for a
@@ -512,7 +530,7 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	r.key, r.value = m.Key, m.Value
 	r.pm = sarama.ProducerMessage{ // every field, also sarama's own (retries), starts afresh
 		Topic:     m.Topic,
-		Headers:   m.Headers,
+		Headers:   saramaHeaders(m.Headers),
 		Timestamp: m.Timestamp,
 		Partition: -1, // the partitioner sets it; a record refused before that keeps -1
 		Metadata:  m,
