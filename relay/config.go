@@ -38,7 +38,7 @@ type Config struct {
 	Delivery    string            `yaml:"delivery"`
 	ExactlyOnce ExactlyOnceConfig `yaml:"exactly_once"`
 	// Compat is the record format and the default column mapping:
-	// FormatOwn ("") or FormatDebezium ("debezium").
+	// record.FormatOwn ("") or record.FormatDebezium ("debezium").
 	Compat string `yaml:"compat"`
 	// Columns maps the columns of postgres.table (ColumnsConfig).
 	Columns ColumnsConfig `yaml:"columns"`

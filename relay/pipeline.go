@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -43,7 +44,7 @@ type PipelineConfig struct {
 	Table    string // the outbox table, schema.name, when Outboxes is empty
 	Template sink.Template
 	Limits   checkpoint.Limits
-	Policy   Policy
+	Policy   record.Policy
 	// Start is the watermark earlier terms of this process got acked (0
 	// at first); each replication session sets it to the slot's confirmed
 	// position before streaming (raised, or reset when the slot is behind
@@ -62,7 +63,7 @@ type PipelineConfig struct {
 	// Outboxes are the outbox tables with their mappings and templates
 	// (Config.Outboxes); empty: Table with Template, the relay's own way.
 	Outboxes []Outbox
-	// Format is the record format: FormatOwn or FormatDebezium (compat).
+	// Format is the record format: record.FormatOwn or record.FormatDebezium (compat).
 	Format string
 }
 
@@ -81,7 +82,7 @@ type Pipeline struct {
 	format    string
 	tables    []string     // schema.name of each outbox, for messages and the table label
 	router    *sink.Router // owned by the replication loop goroutine
-	policy    Policy
+	policy    record.Policy
 	tracker   *checkpoint.Tracker
 	pub       Publisher
 	marker    RowMarker
@@ -234,14 +235,14 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		return nil
 	}
 	var bytes int64
-	commitLSN := lsnText(txn.CommitLSN)
+	commitLSN := record.LSNText(txn.CommitLSN)
 	at := txn.CommitTime
 	if at.IsZero() { // a refused non-transactional message has no commit
 		at = time.Now()
 	}
 	var nh, nb int // Debezium's records build their own headers
-	if p.format != FormatDebezium {
-		nh, nb = slabSize(txn.Events, commitLSN)
+	if p.format != record.FormatDebezium {
+		nh, nb = record.SlabSize(txn.Events, commitLSN)
 	}
 	mem := p.mem.get(len(txn.Events), nh, nb)
 	ds, sl := mem.ds, mem.slab()
@@ -273,10 +274,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		d.lsn, d.txnLSN, d.pos, d.commit = ev.LSN, txn.CommitLSN, pos, at
 		d.size, d.attempts = int64(len(ev.Payload)), p.rewind.attemptsOf(pos)
 		d.message, d.msgID = message, ev.MessageID
-		if p.format == FormatDebezium {
-			d.msg = DebeziumRecord(ev, at)
+		if p.format == record.FormatDebezium {
+			d.msg = record.Debezium(ev, at)
 		} else {
-			recordTo(&d.msg, sl, ev, commitLSN, at)
+			record.To(&d.msg, sl, ev, commitLSN, at)
 		}
 		d.msg.Done, d.msg.Ref = d.done, d
 		bytes += d.size
@@ -288,7 +289,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			last.aggType == ev.AggregateType && last.eventType == ev.EventType {
 			d.msg.Topic = last.topic
 		} else {
-			topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
+			topic, reason, err := record.RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
 			d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 			if err != nil {
 				if err := p.poisonRow(ctx, d, reason, err); err != nil {
@@ -354,7 +355,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 // under dlq the event becomes its dead letter at once.
 func (p *Pipeline) poisonRow(ctx context.Context, d *delivery, reason string, err error) error {
 	d.attempts = 1
-	if Decide(Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, p.policy) == Halt {
+	if record.Decide(record.Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, p.policy) == record.Halt {
 		p.halt(d, err)
 		return p.waitIfHalted(ctx)
 	}
@@ -536,7 +537,7 @@ func (d *delivery) done(err error) {
 		d.attempts++ // not for an abort another record caused
 	}
 	reason, kind := sink.Classify(err)
-	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
+	action := record.Decide(record.Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
 	lc := p.log.With()
 	switch {
 	case d.message:
@@ -548,25 +549,25 @@ func (d *delivery) done(err error) {
 	}
 	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
-	if p.eos != nil && action != Halt {
+	if p.eos != nil && action != record.Halt {
 		// Exactly once: the Kafka transaction is aborted; the event (or its
 		// dead letter, now due) goes into a later one after the rewind.
 		switch {
-		case action == DeadLetter:
+		case action == record.DeadLetter:
 			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
 		case d.letter != nil:
 			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err))
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
-		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
+		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("kafka transaction failed: rewinding to the ack watermark; committed transactions are skipped on the way back")
 		}
 		return
 	}
 	switch action {
-	case RetryTransient, RetryPoison:
-		if action == RetryPoison {
+	case record.RetryTransient, record.RetryPoison:
+		if action == record.RetryPoison {
 			ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
 		} else if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
 			ev.Warn().Err(err).Msg("transient publish error; retrying until the broker takes it")
@@ -574,18 +575,18 @@ func (d *delivery) done(err error) {
 		if d.letter != nil {
 			// A dead letter has no order to keep: resend just it. The
 			// tracker holds the slot before the event meanwhile.
-			p.retries.push(d, p.policy.delay(action, d.attempts))
+			p.retries.push(d, p.policy.Delay(action, d.attempts))
 			return
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
-		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
+		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")
 		}
-	case DeadLetter:
+	case record.DeadLetter:
 		p.toDeadLetter(d, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
 		p.retries.push(d, 0) // never publish from the producer's goroutine: its input may be full
-	case Halt:
+	case record.Halt:
 		switch {
 		case d.letter != nil:
 			err = fmt.Errorf("write dead letter of %s to topic %s: %w", d.name(), d.msg.Topic, err)
@@ -616,7 +617,7 @@ func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
 	if d.message {
 		l = &deadletter.Letter{EventID: d.msgID, Prefix: p.msgPrefix}
 	}
-	d.msg, d.letter = deadLetterRecord(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
+	d.msg, d.letter = record.Letter(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.msg.Done = d.done
 	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).
@@ -767,7 +768,7 @@ func (p *Pipeline) resetDecoder() error {
 	for i, o := range p.outboxes {
 		ms[i] = o.Mapping
 	}
-	dec, err := decoder.NewMapped(ms, reservedExtra(p.format))
+	dec, err := decoder.NewMapped(ms, record.ReservedExtra(p.format))
 	if err != nil {
 		return err
 	}

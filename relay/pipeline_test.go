@@ -21,6 +21,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -122,7 +123,7 @@ type harness struct {
 	restarts atomic.Int32
 }
 
-func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *harness {
+func newHarness(t *testing.T, policy record.Policy, answer func(string, int) error) *harness {
 	t.Helper()
 	marker := &fakeMarker{marked: make(chan string, 10)}
 	h := newHarnessWith(t, policy, answer, marker)
@@ -132,7 +133,7 @@ func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *ha
 
 // newHarnessWith is newHarness with the row marker given.
 // configure, when given, changes the pipeline's config before NewPipeline.
-func newHarnessWith(t *testing.T, policy Policy, answer func(string, int) error, marker RowMarker, configure ...func(*PipelineConfig)) *harness {
+func newHarnessWith(t *testing.T, policy record.Policy, answer func(string, int) error, marker RowMarker, configure ...func(*PipelineConfig)) *harness {
 	t.Helper()
 	pub := &scriptedPublisher{answer: answer, held: make(chan *sink.Message, 100), tries: map[string]int{}}
 	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
@@ -308,7 +309,7 @@ func (h *harness) held() *sink.Message {
 	}
 }
 
-var fastPolicy = Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond, TransientMax: 5 * time.Millisecond}
+var fastPolicy = record.Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond, TransientMax: 5 * time.Millisecond}
 
 func TestPoisonAndRetryPolicy(t *testing.T) {
 	always := func(err error) func(string, int) error {

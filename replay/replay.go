@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -56,7 +57,7 @@ type Replayer struct {
 	opts   Options
 	deps   Deps
 	table  outboxschema.Table
-	policy relay.Policy
+	policy record.Policy
 	router *sink.Router
 	dec    *decoder.Decoder
 	log    zerolog.Logger
@@ -112,7 +113,7 @@ func New(cfg relay.Config, opts Options, deps Deps) (*Replayer, error) {
 	}
 	return &Replayer{cfg: cfg, opts: opts, deps: deps, table: tbl, router: router, dec: dec,
 		log: deps.Log.With().Str("component", "replay").Logger(),
-		policy: relay.Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
+		policy: record.Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
 			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
 		budget:  newBudget(cfg.InFlight.MaxEvents, cfg.InFlight.MaxBytes),
 		retries: make(chan retry, cfg.InFlight.MaxEvents+1),
@@ -333,8 +334,8 @@ func (r *Replayer) emit(x row) error {
 	}
 	ev := r.dec.Row(x.text, 0)
 	it := &item{r: r, id: x.id, size: int64(len(ev.Payload))}
-	it.msg = relay.Record(&ev, CommitLSN, x.created)
-	topic, reason, perr := relay.Route(r.router, r.table.String(), &ev)
+	it.msg = record.Own(&ev, CommitLSN, x.created)
+	topic, reason, perr := record.Route(r.router, r.table.String(), &ev)
 	it.msg.Topic = topic
 	if err := r.budget.acquire(r.reading, it.size); err != nil {
 		return err
@@ -342,7 +343,7 @@ func (r *Replayer) emit(x row) error {
 	r.read.Add(1)
 	if perr != nil {
 		it.attempts = 1
-		if relay.Decide(relay.Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, r.policy) == relay.Halt {
+		if record.Decide(record.Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, r.policy) == record.Halt {
 			r.halt(it, perr)
 			return errHalted
 		}
@@ -357,7 +358,7 @@ func (r *Replayer) emit(x row) error {
 }
 
 func (r *Replayer) toDeadLetter(it *item, reason string, cause error) {
-	it.msg, it.letter = relay.DeadLetterRecord(r.table.String(), r.policy, it.id, "", 0, it.msg, reason, it.attempts, cause, time.Now())
+	it.msg, it.letter = record.RowLetter(r.table.String(), r.policy, it.id, "", 0, it.msg, reason, it.attempts, cause, time.Now())
 	it.msg.Done = it.done
 	r.log.Error().Err(cause).Int64("id", it.id).Str("reason", reason).Str("dlq_topic", r.policy.Topic).
 		Int("attempts", it.attempts).Msg("poison row: dead-lettering it")
@@ -380,14 +381,14 @@ func (it *item) done(err error) {
 	}
 	it.attempts++
 	reason, kind := sink.Classify(err)
-	action := relay.Decide(relay.Failure{Kind: kind, Attempts: it.attempts, DeadLetter: it.letter != nil}, r.policy)
+	action := record.Decide(record.Failure{Kind: kind, Attempts: it.attempts, DeadLetter: it.letter != nil}, r.policy)
 	switch action {
-	case relay.RetryTransient, relay.RetryPoison:
+	case record.RetryTransient, record.RetryPoison:
 		if it.attempts&(it.attempts-1) == 0 {
 			r.log.Warn().Err(err).Int64("id", it.id).Str("reason", reason).Int("attempt", it.attempts).Msg("publish failed; retrying")
 		}
 		r.retries <- retry{it: it, due: time.Now().Add(r.policy.Delay(action, it.attempts))}
-	case relay.DeadLetter:
+	case record.DeadLetter:
 		r.toDeadLetter(it, reason, fmt.Errorf("publish to topic %s: %w", it.msg.Topic, err))
 		r.retries <- retry{it: it, due: time.Now()}
 	default:

@@ -1,4 +1,4 @@
-package relay
+package record
 
 import (
 	"strconv"
@@ -10,8 +10,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// Header keys the relay sets on every record. sarama only reads them, so
-// one copy serves every event.
+// Header keys the relay sets on every record. The producers only read
+// them, so one copy serves every event.
 var (
 	hdrEventID       = []byte(outboxschema.HeaderEventID)
 	hdrEventType     = []byte(outboxschema.HeaderEventType)
@@ -20,10 +20,11 @@ var (
 	hdrLSN           = []byte(outboxschema.HeaderLSN)
 )
 
-// lsnText is l.String() ("%X/%X" of its halves) without fmt: it is
-// rendered once per transaction, which in a drain of one-row transactions
-// is once per event.
-func lsnText(l pglogrepl.LSN) string {
+// LSNText is l.String() ("%X/%X" of its halves) without fmt: the pipeline
+// renders a transaction's commit LSN once for its records' pg_lsn headers,
+// which in a drain of one-row transactions is once per event. Any
+// goroutine; it does not block.
+func LSNText(l pglogrepl.LSN) string {
 	var b [17]byte
 	out := strconv.AppendUint(b[:0], uint64(l>>32), 16)
 	out = append(out, '/')
@@ -39,15 +40,6 @@ func lsnText(l pglogrepl.LSN) string {
 // ownHeaders is how many headers the relay sets before the row's own.
 const ownHeaders = 5
 
-// headers builds the Kafka headers of one event: the relay's own, then each
-// top-level key of the row's headers column (the decoder refuses a row
-// whose keys include one of the relay's, outboxschema.ReservedHeader). The values of all of them
-// share one allocation; the key of the record is the aggregate_id header's
-// value. commitLSN is the transaction's commit LSN, rendered once.
-func headers(ev *decoder.Event, commitLSN string) (h []sink.Header, key []byte) {
-	return headersIn(nil, ev, commitLSN)
-}
-
 // headerBytes is how many bytes headers needs for ev's keys and values.
 func headerBytes(ev *decoder.Event, commitLSN string) int {
 	n := 20 + len(ev.MessageID) + len(ev.IDText) + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN)
@@ -57,17 +49,23 @@ func headerBytes(ev *decoder.Event, commitLSN string) int {
 	return n
 }
 
-// slab holds the headers and header bytes of a transaction's records, so
+// Slab holds the headers and header bytes of a transaction's records, so
 // that the records of a transaction take two allocations, not two per
 // event. Each record's slices are capped at its own end: an append to one
-// never writes into the next record's.
-type slab struct {
+// never writes into the next record's. A Slab is used by one goroutine at
+// a time (the pipeline's, building a transaction's records with To).
+type Slab struct {
 	hs  []sink.Header
 	buf []byte
 }
 
-// slabSize is how many headers and header bytes the records of evs need.
-func slabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
+// NewSlab is a Slab over hs and buf, sized by SlabSize; the caller keeps
+// them (the relay pools them per transaction) and must not reuse them while
+// a record built from the Slab is in use.
+func NewSlab(hs []sink.Header, buf []byte) Slab { return Slab{hs: hs, buf: buf} }
+
+// SlabSize is how many headers and header bytes the records of evs need.
+func SlabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
 	for i := range evs {
 		nh += ownHeaders + len(evs[i].Headers)
 		nb += headerBytes(&evs[i], commitLSN)
@@ -77,7 +75,7 @@ func slabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
 
 // take returns n headers (length own) and nb bytes (length 0) from s, or
 // new ones when s is nil or too small.
-func (s *slab) take(own, n, nb int) ([]sink.Header, []byte) {
+func (s *Slab) take(own, n, nb int) ([]sink.Header, []byte) {
 	if s == nil || len(s.hs) < n || len(s.buf) < nb {
 		return make([]sink.Header, own, n), make([]byte, 0, nb)
 	}
@@ -86,8 +84,13 @@ func (s *slab) take(own, n, nb int) ([]sink.Header, []byte) {
 	return h, b
 }
 
-// headersIn is headers with its memory from s (nil: allocated).
-func headersIn(s *slab, ev *decoder.Event, commitLSN string) (h []sink.Header, key []byte) {
+// headers builds the Kafka headers of one event: the relay's own, then each
+// top-level key of the row's headers column (the decoder refuses a row
+// whose keys include one of the relay's, outboxschema.ReservedHeader). The
+// values of all of them share one allocation, from s (nil: allocated); the
+// key of the record is the aggregate_id header's value. commitLSN is the
+// transaction's commit LSN, rendered once.
+func headers(s *Slab, ev *decoder.Event, commitLSN string) (h []sink.Header, key []byte) {
 	h, buf := s.take(ownHeaders, ownHeaders+len(ev.Headers), headerBytes(ev, commitLSN))
 	add := func(s string) []byte {
 		start := len(buf)
