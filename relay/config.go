@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -161,6 +162,14 @@ func DefaultConfig() Config {
 		ExactlyOnce: ExactlyOnceConfig{MaxBatchEvents: 5000, MaxBatchInterval: 100 * time.Millisecond, MaxBatchIdle: time.Millisecond,
 			CheckpointTopic: "outbox-relay.checkpoints", TransactionTimeout: time.Minute},
 	}
+}
+
+// Policy is the poison policy of c (on_poison, dead_letter.*, and the
+// kafka.* bounds it needs), the same for the pipeline and outbox-relay
+// replay; the pipeline sets its Format (compat).
+func (c Config) Policy() record.Policy {
+	return record.Policy{Halt: c.OnPoison == "halt", Topic: c.DeadLetter.Topic, MaxAttempts: c.DeadLetter.MaxAttempts,
+		Backoff: c.DeadLetter.RetryBackoff, TransientMax: c.Kafka.RetryBackoffMax, MaxMessageBytes: c.Kafka.MaxMessageBytes}
 }
 
 // Validate reports every invalid key by name.

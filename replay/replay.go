@@ -20,7 +20,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/record"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -53,7 +52,7 @@ type Summary struct {
 
 // Replayer is one replay. New, then Run once, from one goroutine.
 type Replayer struct {
-	cfg    relay.Config
+	cfg    Config
 	opts   Options
 	deps   Deps
 	table  outboxschema.Table
@@ -78,14 +77,14 @@ type Replayer struct {
 }
 
 // New validates and allocates; it does no I/O.
-func New(cfg relay.Config, opts Options, deps Deps) (*Replayer, error) {
+func New(cfg Config, opts Options, deps Deps) (*Replayer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if opts.FromID == 0 && opts.Since.IsZero() {
 		return nil, errors.New("replay: one of --since or --from-id is required")
 	}
-	tbl, err := outboxschema.ParseTable(cfg.Postgres.Table)
+	tbl, err := outboxschema.ParseTable(cfg.Table)
 	if err != nil {
 		return nil, fmt.Errorf("postgres.table: %w", err)
 	}
@@ -97,11 +96,11 @@ func New(cfg relay.Config, opts Options, deps Deps) (*Replayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka.topic_allowlist: %w", err)
 	}
-	router, err := sink.NewRouter(tmpl, cfg.Kafka.MaxTopics, allow, cfg.DeadLetter.Topic)
+	router, err := sink.NewRouter(tmpl, cfg.Kafka.MaxTopics, allow, cfg.Policy.Topic)
 	if err != nil {
 		return nil, err
 	}
-	dec, err := decoder.New(cfg.Postgres.Table)
+	dec, err := decoder.New(cfg.Table)
 	if err != nil {
 		return nil, err
 	}
@@ -112,11 +111,10 @@ func New(cfg relay.Config, opts Options, deps Deps) (*Replayer, error) {
 		deps.PageSize = 500
 	}
 	return &Replayer{cfg: cfg, opts: opts, deps: deps, table: tbl, router: router, dec: dec,
-		log: deps.Log.With().Str("component", "replay").Logger(),
-		policy: record.Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
-			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
-		budget:  newBudget(cfg.InFlight.MaxEvents, cfg.InFlight.MaxBytes),
-		retries: make(chan retry, cfg.InFlight.MaxEvents+1),
+		log:     deps.Log.With().Str("component", "replay").Logger(),
+		policy:  cfg.Policy,
+		budget:  newBudget(cfg.MaxEvents, cfg.MaxBytes),
+		retries: make(chan retry, cfg.MaxEvents+1),
 	}, nil
 }
 
@@ -131,7 +129,7 @@ func (r *Replayer) Run(ctx context.Context) (Summary, error) {
 		return Summary{Total: r.total.Load(), Read: r.read.Load(), Published: r.published.Load(), DeadLettered: r.dead.Load(),
 			Failed: r.failed.Load(), Marked: r.marked.Load(), Elapsed: time.Since(start)}
 	}
-	pc, err := pgxpool.ParseConfig(r.cfg.Postgres.URL)
+	pc, err := pgxpool.ParseConfig(r.cfg.PostgresURL)
 	if err != nil {
 		return sum(), errors.New("postgres.url: cannot be parsed as a PostgreSQL connection string or URL")
 	}
@@ -142,7 +140,7 @@ func (r *Replayer) Run(ctx context.Context) (Summary, error) {
 		return sum(), fmt.Errorf("open postgres pool: %w", err)
 	}
 	defer db.Close()
-	store, err := deadletter.Open(ctx, r.cfg.Postgres.URL, r.table.Schema, r.table.Name)
+	store, err := deadletter.Open(ctx, r.cfg.PostgresURL, r.table.Schema, r.table.Name)
 	if err != nil {
 		return sum(), err
 	}
