@@ -1,8 +1,10 @@
 // Package deadletter is where poison events go: an event that can never be
 // published as it is (too large, an invalid topic, a record the broker
 // rejects, a row that cannot become an event). It builds the dead-letter
-// record, marks the outbox row so an operator finds it with SQL, and serves
-// the operator's list, replay and resolve.
+// record's key, value and headers (Letter.Record; package record makes the
+// Letter of a failed record and the sink.Message around it), marks the
+// outbox row so an operator finds it with SQL (Store), and serves the
+// operator's list, replay and resolve.
 package deadletter
 
 import (
@@ -120,9 +122,10 @@ func BoundField(b []byte) []byte {
 // kafka.max_message_bytes against the record alone.
 const recordBatchOverhead = 61
 
-// RecordSize is the size sarama's producer counts for a record against
-// kafka.max_message_bytes (ProducerMessage.ByteSize, record format v2): an
-// upper bound of the record's encoded size.
+// RecordSize is the size the producer counts for a record against
+// kafka.max_message_bytes (record format v2): sarama's
+// ProducerMessage.ByteSize, which the direct engine counts alike. An upper
+// bound of the record's encoded size.
 func RecordSize(key, value []byte, headers []sink.Header) int {
 	n := 5*binary.MaxVarintLen32 + binary.MaxVarintLen64 + 1 + len(key) + len(value)
 	for _, h := range headers {

@@ -51,6 +51,7 @@ const (
 	Halt
 )
 
+// String names the action: retry_transient, retry_poison, dead_letter, halt.
 func (a Action) String() string {
 	return [...]string{"retry_transient", "retry_poison", "dead_letter", "halt"}[a]
 }
