@@ -1,8 +1,10 @@
 // Package deadletter is where poison events go: an event that can never be
 // published as it is (too large, an invalid topic, a record the broker
 // rejects, a row that cannot become an event). It builds the dead-letter
-// record, marks the outbox row so an operator finds it with SQL, and serves
-// the operator's list, replay and resolve.
+// record's key, value and headers (Letter.Record; package record makes the
+// Letter of a failed record and the sink.Message around it), marks the
+// outbox row so an operator finds it with SQL (Store), and serves the
+// operator's list, replay and resolve.
 package deadletter
 
 import (
@@ -14,10 +16,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Header keys a dead-letter record carries besides the event's own headers.
@@ -68,8 +70,8 @@ type Letter struct {
 	Topic      string // the topic it was meant for; "" if it could not be routed
 	Key        []byte
 	Value      []byte
-	Headers    []sarama.RecordHeader // the relay's own headers of the event (event_id, ...)
-	RowHeaders []sarama.RecordHeader // the headers the row's headers column gave the event
+	Headers    []sink.Header // the relay's own headers of the event (event_id, ...)
+	RowHeaders []sink.Header // the headers the row's headers column gave the event
 	Reason     string
 	Err        string
 	Attempts   int
@@ -120,10 +122,11 @@ func BoundField(b []byte) []byte {
 // kafka.max_message_bytes against the record alone.
 const recordBatchOverhead = 61
 
-// RecordSize is the size sarama's producer counts for a record against
-// kafka.max_message_bytes (ProducerMessage.ByteSize, record format v2): an
-// upper bound of the record's encoded size.
-func RecordSize(key, value []byte, headers []sarama.RecordHeader) int {
+// RecordSize is the size the producer counts for a record against
+// kafka.max_message_bytes (record format v2): sarama's
+// ProducerMessage.ByteSize, which the direct engine counts alike. An upper
+// bound of the record's encoded size.
+func RecordSize(key, value []byte, headers []sink.Header) int {
 	n := 5*binary.MaxVarintLen32 + binary.MaxVarintLen64 + 1 + len(key) + len(value)
 	for _, h := range headers {
 		n += len(h.Key) + len(h.Value) + 2*binary.MaxVarintLen32
@@ -144,31 +147,31 @@ func RecordSize(key, value []byte, headers []sarama.RecordHeader) int {
 //   - then dlq.error is shortened to what room is left.
 //
 // Any goroutine; it does not block.
-func (l *Letter) Record(now time.Time) (key, value []byte, headers []sarama.RecordHeader) {
-	var notes []sarama.RecordHeader // dlq.*_truncated
+func (l *Letter) Record(now time.Time) (key, value []byte, headers []sink.Header) {
+	var notes []sink.Header // dlq.*_truncated
 	note := func(k string, n int) {
-		notes = append(notes, sarama.RecordHeader{Key: []byte(k), Value: []byte(strconv.Itoa(n))})
+		notes = append(notes, sink.Header{Key: []byte(k), Value: []byte(strconv.Itoa(n))})
 	}
 	key = BoundField(l.Key)
 	if len(key) != len(l.Key) {
 		note(HeaderKeyTruncated, len(l.Key))
 	}
-	own := make([]sarama.RecordHeader, len(l.Headers))
+	own := make([]sink.Header, len(l.Headers))
 	for i, h := range l.Headers {
-		own[i] = sarama.RecordHeader{Key: h.Key, Value: BoundField(h.Value)}
+		own[i] = sink.Header{Key: h.Key, Value: BoundField(h.Value)}
 		if len(own[i].Value) != len(h.Value) {
 			note(outboxschema.DeadLetterPrefix+string(h.Key)+headerTruncatedSuffix, len(h.Value))
 		}
 	}
 	value, row, errText := l.Value, l.RowHeaders, Truncate(l.Err)
 	omitValue, omitRow := l.TooLarge, l.TooLarge && len(row) > 0
-	build := func() []sarama.RecordHeader {
-		h := make([]sarama.RecordHeader, 0, len(own)+len(row)+len(notes)+11)
+	build := func() []sink.Header {
+		h := make([]sink.Header, 0, len(own)+len(row)+len(notes)+11)
 		h = append(h, own...)
 		if !omitRow {
 			h = append(h, row...)
 		}
-		add := func(k, v string) { h = append(h, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)}) }
+		add := func(k, v string) { h = append(h, sink.Header{Key: []byte(k), Value: []byte(v)}) }
 		add(HeaderOriginalTopic, l.Topic)
 		add(HeaderReason, l.Reason)
 		add(HeaderError, errText)

@@ -11,18 +11,19 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-func hdr(kv ...string) []sarama.RecordHeader {
-	var h []sarama.RecordHeader
+func hdr(kv ...string) []sink.Header {
+	var h []sink.Header
 	for i := 0; i < len(kv); i += 2 {
-		h = append(h, sarama.RecordHeader{Key: []byte(kv[i]), Value: []byte(kv[i+1])})
+		h = append(h, sink.Header{Key: []byte(kv[i]), Value: []byte(kv[i+1])})
 	}
 	return h
 }
 
 // own is the relay's headers of an event with this key.
-func own(key string) []sarama.RecordHeader {
+func own(key string) []sink.Header {
 	return hdr("event_id", "42", "event_type", "order.paid", "aggregate_type", "order", "aggregate_id", key, "pg_lsn", "0/16B3F00")
 }
 
@@ -114,9 +115,12 @@ func TestRecord(t *testing.T) {
 
 // fitsSarama checks a record against sarama's own size check, with room for
 // a record batch around it.
-func fitsSarama(t *testing.T, maxBytes int, key, value []byte, headers []sarama.RecordHeader) {
+func fitsSarama(t *testing.T, maxBytes int, key, value []byte, headers []sink.Header) {
 	t.Helper()
-	m := &sarama.ProducerMessage{Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(value), Headers: headers}
+	m := &sarama.ProducerMessage{Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(value)}
+	for _, h := range headers {
+		m.Headers = append(m.Headers, sarama.RecordHeader(h))
+	}
 	if n := m.ByteSize(2); n+recordBatchOverhead > maxBytes {
 		t.Errorf("record of %d bytes as sarama counts it (+%d batch) does not fit %d", n, recordBatchOverhead, maxBytes)
 	}

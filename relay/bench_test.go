@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -78,7 +79,7 @@ func benchHandleTxn100(b *testing.B, pub publisher, published func() int) {
 		b.Fatal(err)
 	}
 	cfg := PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100,
-		Policy: Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond},
+		Policy: record.Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond},
 		Limits: checkpoint.Limits{MaxEvents: 10000, MaxBytes: 64 << 20}}
 	p, err := NewPipeline(cfg, atLeastOnce{pub}, &fakeMarker{marked: make(chan string, 10)}, zerolog.Nop(), nil)
 	if err != nil {

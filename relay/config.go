@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/exactlyonce"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -39,7 +40,7 @@ type Config struct {
 	Delivery    string             `yaml:"delivery"`
 	ExactlyOnce exactlyonce.Config `yaml:"exactly_once"`
 	// Compat is the record format and the default column mapping:
-	// FormatOwn ("") or FormatDebezium ("debezium").
+	// record.FormatOwn ("") or record.FormatDebezium ("debezium").
 	Compat string `yaml:"compat"`
 	// Columns maps the columns of postgres.table (ColumnsConfig).
 	Columns ColumnsConfig `yaml:"columns"`
@@ -134,6 +135,14 @@ func DefaultConfig() Config {
 		Delivery:        AtLeastOnce,
 		ExactlyOnce:     exactlyonce.DefaultConfig(),
 	}
+}
+
+// Policy is the poison policy of c (on_poison, dead_letter.*, and the
+// kafka.* bounds it needs), the same for the pipeline and outbox-relay
+// replay; the pipeline sets its Format (compat).
+func (c Config) Policy() record.Policy {
+	return record.Policy{Halt: c.OnPoison == "halt", Topic: c.DeadLetter.Topic, MaxAttempts: c.DeadLetter.MaxAttempts,
+		Backoff: c.DeadLetter.RetryBackoff, TransientMax: c.Kafka.RetryBackoffMax, MaxMessageBytes: c.Kafka.MaxMessageBytes}
 }
 
 // Validate reports every invalid key by name.

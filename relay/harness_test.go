@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -83,9 +84,9 @@ func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
 func written(m *sink.Message) sink.Message {
 	c := *m
 	c.Key, c.Value = bytes.Clone(m.Key), bytes.Clone(m.Value)
-	c.Headers = make([]sarama.RecordHeader, len(m.Headers))
+	c.Headers = make([]sink.Header, len(m.Headers))
 	for i, h := range m.Headers {
-		c.Headers[i] = sarama.RecordHeader{Key: bytes.Clone(h.Key), Value: bytes.Clone(h.Value)}
+		c.Headers[i] = sink.Header{Key: bytes.Clone(h.Key), Value: bytes.Clone(h.Value)}
 	}
 	return c
 }
@@ -127,7 +128,7 @@ type harness struct {
 	restarts atomic.Int32
 }
 
-func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *harness {
+func newHarness(t *testing.T, policy record.Policy, answer func(string, int) error) *harness {
 	t.Helper()
 	marker := &fakeMarker{marked: make(chan string, 10)}
 	h := newHarnessWith(t, policy, answer, marker)
@@ -137,7 +138,7 @@ func newHarness(t *testing.T, policy Policy, answer func(string, int) error) *ha
 
 // newHarnessWith is newHarness with the row marker given.
 // configure, when given, changes the pipeline's config before NewPipeline.
-func newHarnessWith(t *testing.T, policy Policy, answer func(string, int) error, marker RowMarker, configure ...func(*PipelineConfig)) *harness {
+func newHarnessWith(t *testing.T, policy record.Policy, answer func(string, int) error, marker RowMarker, configure ...func(*PipelineConfig)) *harness {
 	t.Helper()
 	pub := &scriptedPublisher{answer: answer, held: make(chan *sink.Message, 100), tries: map[string]int{}}
 	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
@@ -314,4 +315,4 @@ func (h *harness) held() *sink.Message {
 	}
 }
 
-var fastPolicy = Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond, TransientMax: 5 * time.Millisecond}
+var fastPolicy = record.Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond, TransientMax: 5 * time.Millisecond}

@@ -3,26 +3,12 @@ package relay
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
-
-// Record formats (the compat key).
-const (
-	// FormatOwn is this relay's record: key aggregate_id, headers event_id,
-	// event_type, aggregate_type, aggregate_id, pg_lsn, then the row's.
-	FormatOwn = ""
-	// FormatDebezium is what Debezium's outbox EventRouter writes by
-	// default: key the key column, value the payload, header id, then the
-	// configured placements (compat: debezium).
-	FormatDebezium = "debezium"
-)
-
-// HeaderDebeziumID is the one header the EventRouter always sets: the event id.
-const HeaderDebeziumID = "id"
 
 // None is the value of an optional columns.* key that maps no column.
 const None = "none"
@@ -70,27 +56,6 @@ type Outbox struct {
 	Own bool
 }
 
-// Reserved reports whether key is a header key the relay sets itself in
-// format f (compared ignoring case): a placement or a headers column key
-// may not use it, or a consumer could not tell the forged value from the
-// relay's.
-func Reserved(f string) func(string) bool {
-	return func(key string) bool {
-		if outboxschema.ReservedHeader(key) {
-			return true
-		}
-		return f == FormatDebezium && strings.EqualFold(key, HeaderDebeziumID)
-	}
-}
-
-// reservedExtra are the keys Reserved adds to outboxschema.ReservedHeader.
-func reservedExtra(f string) []string {
-	if f == FormatDebezium {
-		return []string{HeaderDebeziumID}
-	}
-	return nil
-}
-
 // Outboxes resolves the outbox tables of c (compat, postgres.table,
 // columns, tables, kafka.topic_template). Every problem is named by its
 // key. It does no I/O: the column types are checked against the table at
@@ -98,7 +63,7 @@ func reservedExtra(f string) []string {
 func (c Config) Outboxes() ([]Outbox, error) {
 	var errs []error
 	switch c.Compat {
-	case FormatOwn, FormatDebezium:
+	case record.FormatOwn, record.FormatDebezium:
 	default:
 		return nil, fmt.Errorf("compat: %q is not debezium (read Debezium's outbox table, write what its EventRouter writes) or empty (this relay's own table and records)", c.Compat)
 	}
@@ -108,7 +73,7 @@ func (c Config) Outboxes() ([]Outbox, error) {
 	}
 	resolve := func(prefix string, t outboxschema.Table, cols ColumnsConfig, tmplText string) (Outbox, error) {
 		m := outboxschema.DefaultMapping(t)
-		if c.Compat == FormatDebezium {
+		if c.Compat == record.FormatDebezium {
 			m = outboxschema.DebeziumMapping(t)
 		}
 		set := func(dst *string, v string, optional bool) {
@@ -128,8 +93,8 @@ func (c Config) Outboxes() ([]Outbox, error) {
 		set(&m.Headers, cols.Headers, true)
 		var errs []error
 		m.Additional, err = outboxschema.ParsePlacements(prefix+outboxschema.KeyColumnsAdditional, cols.Additional)
-		errs = append(errs, err, m.Validate(prefix, Reserved(c.Compat)))
-		o := Outbox{Mapping: m, Own: prefix == "" && m.Own() && c.Compat == FormatOwn}
+		errs = append(errs, err, m.Validate(prefix, record.Reserved(c.Compat)))
+		o := Outbox{Mapping: m, Own: prefix == "" && m.Own() && c.Compat == record.FormatOwn}
 		tmpl := base
 		tmplKey := "kafka.topic_template"
 		if tmplText != "" {

@@ -2,15 +2,14 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/decoder"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/record"
 )
 
 func TestOutboxes(t *testing.T) {
@@ -25,7 +24,7 @@ func TestOutboxes(t *testing.T) {
 				t.Errorf("got %+v", obs)
 			}
 		}},
-		{name: "compat: Debezium's columns, not own", cfg: func(c *Config) { c.Compat = FormatDebezium }, check: func(t *testing.T, obs []Outbox) {
+		{name: "compat: Debezium's columns, not own", cfg: func(c *Config) { c.Compat = record.FormatDebezium }, check: func(t *testing.T, obs []Outbox) {
 			m := obs[0].Mapping
 			if obs[0].Own || m.ID != "id" || m.Key != "aggregateid" || m.RouteBy != "aggregatetype" || m.Type != "type" || m.Headers != "" || !m.TombstoneOnNull {
 				t.Errorf("got %+v", obs[0])
@@ -35,7 +34,7 @@ func TestOutboxes(t *testing.T) {
 			}
 		}},
 		{name: "compat with columns on top, none", cfg: func(c *Config) {
-			c.Compat = FormatDebezium
+			c.Compat = record.FormatDebezium
 			c.Columns = ColumnsConfig{Key: "tenant", Type: None, Additional: []string{"type:header:eventType"}}
 		}, check: func(t *testing.T, obs []Outbox) {
 			m := obs[0].Mapping
@@ -49,7 +48,7 @@ func TestOutboxes(t *testing.T) {
 			}
 		}},
 		{name: "unknown compat", cfg: func(c *Config) { c.Compat = "maxwell" }, err: []string{`compat: "maxwell" is not debezium`}},
-		{name: "placement forging id under compat", cfg: func(c *Config) { c.Compat = FormatDebezium; c.Columns.Additional = []string{"type:header:ID"} },
+		{name: "placement forging id under compat", cfg: func(c *Config) { c.Compat = record.FormatDebezium; c.Columns.Additional = []string{"type:header:ID"} },
 			err: []string{`columns.additional: header name "ID" (column type) is reserved`}},
 		{name: "placement id is free without compat", cfg: func(c *Config) { c.Columns.Additional = []string{"aggregate_id:header:id"} }},
 		{name: "tables with {schema} and {table}", cfg: func(c *Config) {
@@ -111,61 +110,6 @@ func TestOutboxes(t *testing.T) {
 	}
 }
 
-// The record compat: debezium writes: key, value (nil stays nil: a null
-// value), header id first and alone but for the row's headers and placements.
-func TestDebeziumRecord(t *testing.T) {
-	at := time.Unix(1700000000, 0)
-	for _, tt := range []struct {
-		name    string
-		ev      decoder.Event
-		headers string
-	}{
-		{name: "uuid id", ev: decoder.Event{IDText: "8b1d3a4e-0000-4000-8000-000000000001", AggregateID: "o-1", Payload: []byte(`{"a": 1}`)},
-			headers: "id=8b1d3a4e-0000-4000-8000-000000000001;"},
-		{name: "bigint id, placements, null value", ev: decoder.Event{ID: 42, AggregateID: "o-1",
-			Headers: []decoder.Header{{Key: "eventType", Value: []byte("Created")}, {Key: "trace", Value: nil}}},
-			headers: "id=42;eventType=Created;trace=<null>;"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			m := DebeziumRecord(&tt.ev, at)
-			if string(m.Key) != tt.ev.AggregateID || (m.Value == nil) != (tt.ev.Payload == nil) || string(m.Value) != string(tt.ev.Payload) || !m.Timestamp.Equal(at) {
-				t.Errorf("record key %q value %q, want %q %q", m.Key, m.Value, tt.ev.AggregateID, tt.ev.Payload)
-			}
-			var b strings.Builder
-			for _, h := range m.Headers {
-				v := string(h.Value)
-				if h.Value == nil {
-					v = "<null>"
-				}
-				b.WriteString(string(h.Key) + "=" + v + ";")
-			}
-			if b.String() != tt.headers {
-				t.Errorf("headers %s, want %s", b.String(), tt.headers)
-			}
-			// The dead letter of such a record keeps id as the relay's own
-			// header and the rest as the row's.
-			dl, l := DeadLetterRecord("public.outbox", Policy{Topic: "dlq", Format: FormatDebezium}, tt.ev.ID, tt.ev.IDText, 0, m, "bad_row", 1, errors.New("x"), at)
-			wantID := tt.ev.IDText
-			if wantID == "" {
-				wantID = "42"
-			}
-			for _, h := range dl.Headers {
-				if string(h.Key) == "dlq.event_id" && string(h.Value) != wantID {
-					t.Errorf("dlq.event_id %q, want %q", h.Value, wantID)
-				}
-			}
-			if len(l.Headers) != 1 || string(l.Headers[0].Key) != "id" || len(l.RowHeaders) != len(tt.ev.Headers) {
-				t.Errorf("dead letter split %d own + %d row headers, want 1 + %d", len(l.Headers), len(l.RowHeaders), len(tt.ev.Headers))
-			}
-		})
-	}
-	// The relay's own record of a text id: event_id is the text.
-	m := Record(&decoder.Event{IDText: "ev-1", AggregateID: "k"}, "0/1", at)
-	if string(m.Headers[0].Key) != "event_id" || string(m.Headers[0].Value) != "ev-1" {
-		t.Errorf("own record of a text id: first header %s=%s", m.Headers[0].Key, m.Headers[0].Value)
-	}
-}
-
 // A table other than the relay's own has no bookkeeping columns: its poison
 // rows are dead-lettered (or halt) without a row mark, and the slot passes
 // a dead letter once Kafka acked it.
@@ -179,7 +123,7 @@ func TestPoisonOfMappedTableHasNoRowMark(t *testing.T) {
 			marker := &fakeMarker{marked: make(chan string, 10)}
 			h := newHarnessWith(t, policy, func(string, int) error { return nil }, marker, func(c *PipelineConfig) {
 				tbl := outboxschema.Table{Schema: "public", Name: "outbox"}
-				c.Format = FormatDebezium
+				c.Format = record.FormatDebezium
 				c.Outboxes = []Outbox{{Mapping: outboxschema.DefaultMapping(tbl), Template: c.Template}}
 			})
 			ctx, cancel := context.WithCancel(h.ctx)

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -32,7 +33,7 @@ type PipelineConfig struct {
 	Table    string // the outbox table, schema.name, when Outboxes is empty
 	Template sink.Template
 	Limits   checkpoint.Limits
-	Policy   Policy
+	Policy   record.Policy
 	// Start is the watermark earlier terms of this process got acked (0
 	// at first); each replication session sets it to the slot's confirmed
 	// position before streaming (raised, or reset when the slot is behind
@@ -51,7 +52,7 @@ type PipelineConfig struct {
 	// Outboxes are the outbox tables with their mappings and templates
 	// (Config.Outboxes); empty: Table with Template, the relay's own way.
 	Outboxes []Outbox
-	// Format is the record format: FormatOwn or FormatDebezium (compat).
+	// Format is the record format: record.FormatOwn or record.FormatDebezium (compat).
 	Format string
 }
 
@@ -72,7 +73,7 @@ type Pipeline struct {
 	format    string
 	tables    []string     // schema.name of each outbox, for messages and the table label
 	router    *sink.Router // owned by the replication loop goroutine
-	policy    Policy
+	policy    record.Policy
 	tracker   *checkpoint.Tracker
 	out       Delivery
 	marker    RowMarker
@@ -220,14 +221,14 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		return nil
 	}
 	var bytes int64
-	commitLSN := lsnText(txn.CommitLSN)
+	commitLSN := record.LSNText(txn.CommitLSN)
 	at := txn.CommitTime
 	if at.IsZero() { // a refused non-transactional message has no commit
 		at = time.Now()
 	}
 	var nh, nb int // Debezium's records build their own headers
-	if p.format != FormatDebezium {
-		nh, nb = slabSize(txn.Events, commitLSN)
+	if p.format != record.FormatDebezium {
+		nh, nb = record.SlabSize(txn.Events, commitLSN)
 	}
 	mem := p.mem.get(len(txn.Events), nh, nb)
 	ds, sl := mem.ds, mem.slab()
@@ -259,10 +260,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		d.lsn, d.txnLSN, d.pos, d.commit = ev.LSN, txn.CommitLSN, pos, at
 		d.size, d.attempts = int64(len(ev.Payload)), p.rewind.attemptsOf(pos)
 		d.message, d.msgID = message, ev.MessageID
-		if p.format == FormatDebezium {
-			d.msg = DebeziumRecord(ev, at)
+		if p.format == record.FormatDebezium {
+			d.msg = record.Debezium(ev, at)
 		} else {
-			recordTo(&d.msg, sl, ev, commitLSN, at)
+			record.To(&d.msg, sl, ev, commitLSN, at)
 		}
 		d.msg.Done, d.msg.Ref = d.done, d
 		bytes += d.size
@@ -274,7 +275,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			last.aggType == ev.AggregateType && last.eventType == ev.EventType {
 			d.msg.Topic = last.topic
 		} else {
-			topic, reason, err := RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
+			topic, reason, err := record.RouteWith(p.router, tmpl, p.tables[ev.TableIndex], ev)
 			d.msg.Topic = topic // refused by the limit or the allowlist: the dead letter names it
 			if err != nil {
 				if err := p.poisonRow(ctx, d, reason, err); err != nil {
@@ -329,7 +330,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 // under dlq the event becomes its dead letter at once.
 func (p *Pipeline) poisonRow(ctx context.Context, d *delivery, reason string, err error) error {
 	d.attempts = 1
-	if Decide(Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, p.policy) == Halt {
+	if record.Decide(record.Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, p.policy) == record.Halt {
 		p.halt(d, err)
 		return p.waitIfHalted(ctx)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/record"
 )
 
 // heartbeat handles one of the relay's heartbeats read from the slot: no
@@ -54,7 +55,7 @@ func (p *Pipeline) resetDecoder() error {
 	for i, o := range p.outboxes {
 		ms[i] = o.Mapping
 	}
-	dec, err := decoder.NewMapped(ms, reservedExtra(p.format))
+	dec, err := decoder.NewMapped(ms, record.ReservedExtra(p.format))
 	if err != nil {
 		return err
 	}

@@ -11,12 +11,13 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // newRoutedHarness is newHarness with a topic limit and an allowlist; the
 // publisher acks everything.
-func newRoutedHarness(t *testing.T, policy Policy, maxTopics int, allow ...string) *harness {
+func newRoutedHarness(t *testing.T, policy record.Policy, maxTopics int, allow ...string) *harness {
 	t.Helper()
 	al, err := sink.ParseAllowlist(allow)
 	if err != nil {

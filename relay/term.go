@@ -122,8 +122,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
 		MessagePrefix: cfg.Messages.Prefix,
 		Limits:        checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
-		Policy: Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
-			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
+		Policy:        cfg.Policy(),
 	}, out, store, t.log, reg)
 	if err != nil {
 		return err

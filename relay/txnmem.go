@@ -5,9 +5,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/IBM/sarama"
-
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	"github.com/outbox-relay/outbox-relay/record"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // txnMem is the memory of one transaction's deliveries and of its records'
@@ -27,9 +27,9 @@ import (
 // is left to the garbage collector.
 type txnMem struct {
 	ds   []delivery
-	hs   []sarama.RecordHeader
+	hs   []sink.Header
 	buf  []byte
-	sl   slab         // over hs and buf, for the transaction's records (slab)
+	sl   record.Slab  // over hs and buf, for the transaction's records (slab)
 	left atomic.Int32 // deliveries not yet settled
 	pool *txnPool
 }
@@ -86,7 +86,7 @@ func (tp *txnPool) get(n, nh, nb int) *txnMem {
 	}
 	m.ds = m.ds[:n]
 	if cap(m.hs) < nh {
-		m.hs = make([]sarama.RecordHeader, nh)
+		m.hs = make([]sink.Header, nh)
 	}
 	if cap(m.buf) < nb {
 		m.buf = make([]byte, nb)
@@ -102,7 +102,7 @@ func (tp *txnPool) get(n, nh, nb int) *txnMem {
 func (tp *txnPool) put(m *txnMem) {
 	clear(m.ds)
 	clear(m.hs)
-	m.sl = slab{}
+	m.sl = record.Slab{}
 	c := bits.Len(uint(cap(m.ds) - 1))
 	if cap(m.buf) > keepHeaderBytes<<c {
 		m.buf = nil
@@ -118,8 +118,8 @@ func (tp *txnPool) put(m *txnMem) {
 }
 
 // slab is the headers slab over m's memory (no allocation of its own).
-func (m *txnMem) slab() *slab {
-	m.sl = slab{hs: m.hs, buf: m.buf}
+func (m *txnMem) slab() *record.Slab {
+	m.sl = record.NewSlab(m.hs, m.buf)
 	return &m.sl
 }
 

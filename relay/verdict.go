@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -184,7 +185,7 @@ func (d *delivery) done(err error) {
 		d.attempts++ // not for an abort another record caused
 	}
 	reason, kind := sink.Classify(err)
-	action := Decide(Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
+	action := record.Decide(record.Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
 	lc := p.log.With()
 	switch {
 	case d.message:
@@ -196,25 +197,25 @@ func (d *delivery) done(err error) {
 	}
 	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
-	if lost && action != Halt {
+	if lost && action != record.Halt {
 		// The event (or its dead letter, now due) goes into a later Kafka
 		// transaction after the rewind (deadNext).
 		switch {
-		case action == DeadLetter:
+		case action == record.DeadLetter:
 			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
 		case d.letter != nil:
 			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err))
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
-		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
+		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("kafka transaction failed: rewinding to the ack watermark; committed transactions are skipped on the way back")
 		}
 		return
 	}
 	switch action {
-	case RetryTransient, RetryPoison:
-		if action == RetryPoison {
+	case record.RetryTransient, record.RetryPoison:
+		if action == record.RetryPoison {
 			ev.Warn().Err(err).Msg("publish rejected; retrying before on_poison applies")
 		} else if d.attempts&(d.attempts-1) == 0 { // 1, 2, 4, 8...: a steady trickle, not a flood
 			ev.Warn().Err(err).Msg("transient publish error; retrying until the broker takes it")
@@ -222,18 +223,18 @@ func (d *delivery) done(err error) {
 		if d.letter != nil {
 			// A dead letter has no order to keep: resend just it. The
 			// tracker holds the slot before the event meanwhile.
-			p.retries.push(d, p.policy.delay(action, d.attempts))
+			p.retries.push(d, p.policy.Delay(action, d.attempts))
 			return
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
-		if p.rewind.park(d.pos, d.attempts, p.policy.delay(action, d.attempts)) {
+		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")
 		}
-	case DeadLetter:
+	case record.DeadLetter:
 		p.toDeadLetter(d, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
 		p.retries.push(d, 0) // never publish from the producer's goroutine: its input may be full
-	case Halt:
+	case record.Halt:
 		switch {
 		case d.letter != nil:
 			err = fmt.Errorf("write dead letter of %s to topic %s: %w", d.name(), d.msg.Topic, err)
@@ -264,7 +265,7 @@ func (p *Pipeline) toDeadLetter(d *delivery, reason string, cause error) {
 	if d.message {
 		l = &deadletter.Letter{EventID: d.msgID, Prefix: p.msgPrefix}
 	}
-	d.msg, d.letter = deadLetterRecord(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
+	d.msg, d.letter = record.Letter(l, p.policy, d.lsn, d.msg, reason, d.attempts, cause, time.Now())
 	d.msg.Done, d.msg.Ref = d.done, d
 	d.logID(p.log.Error().Err(cause)).Str("lsn", d.lsn.String()).Str("reason", reason).
 		Str("dlq_topic", p.policy.Topic).Int("attempts", d.attempts).

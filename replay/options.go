@@ -1,7 +1,7 @@
 // Package replay republishes outbox rows from the table: `outbox-relay
 // replay`. It reads a range of rows in id order, in pages (keyset, bounded
 // memory), and publishes each through sink.Producer as the very record the
-// relay builds for it (relay.Record, relay.Route: same key, headers incl.
+// relay builds for it (record.Own, record.Route: same key, headers incl.
 // event_id, topic routing), dead-letters poison rows under the relay's own
 // policy, waits for every ack, and then sets published_at on the acked rows.
 // It needs no slot and may run beside the relay: consumers deduplicate on

@@ -19,7 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
-	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -52,11 +52,11 @@ type Summary struct {
 
 // Replayer is one replay. New, then Run once, from one goroutine.
 type Replayer struct {
-	cfg    relay.Config
+	cfg    Config
 	opts   Options
 	deps   Deps
 	table  outboxschema.Table
-	policy relay.Policy
+	policy record.Policy
 	router *sink.Router
 	dec    *decoder.Decoder
 	log    zerolog.Logger
@@ -77,14 +77,14 @@ type Replayer struct {
 }
 
 // New validates and allocates; it does no I/O.
-func New(cfg relay.Config, opts Options, deps Deps) (*Replayer, error) {
+func New(cfg Config, opts Options, deps Deps) (*Replayer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if opts.FromID == 0 && opts.Since.IsZero() {
 		return nil, errors.New("replay: one of --since or --from-id is required")
 	}
-	tbl, err := outboxschema.ParseTable(cfg.Postgres.Table)
+	tbl, err := outboxschema.ParseTable(cfg.Table)
 	if err != nil {
 		return nil, fmt.Errorf("postgres.table: %w", err)
 	}
@@ -96,11 +96,11 @@ func New(cfg relay.Config, opts Options, deps Deps) (*Replayer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka.topic_allowlist: %w", err)
 	}
-	router, err := sink.NewRouter(tmpl, cfg.Kafka.MaxTopics, allow, cfg.DeadLetter.Topic)
+	router, err := sink.NewRouter(tmpl, cfg.Kafka.MaxTopics, allow, cfg.Policy.Topic)
 	if err != nil {
 		return nil, err
 	}
-	dec, err := decoder.New(cfg.Postgres.Table)
+	dec, err := decoder.New(cfg.Table)
 	if err != nil {
 		return nil, err
 	}
@@ -111,11 +111,10 @@ func New(cfg relay.Config, opts Options, deps Deps) (*Replayer, error) {
 		deps.PageSize = 500
 	}
 	return &Replayer{cfg: cfg, opts: opts, deps: deps, table: tbl, router: router, dec: dec,
-		log: deps.Log.With().Str("component", "replay").Logger(),
-		policy: relay.Policy{Halt: cfg.OnPoison == "halt", Topic: cfg.DeadLetter.Topic, MaxAttempts: cfg.DeadLetter.MaxAttempts,
-			Backoff: cfg.DeadLetter.RetryBackoff, TransientMax: cfg.Kafka.RetryBackoffMax, MaxMessageBytes: cfg.Kafka.MaxMessageBytes},
-		budget:  newBudget(cfg.InFlight.MaxEvents, cfg.InFlight.MaxBytes),
-		retries: make(chan retry, cfg.InFlight.MaxEvents+1),
+		log:     deps.Log.With().Str("component", "replay").Logger(),
+		policy:  cfg.Policy,
+		budget:  newBudget(cfg.MaxEvents, cfg.MaxBytes),
+		retries: make(chan retry, cfg.MaxEvents+1),
 	}, nil
 }
 
@@ -130,7 +129,7 @@ func (r *Replayer) Run(ctx context.Context) (Summary, error) {
 		return Summary{Total: r.total.Load(), Read: r.read.Load(), Published: r.published.Load(), DeadLettered: r.dead.Load(),
 			Failed: r.failed.Load(), Marked: r.marked.Load(), Elapsed: time.Since(start)}
 	}
-	pc, err := pgxpool.ParseConfig(r.cfg.Postgres.URL)
+	pc, err := pgxpool.ParseConfig(r.cfg.PostgresURL)
 	if err != nil {
 		return sum(), errors.New("postgres.url: cannot be parsed as a PostgreSQL connection string or URL")
 	}
@@ -141,7 +140,7 @@ func (r *Replayer) Run(ctx context.Context) (Summary, error) {
 		return sum(), fmt.Errorf("open postgres pool: %w", err)
 	}
 	defer db.Close()
-	store, err := deadletter.Open(ctx, r.cfg.Postgres.URL, r.table.Schema, r.table.Name)
+	store, err := deadletter.Open(ctx, r.cfg.PostgresURL, r.table.Schema, r.table.Name)
 	if err != nil {
 		return sum(), err
 	}
@@ -333,8 +332,8 @@ func (r *Replayer) emit(x row) error {
 	}
 	ev := r.dec.Row(x.text, 0)
 	it := &item{r: r, id: x.id, size: int64(len(ev.Payload))}
-	it.msg = relay.Record(&ev, CommitLSN, x.created)
-	topic, reason, perr := relay.Route(r.router, r.table.String(), &ev)
+	it.msg = record.Own(&ev, CommitLSN, x.created)
+	topic, reason, perr := record.Route(r.router, r.table.String(), &ev)
 	it.msg.Topic = topic
 	if err := r.budget.acquire(r.reading, it.size); err != nil {
 		return err
@@ -342,7 +341,7 @@ func (r *Replayer) emit(x row) error {
 	r.read.Add(1)
 	if perr != nil {
 		it.attempts = 1
-		if relay.Decide(relay.Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, r.policy) == relay.Halt {
+		if record.Decide(record.Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, r.policy) == record.Halt {
 			r.halt(it, perr)
 			return errHalted
 		}
@@ -357,7 +356,7 @@ func (r *Replayer) emit(x row) error {
 }
 
 func (r *Replayer) toDeadLetter(it *item, reason string, cause error) {
-	it.msg, it.letter = relay.DeadLetterRecord(r.table.String(), r.policy, it.id, "", 0, it.msg, reason, it.attempts, cause, time.Now())
+	it.msg, it.letter = record.RowLetter(r.table.String(), r.policy, it.id, "", 0, it.msg, reason, it.attempts, cause, time.Now())
 	it.msg.Done = it.done
 	r.log.Error().Err(cause).Int64("id", it.id).Str("reason", reason).Str("dlq_topic", r.policy.Topic).
 		Int("attempts", it.attempts).Msg("poison row: dead-lettering it")
@@ -380,14 +379,14 @@ func (it *item) done(err error) {
 	}
 	it.attempts++
 	reason, kind := sink.Classify(err)
-	action := relay.Decide(relay.Failure{Kind: kind, Attempts: it.attempts, DeadLetter: it.letter != nil}, r.policy)
+	action := record.Decide(record.Failure{Kind: kind, Attempts: it.attempts, DeadLetter: it.letter != nil}, r.policy)
 	switch action {
-	case relay.RetryTransient, relay.RetryPoison:
+	case record.RetryTransient, record.RetryPoison:
 		if it.attempts&(it.attempts-1) == 0 {
 			r.log.Warn().Err(err).Int64("id", it.id).Str("reason", reason).Int("attempt", it.attempts).Msg("publish failed; retrying")
 		}
 		r.retries <- retry{it: it, due: time.Now().Add(r.policy.Delay(action, it.attempts))}
-	case relay.DeadLetter:
+	case record.DeadLetter:
 		r.toDeadLetter(it, reason, fmt.Errorf("publish to topic %s: %w", it.msg.Topic, err))
 		r.retries <- retry{it: it, due: time.Now()}
 	default:

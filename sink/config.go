@@ -1,7 +1,16 @@
-// Package sink publishes outbox events to Kafka with sarama's AsyncProducer
-// (idempotent, acks=all, one request in flight per broker, murmur2
-// partitioning like the Java client) and reports each broker verdict to the
-// message's Done callback.
+// Package sink publishes outbox events to Kafka. Producer has two engines
+// (kafka.producer): direct, the default, which takes metadata and producer
+// ids from a sarama client and sends produce requests on connections of its
+// own (direct.go, wire.go), and sarama, sarama's AsyncProducer. Both are
+// idempotent with acks=all, one request in flight per broker and murmur2
+// partitioning like the Java client. TxnProducer is the transactional
+// producer of delivery: exactly_once. Router and Template name an event's
+// topic; Classify says what a produce error means.
+//
+// The broker's verdict on a record comes back once, to its Message's Done
+// or, with the direct engine and OnAcked, as part of an acked batch (see
+// Message). sarama's types stay inside this package: a Message carries
+// sink's own Header.
 package sink
 
 import (

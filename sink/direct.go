@@ -48,8 +48,9 @@ type direct struct {
 	retryMax    int
 	retry       backoff.Policy
 	// complete reports the verdict on records of one topic (Producer.complete):
-	// metrics, then each Message.Done; no records: a failed attempt that is
-	// retried, for the metrics. Called without mu held.
+	// metrics, then each Message.Done or, for an acked batch, the OnAcked
+	// function; no records: a failed attempt that is retried, for the
+	// metrics. Called without mu held.
 	complete func(topic string, msgs []*Message, err error)
 
 	mu      sync.Mutex

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/IBM/sarama"
 	"github.com/outbox-relay/outbox-relay/backoff"
@@ -25,21 +26,30 @@ import (
 // sarama is the only user of go-metrics in the relay.
 func init() { gometrics.UseNilMetrics = true }
 
-// Message is one record to publish. Done is called exactly once, from the
-// producer's drain goroutine, with nil when the broker acked the record
-// (acks=all) or the final error. Done must not block.
+// Message is one record to publish. For each Publish that returned nil the
+// producer reports the broker's verdict at most once, from one of its own
+// goroutines: Done(err) when the record failed (the final error, after the
+// engine's own retries); when the broker acked it (acks=all), Done(nil), or
+// with the direct engine and an OnAcked function, the record's acked batch
+// handed to that function instead, which then owns the record's completion.
+// There is no verdict for a Publish that returned an error, nor for records
+// still unacked when Run's ctx ends (the hard stop abandons them: their
+// events stay unconfirmed). Done must not block. TxnProducer never calls
+// Done: its owner does, once the transaction's outcome is known.
 type Message struct {
 	Topic     string
 	Key       []byte
 	Value     []byte
-	Headers   []sarama.RecordHeader
+	Headers   []Header
 	Timestamp time.Time
-	// Partition is set by the producer before Done: where the record went
-	// (or was meant to go), -1 if it failed before a partition was chosen.
+	// Partition is set by the producer before the verdict: where the record
+	// went (or was meant to go), -1 if it failed before a partition was
+	// chosen.
 	Partition int32
 	// Acked is when the broker's ack came, set before Done(nil) by the
 	// direct engine (one clock read per request, not per record); zero
-	// where an engine does not set it.
+	// with the sarama engine, and left unset when OnAcked takes the batch
+	// (the function gets the time instead).
 	Acked time.Time
 	Done  func(err error)
 	// Ref is the publisher's own (the relay's delivery): the producer
@@ -60,6 +70,23 @@ type Message struct {
 	size int
 }
 
+// Header is one header of a Message. It is sink's own type so that no
+// package outside sink needs sarama's; its fields are sarama.RecordHeader's
+// (the conversion below would not compile otherwise), so the sarama engines
+// pass a Message's headers to sarama as they are (saramaHeaders) and the
+// direct engine encodes them itself (wire.go): no copy per record.
+type Header struct {
+	Key, Value []byte
+}
+
+var _ = sarama.RecordHeader(Header{}) // the same fields: the same memory layout
+
+// saramaHeaders is h as sarama's header type, over the same memory: sarama
+// only reads a record's headers, and Header has RecordHeader's layout.
+func saramaHeaders(h []Header) []sarama.RecordHeader {
+	return unsafe.Slice((*sarama.RecordHeader)(unsafe.Pointer(unsafe.SliceData(h))), len(h))
+}
+
 // saramaRecord is what the sarama engine's Publish hands to sarama for a
 // Message (Message.rec).
 type saramaRecord struct {
@@ -67,7 +94,8 @@ type saramaRecord struct {
 	key, value sarama.ByteEncoder
 }
 
-// Producer wraps a sarama AsyncProducer. New allocates; Run connects
+// Producer publishes records with the engine kafka.producer names: direct
+// (the default) or sarama's AsyncProducer. New allocates; Run connects
 // (retrying until the cluster answers), then drains acks and errors until
 // Close has flushed the producer or Run's ctx ends; Publish from any
 // goroutine once Ready is closed; Close is idempotent.
@@ -300,7 +328,8 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 // time the broker's answer came, instead of calling each record's Done(nil):
 // the acks of a batch can then be counted together. f owns every record's
 // completion (it calls Done for those it does not handle itself). Failures
-// still go to each Done. Call it before Run; the sarama engine ignores it.
+// still go to each Done. f is called from the broker's sender goroutine and
+// must not block. Call it before Run; the sarama engine ignores it.
 func (p *Producer) OnAcked(f func(msgs []*Message, at time.Time)) { p.acked = f }
 
 // complete is the direct engine's verdict on msgs, all of topic: the
@@ -480,9 +509,6 @@ func (p *Producer) closeClients(stopProbe chan struct{}, probed <-chan struct{})
 // closeTimeout bounds closing the clients at the end of Run.
 const closeTimeout = time.Second
 
-// Publish hands m to the producer. It blocks while sarama's input buffer is
-// full (backpressure), until ctx ends, or until Run has returned. Safe for
-// concurrent use; records published from one goroutine keep their order.
 // CatchingUp tells the producer whether its input is a backlog (the
 // replication stream far behind the server's WAL end). While it is, the
 // direct engine sends at most one request per broker every few
@@ -496,6 +522,12 @@ func (p *Producer) CatchingUp(on bool) {
 	}
 }
 
+// Publish hands m to the producer; its verdict comes later (Message). The
+// direct engine never blocks (the caller bounds what is in flight); the
+// sarama engine blocks while sarama's input is full (backpressure), until
+// ctx ends, or until Run has returned. It returns ErrClosed after Close.
+// Safe for concurrent use; records published from one goroutine keep their
+// order. m is the producer's until its verdict: publish it again only after.
 func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	p.inputMu.RLock()
 	defer p.inputMu.RUnlock()
@@ -512,7 +544,7 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	r.key, r.value = m.Key, m.Value
 	r.pm = sarama.ProducerMessage{ // every field, also sarama's own (retries), starts afresh
 		Topic:     m.Topic,
-		Headers:   m.Headers,
+		Headers:   saramaHeaders(m.Headers),
 		Timestamp: m.Timestamp,
 		Partition: -1, // the partitioner sets it; a record refused before that keeps -1
 		Metadata:  m,
@@ -551,8 +583,8 @@ func (p *Producer) Close() {
 	})
 }
 
-// flush starts sarama's graceful close once: buffered records go out, then
-// Successes and Errors close.
+// flush starts the engine's graceful close once: buffered records go out,
+// then the direct engine's idle, or sarama's Successes and Errors, close.
 func (p *Producer) flush() {
 	p.flushOnce.Do(func() {
 		if p.dp != nil {

@@ -32,7 +32,7 @@ func TestPublishAllocatesNothing(t *testing.T) {
 	p.ap = ap
 	ts := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
 	m := &Message{Topic: "t", Key: []byte("order-1"), Value: []byte(`{"n":1}`), Timestamp: ts,
-		Headers: []sarama.RecordHeader{{Key: []byte("id"), Value: []byte("1")}}, Done: func(error) {}}
+		Headers: []Header{{Key: []byte("id"), Value: []byte("1")}}, Done: func(error) {}}
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(100, func() {
 		if err := p.Publish(ctx, m); err != nil {

@@ -93,8 +93,9 @@ func (a Allowlist) Allows(topic string) bool {
 // Router, a topic once admitted stays admitted and one refused at the
 // limit stays refused, so a resent transaction is routed the same way.
 //
-// Not safe for concurrent use: one Router per pipeline, used from the
-// replication loop goroutine only.
+// Not safe for concurrent use: each user has its own, used from one
+// goroutine (the relay's pipeline: the replication loop; a replay: its
+// reader).
 type Router struct {
 	tmpl       Template
 	allow      Allowlist

@@ -631,7 +631,7 @@ func TestProducerRunCallsDoneOnce(t *testing.T) {
 	for i, o := range outcomes {
 		m := &Message{
 			Topic: o.topic, Key: []byte(o.key), Value: []byte(`{"n":1}`), Timestamp: ts,
-			Headers: []sarama.RecordHeader{{Key: []byte("id"), Value: []byte("1")}},
+			Headers: []Header{{Key: []byte("id"), Value: []byte("1")}},
 			Done: func(err error) {
 				mu.Lock()
 				defer mu.Unlock()

@@ -231,7 +231,7 @@ func (p *TxnProducer) Begin() error { return p.ap.BeginTxn() }
 // full or until ctx ends.
 func (p *TxnProducer) Send(ctx context.Context, m *Message) error {
 	pm := &sarama.ProducerMessage{Topic: m.Topic, Key: sarama.ByteEncoder(m.Key), Value: sarama.ByteEncoder(m.Value),
-		Headers: m.Headers, Timestamp: m.Timestamp, Partition: -1, Metadata: m}
+		Headers: saramaHeaders(m.Headers), Timestamp: m.Timestamp, Partition: -1, Metadata: m}
 	p.mu.Lock()
 	p.sent++
 	p.mu.Unlock()

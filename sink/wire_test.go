@@ -81,8 +81,9 @@ func saramaBatch(d *direct, bt *dbatch) *sarama.RecordBatch {
 		if !m.Timestamp.IsZero() {
 			r.TimestampDelta = m.Timestamp.Truncate(time.Millisecond).Sub(first)
 		}
-		for j := range m.Headers {
-			r.Headers = append(r.Headers, &m.Headers[j])
+		for _, h := range m.Headers {
+			rh := sarama.RecordHeader(h)
+			r.Headers = append(r.Headers, &rh)
 		}
 		rb.Records = append(rb.Records, r)
 	}
@@ -120,7 +121,7 @@ func TestWireEncodesAsSarama(t *testing.T) {
 					case 1:
 						m.Value = nil
 					case 2:
-						m.Headers = []sarama.RecordHeader{{Key: []byte("trace"), Value: []byte("t-1")}, {Key: []byte("empty"), Value: []byte{}}, {Key: []byte("null")}}
+						m.Headers = []Header{{Key: []byte("trace"), Value: []byte("t-1")}, {Key: []byte("empty"), Value: []byte{}}, {Key: []byte("null")}}
 					case 3:
 						m.Timestamp = time.Time{} // takes the batch's first timestamp
 					case 4:

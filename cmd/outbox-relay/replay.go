@@ -35,7 +35,7 @@ func replayMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 	log := newLogger(cfg.Log, stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	r, err := replay.New(cfg.Config, o, replay.Deps{Log: log, Progress: stderr, Terminal: isTerminal(stderr)})
+	r, err := replay.New(replayConfig(cfg), o, replay.Deps{Log: log, Progress: stderr, Terminal: isTerminal(stderr)})
 	if err != nil {
 		fmt.Fprintln(stderr, "replay:", err)
 		return exitConfig
@@ -45,6 +45,13 @@ func replayMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return exitFatal
 	}
 	return exitOK
+}
+
+// replayConfig is what replay takes of the relay's configuration c (which
+// loadConfig validated whole).
+func replayConfig(c Config) replay.Config {
+	return replay.Config{PostgresURL: c.Postgres.URL, Table: c.Postgres.Table, Kafka: c.Kafka, Policy: c.Policy(),
+		MaxEvents: c.InFlight.MaxEvents, MaxBytes: c.InFlight.MaxBytes, ShutdownTimeout: c.ShutdownTimeout}
 }
 
 // isTerminal reports whether w is a terminal (a character device).

@@ -1,4 +1,4 @@
-package relay
+package record
 
 import (
 	"time"
@@ -51,6 +51,7 @@ const (
 	Halt
 )
 
+// String names the action: retry_transient, retry_poison, dead_letter, halt.
 func (a Action) String() string {
 	return [...]string{"retry_transient", "retry_poison", "dead_letter", "halt"}[a]
 }
@@ -77,9 +78,9 @@ func Decide(f Failure, p Policy) Action {
 	return DeadLetter
 }
 
-// delay is the wait before the next attempt after a failure Decide answered
-// with a retry.
-func (p Policy) delay(a Action, attempts int) time.Duration {
+// Delay is the wait before the next attempt after a failure Decide answered
+// with a, the attempts-th failure (0 for anything but a retry).
+func (p Policy) Delay(a Action, attempts int) time.Duration {
 	switch a {
 	case RetryTransient:
 		return backoff.Policy{Initial: transientFirst, Max: p.TransientMax}.Delay(attempts)

@@ -1,4 +1,4 @@
-package relay
+package record
 
 import (
 	"bytes"
@@ -7,15 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // TestRecordsFromOneSlab: the records of a transaction take their headers
 // from one slab (two allocations per transaction, not two per event), are
-// the same records Record builds, and an append to one record's headers or
+// the same records Own builds, and an append to one record's headers or
 // header values never writes into the next record's.
 func TestRecordsFromOneSlab(t *testing.T) {
 	at := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
@@ -37,12 +37,13 @@ func TestRecordsFromOneSlab(t *testing.T) {
 
 	sl := newSlab(evs, commit)
 	recs := make([]struct {
-		h   []sarama.RecordHeader
+		h   []sink.Header
 		key []byte
 	}, len(evs))
 	for i := range evs {
-		m := record(sl, &evs[i], commit, at)
-		want := Record(&evs[i], commit, at)
+		var m sink.Message
+		To(&m, sl, &evs[i], commit, at)
+		want := Own(&evs[i], commit, at)
 		if !reflect.DeepEqual(m, want) {
 			t.Fatalf("event %d: record %+v, want %+v", i, m, want)
 		}
@@ -51,8 +52,8 @@ func TestRecordsFromOneSlab(t *testing.T) {
 	// Scribble past the end of every record's slices: the next record
 	// must not change.
 	for i := range recs {
-		before := Record(&evs[min(i+1, len(evs)-1)], commit, at)
-		_ = append(recs[i].h, sarama.RecordHeader{Key: []byte("x"), Value: []byte("y")})
+		before := Own(&evs[min(i+1, len(evs)-1)], commit, at)
+		_ = append(recs[i].h, sink.Header{Key: []byte("x"), Value: []byte("y")})
 		for _, h := range recs[i].h {
 			_ = append(h.Key, "XXXXXXXX"...)
 			_ = append(h.Value, "XXXXXXXX"...)
@@ -68,7 +69,8 @@ func TestRecordsFromOneSlab(t *testing.T) {
 	allocs := testing.AllocsPerRun(20, func() {
 		sl := newSlab(evs, commit)
 		for i := range evs {
-			_ = record(sl, &evs[i], commit, at)
+			var m sink.Message
+			To(&m, sl, &evs[i], commit, at)
 		}
 	})
 	if allocs > 3 {
@@ -76,25 +78,26 @@ func TestRecordsFromOneSlab(t *testing.T) {
 	}
 }
 
-// lsnText renders an LSN exactly as pglogrepl (and PostgreSQL) do.
+// LSNText renders an LSN exactly as pglogrepl (and PostgreSQL) do.
 func TestLSNText(t *testing.T) {
 	for _, l := range []pglogrepl.LSN{0, 1, 0xA, 0x16B3F48, 0xFFFFFFFF, 0x1_00000000, 0xABCDEF01_23456789, 0xFFFFFFFF_FFFFFFFF} {
-		if got, want := lsnText(l), l.String(); got != want {
-			t.Errorf("lsnText(%d) = %q, want %q", uint64(l), got, want)
+		if got, want := LSNText(l), l.String(); got != want {
+			t.Errorf("LSNText(%d) = %q, want %q", uint64(l), got, want)
 		}
 	}
 	x := uint64(1)
 	for range 1000 {
 		x = x*6364136223846793005 + 1442695040888963407 // an LCG: spread over all 64 bits
-		if l := pglogrepl.LSN(x); lsnText(l) != l.String() {
-			t.Fatalf("lsnText(%d) = %q, want %q", x, lsnText(l), l.String())
+		if l := pglogrepl.LSN(x); LSNText(l) != l.String() {
+			t.Fatalf("LSNText(%d) = %q, want %q", x, LSNText(l), l.String())
 		}
 	}
 }
 
 // newSlab sizes a slab of its own for the records of evs, as the pipeline
 // does with a transaction's memory (txnMem.slab).
-func newSlab(evs []decoder.Event, commitLSN string) *slab {
-	nh, nb := slabSize(evs, commitLSN)
-	return &slab{hs: make([]sarama.RecordHeader, nh), buf: make([]byte, nb)}
+func newSlab(evs []decoder.Event, commitLSN string) *Slab {
+	nh, nb := SlabSize(evs, commitLSN)
+	s := NewSlab(make([]sink.Header, nh), make([]byte, nb))
+	return &s
 }

@@ -1,17 +1,17 @@
-package relay
+package record
 
 import (
 	"strconv"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// Header keys the relay sets on every record. sarama only reads them, so
-// one copy serves every event.
+// Header keys the relay sets on every record. The producers only read
+// them, so one copy serves every event.
 var (
 	hdrEventID       = []byte(outboxschema.HeaderEventID)
 	hdrEventType     = []byte(outboxschema.HeaderEventType)
@@ -20,10 +20,11 @@ var (
 	hdrLSN           = []byte(outboxschema.HeaderLSN)
 )
 
-// lsnText is l.String() ("%X/%X" of its halves) without fmt: it is
-// rendered once per transaction, which in a drain of one-row transactions
-// is once per event.
-func lsnText(l pglogrepl.LSN) string {
+// LSNText is l.String() ("%X/%X" of its halves) without fmt: the pipeline
+// renders a transaction's commit LSN once for its records' pg_lsn headers,
+// which in a drain of one-row transactions is once per event. Any
+// goroutine; it does not block.
+func LSNText(l pglogrepl.LSN) string {
 	var b [17]byte
 	out := strconv.AppendUint(b[:0], uint64(l>>32), 16)
 	out = append(out, '/')
@@ -39,15 +40,6 @@ func lsnText(l pglogrepl.LSN) string {
 // ownHeaders is how many headers the relay sets before the row's own.
 const ownHeaders = 5
 
-// headers builds the Kafka headers of one event: the relay's own, then each
-// top-level key of the row's headers column (the decoder refuses a row
-// whose keys include one of the relay's, outboxschema.ReservedHeader). The values of all of them
-// share one allocation; the key of the record is the aggregate_id header's
-// value. commitLSN is the transaction's commit LSN, rendered once.
-func headers(ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
-	return headersIn(nil, ev, commitLSN)
-}
-
 // headerBytes is how many bytes headers needs for ev's keys and values.
 func headerBytes(ev *decoder.Event, commitLSN string) int {
 	n := 20 + len(ev.MessageID) + len(ev.IDText) + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN)
@@ -57,17 +49,23 @@ func headerBytes(ev *decoder.Event, commitLSN string) int {
 	return n
 }
 
-// slab holds the headers and header bytes of a transaction's records, so
+// Slab holds the headers and header bytes of a transaction's records, so
 // that the records of a transaction take two allocations, not two per
 // event. Each record's slices are capped at its own end: an append to one
-// never writes into the next record's.
-type slab struct {
-	hs  []sarama.RecordHeader
+// never writes into the next record's. A Slab is used by one goroutine at
+// a time (the pipeline's, building a transaction's records with To).
+type Slab struct {
+	hs  []sink.Header
 	buf []byte
 }
 
-// slabSize is how many headers and header bytes the records of evs need.
-func slabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
+// NewSlab is a Slab over hs and buf, sized by SlabSize; the caller keeps
+// them (the relay pools them per transaction) and must not reuse them while
+// a record built from the Slab is in use.
+func NewSlab(hs []sink.Header, buf []byte) Slab { return Slab{hs: hs, buf: buf} }
+
+// SlabSize is how many headers and header bytes the records of evs need.
+func SlabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
 	for i := range evs {
 		nh += ownHeaders + len(evs[i].Headers)
 		nb += headerBytes(&evs[i], commitLSN)
@@ -77,17 +75,22 @@ func slabSize(evs []decoder.Event, commitLSN string) (nh, nb int) {
 
 // take returns n headers (length own) and nb bytes (length 0) from s, or
 // new ones when s is nil or too small.
-func (s *slab) take(own, n, nb int) ([]sarama.RecordHeader, []byte) {
+func (s *Slab) take(own, n, nb int) ([]sink.Header, []byte) {
 	if s == nil || len(s.hs) < n || len(s.buf) < nb {
-		return make([]sarama.RecordHeader, own, n), make([]byte, 0, nb)
+		return make([]sink.Header, own, n), make([]byte, 0, nb)
 	}
 	h, b := s.hs[:own:n], s.buf[:0:nb]
 	s.hs, s.buf = s.hs[n:], s.buf[nb:]
 	return h, b
 }
 
-// headersIn is headers with its memory from s (nil: allocated).
-func headersIn(s *slab, ev *decoder.Event, commitLSN string) (h []sarama.RecordHeader, key []byte) {
+// headers builds the Kafka headers of one event: the relay's own, then each
+// top-level key of the row's headers column (the decoder refuses a row
+// whose keys include one of the relay's, outboxschema.ReservedHeader). The
+// values of all of them share one allocation, from s (nil: allocated); the
+// key of the record is the aggregate_id header's value. commitLSN is the
+// transaction's commit LSN, rendered once.
+func headers(s *Slab, ev *decoder.Event, commitLSN string) (h []sink.Header, key []byte) {
 	h, buf := s.take(ownHeaders, ownHeaders+len(ev.Headers), headerBytes(ev, commitLSN))
 	add := func(s string) []byte {
 		start := len(buf)
@@ -104,13 +107,13 @@ func headersIn(s *slab, ev *decoder.Event, commitLSN string) (h []sarama.RecordH
 	}
 	id := buf[start:len(buf):len(buf)]
 	key = add(ev.AggregateID)
-	h[0] = sarama.RecordHeader{Key: hdrEventID, Value: id}
-	h[1] = sarama.RecordHeader{Key: hdrEventType, Value: add(ev.EventType)}
-	h[2] = sarama.RecordHeader{Key: hdrAggregateType, Value: add(ev.AggregateType)}
-	h[3] = sarama.RecordHeader{Key: hdrAggregateID, Value: key}
-	h[4] = sarama.RecordHeader{Key: hdrLSN, Value: add(commitLSN)}
+	h[0] = sink.Header{Key: hdrEventID, Value: id}
+	h[1] = sink.Header{Key: hdrEventType, Value: add(ev.EventType)}
+	h[2] = sink.Header{Key: hdrAggregateType, Value: add(ev.AggregateType)}
+	h[3] = sink.Header{Key: hdrAggregateID, Value: key}
+	h[4] = sink.Header{Key: hdrLSN, Value: add(commitLSN)}
 	for _, x := range ev.Headers {
-		h = append(h, sarama.RecordHeader{Key: add(x.Key), Value: x.Value})
+		h = append(h, sink.Header{Key: add(x.Key), Value: x.Value})
 	}
 	return h, key
 }
