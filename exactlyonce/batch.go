@@ -35,26 +35,40 @@ type batcher struct {
 	endLSN    pglogrepl.LSN // and end LSN (0: none yet)
 }
 
-// before is called before (a chunk of) a PostgreSQL transaction enters the
+// before is check and begin in one: the batcher tests' way.
+func (bt *batcher) before(commitLSN pglogrepl.LSN, n int, b int64, partial bool) (commitFirst bool, err error) {
+	if commitFirst, err = bt.check(commitLSN, n, b, partial); err == nil {
+		bt.begin(n, b)
+	}
+	return commitFirst, err
+}
+
+// check is called before (a chunk of) a PostgreSQL transaction enters the
 // tracker: n events, b payload bytes, partial when more chunks follow. It
 // reports whether the open Kafka transaction must be committed first, or
-// why the PostgreSQL transaction cannot be delivered.
-func (bt *batcher) before(commitLSN pglogrepl.LSN, n int, b int64, partial bool) (commitFirst bool, err error) {
+// why the PostgreSQL transaction cannot be delivered. It changes nothing.
+func (bt *batcher) check(commitLSN pglogrepl.LSN, n int, b int64, partial bool) (commitFirst bool, err error) {
 	if bt.inPG {
 		if bt.pgEvents+n > bt.inflightEvents || bt.pgBytes+b > bt.inflightBytes {
 			return false, bt.tooLarge(commitLSN, bt.pgEvents+n, bt.pgBytes+b)
 		}
-	} else {
-		if n > bt.inflightEvents || b > bt.inflightBytes {
-			return false, bt.tooLarge(commitLSN, n, b)
-		}
-		commitFirst = bt.open && bt.events > 0 &&
-			(partial || bt.events+n > bt.maxEvents || bt.bytes+b > bt.inflightBytes)
+		return false, nil
+	}
+	if n > bt.inflightEvents || b > bt.inflightBytes {
+		return false, bt.tooLarge(commitLSN, n, b)
+	}
+	return bt.open && bt.events > 0 && (partial || bt.events+n > bt.maxEvents || bt.bytes+b > bt.inflightBytes), nil
+}
+
+// begin records that (a chunk of) a PostgreSQL transaction of n events and
+// b bytes is being handed over: until after, the Kafka transaction may not
+// be committed, since it would split the PostgreSQL one.
+func (bt *batcher) begin(n int, b int64) {
+	if !bt.inPG {
 		bt.inPG, bt.pgEvents, bt.pgBytes = true, 0, 0
 	}
 	bt.pgEvents += n
 	bt.pgBytes += b
-	return commitFirst, nil
 }
 
 func (bt *batcher) tooLarge(commitLSN pglogrepl.LSN, n int, b int64) error {

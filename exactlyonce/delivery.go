@@ -111,6 +111,7 @@ type Delivery struct {
 	b       batcher
 	msgs    []*sink.Message // records of the open Kafka transaction, checkpoint excluded
 	discard bool            // aborted: refuse records until the pipeline restarted
+	next    nextPG          // let in by Begin, not counted in the batch yet
 	// reopen: the producer was closed for a rebuild Run has not finished;
 	// Begin waits on reopened, Publish refuses.
 	reopen   bool
@@ -449,6 +450,7 @@ func (e *Delivery) Publish(ctx context.Context, m *sink.Message) error {
 		m.Done(&sink.AbortError{Cause: errors.New("the kafka transaction was aborted; the record comes again after the rewind")})
 		return nil
 	}
+	e.applyLocked()
 	e.b.opening(time.Now())
 	if e.committing {
 		e.pending = append(e.pending, m)
@@ -515,7 +517,7 @@ func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) (skip bool, err 
 		return false, replication.ErrRestart
 	}
 	n := len(txn.Events)
-	commitFirst, err := e.b.before(txn.CommitLSN, n, bytes, txn.Partial)
+	commitFirst, err := e.b.check(txn.CommitLSN, n, bytes, txn.Partial)
 	if err != nil {
 		return false, err
 	}
@@ -526,8 +528,28 @@ func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) (skip bool, err 
 		}
 		e.startCommitLocked()
 	}
-	e.b.added(n, bytes)
+	// Counted in the batch at its first record (or its End): should the
+	// pipeline stop before publishing any (a halt while building its
+	// records), the transactions before it still commit.
+	e.next = nextPG{n: n, bytes: bytes, set: true}
 	return false, nil
+}
+
+// nextPG is (a chunk of) a PostgreSQL transaction Begin let in and the
+// batch has not counted yet (applyLocked).
+type nextPG struct {
+	n     int
+	bytes int64
+	set   bool
+}
+
+// applyLocked counts the transaction Begin let in, once. Caller holds mu.
+func (e *Delivery) applyLocked() {
+	if e.next.set {
+		e.b.begin(e.next.n, e.next.bytes)
+		e.b.added(e.next.n, e.next.bytes)
+		e.next = nextPG{}
+	}
 }
 
 // skipped reports (and counts) txn as committed to Kafka already.
@@ -543,12 +565,13 @@ func (e *Delivery) skipped(txn *decoder.Txn) bool {
 // handed to Publish: after the last chunk, a full Kafka transaction is
 // committed now. The replication loop goroutine; does not block.
 func (e *Delivery) End(txn *decoder.Txn) {
-	if txn.Partial {
-		return
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.discard {
+		return
+	}
+	e.applyLocked() // a chunk none of whose records was published still counts
+	if txn.Partial {
 		return
 	}
 	// The age check here too, not only on the timer: under load the loop
@@ -630,7 +653,7 @@ func (e *Delivery) Flush() {
 // again. Does not block.
 func (e *Delivery) Restart() {
 	e.mu.Lock()
-	e.discard = false
+	e.discard, e.next = false, nextPG{}
 	e.b.inPG, e.b.pgEvents, e.b.pgBytes = false, 0, 0
 	e.mu.Unlock()
 }
@@ -764,7 +787,7 @@ func (e *Delivery) failLocked(cause error, recs map[*sink.Message]error, unknown
 	ctx := e.context()
 	e.m.abortedTxns.Inc()
 	msgs := e.msgs
-	e.msgs, e.discard, e.begun = nil, true, false
+	e.msgs, e.discard, e.begun, e.next = nil, true, false, nextPG{}
 	e.b.closed(true)
 	rebuild := unknown || e.reopen || !e.prod.Opened() || e.prod.Fatal() || sink.IsFenced(cause)
 	if !rebuild {

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
+	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
 	"github.com/outbox-relay/outbox-relay/exactlyonce"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -136,7 +137,7 @@ var cpTopic = exactlyonce.DefaultConfig().CheckpointTopic
 // newEOSHarness is the pipeline harness with the exactly-once delivery over
 // prod: batches of maxBatch events, committed after interval, or once the
 // stream was idle for idle (0: off).
-func newEOSHarness(t *testing.T, prod exactlyonce.Producer, maxBatch int, interval, idle time.Duration) *harness {
+func newEOSHarness(t *testing.T, prod exactlyonce.Producer, maxBatch int, interval, idle time.Duration, configure ...func(*PipelineConfig)) *harness {
 	t.Helper()
 	cfg := exactlyonce.DefaultConfig()
 	cfg.MaxBatchEvents, cfg.MaxBatchInterval, cfg.MaxBatchIdle = maxBatch, interval, idle
@@ -149,8 +150,12 @@ func newEOSHarness(t *testing.T, prod exactlyonce.Producer, maxBatch int, interv
 		t.Fatal(err)
 	}
 	marker := &fakeMarker{marked: make(chan string, 10)}
-	p, err = NewPipeline(PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: fastPolicy,
-		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}, e, marker, zerolog.Nop(), nil)
+	pc := PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100, Policy: fastPolicy,
+		Limits: checkpoint.Limits{MaxEvents: 10, MaxBytes: 1 << 20}}
+	for _, f := range configure {
+		f(&pc)
+	}
+	p, err = NewPipeline(pc, e, marker, zerolog.Nop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,5 +489,40 @@ func TestExactlyOnceRebuildWaits(t *testing.T) {
 	ids, _ := f.events(cpTopic)
 	if strings.Join(ids, ",") != "1,2,3,4,5,6" {
 		t.Fatalf("visible %v, want 1..6 exactly once, in order", ids)
+	}
+}
+
+// on_poison: halt stops at a bad row while its transaction's records are
+// being built; the transactions before it, in the open Kafka transaction,
+// still commit (max_batch_idle), so the slot moves up to the bad row's
+// transaction and no further.
+func TestExactlyOnceHaltCommitsWhatCameBefore(t *testing.T) {
+	f := &fakeTxn{}
+	h := newEOSHarness(t, f, 100, time.Hour, 5*time.Millisecond, func(c *PipelineConfig) { c.Policy.Halt = true })
+	for i, id := range []string{"1", "2"} {
+		lsn := pglogrepl.LSN(100 * (i + 1))
+		if err := h.txn(lsn, lsn+10, order(id, "a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := pg.Row("3", "order", "o-3", "order.paid", `{}`, pg.Null)
+	bad[2] = pg.Null // aggregate_id IS NULL
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- h.txnCtx(ctx, 300, 310, order("4", "a"), bad) }()
+	if got := h.waitMark(); got != "failed 3 attempts=1" {
+		t.Fatalf("row mark %q", got)
+	}
+	h.waitFlushed(210)
+	if ids, cp := f.events(cpTopic); strings.Join(ids, ",") != "1,2" || cp != pglogrepl.LSN(200).String() {
+		t.Fatalf("visible %v checkpoint %s, want 1,2 and %s", ids, cp, pglogrepl.LSN(200))
+	}
+	if h.p.Flushed() != 210 {
+		t.Fatalf("watermark %s, want 0/D2: not past the halted transaction", h.p.Flushed())
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Handle = %v, want context.Canceled", err)
 	}
 }
