@@ -498,75 +498,91 @@ func TestStreamKeepalives(t *testing.T) {
 
 // A handler blocked on backpressure does not stop status updates: the
 // pinger takes the connection (TryLock: the loop does not hold it while in
-// the handler) every status interval and whenever the watermark moves,
-// and never confirms past the watermark, though far more was received. The
-// keepalives the server sent meanwhile are answered once the handler
-// returns.
+// the handler) every status interval and, promptly, whenever the watermark
+// moves, and never confirms past the watermark, though far more was
+// received. The keepalives the server sent meanwhile are answered once the
+// handler returns.
 func TestStreamBackpressureKeepsConfirming(t *testing.T) {
 	const (
 		moved = slotConfirmed + 0x80  // acked while the handler blocks
 		wal   = slotConfirmed + 0x100 // received, handed to the blocked handler
 		end   = slotConfirmed + 0x200 // the server's keepalives
 	)
-	entered, release := make(chan struct{}), make(chan struct{})
-	h := func(ctx context.Context, _ pglogrepl.LSN, _ []byte) error {
-		close(entered)
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
+	tests := []struct {
+		name     string
+		interval time.Duration
+		periodic int // status updates to see while blocked, before the ack
+	}{
+		{"every status interval", 20 * time.Millisecond, 5},
+		// A minute: no update is due, so the one after the ack is prompt.
+		{"when the watermark moves", time.Minute, 0},
 	}
-	p := newFakeProgress(slotConfirmed, false)
-	r := startStream(t, p, 20*time.Millisecond, fixedSlot(slotConfirmed), h)
-	w := r.ws.next(t)
-	w.copyData(xlogData(wal, "x"))
-	select {
-	case <-entered:
-	case <-time.After(testWait):
-		t.Fatal("handler not called")
-	}
-	// Blocked: the server asks for replies the loop cannot read.
-	w.copyData(keepalive(end, true), keepalive(end, true))
-	check := func(u statusUpdate, watermark pglogrepl.LSN) {
-		t.Helper()
-		if u.Flush > watermark || u.Apply != u.Flush || u.Flush < slotConfirmed {
-			t.Fatalf("status update %s while the watermark is %s", u, watermark)
-		}
-		if u.Write < wal || u.Write > end {
-			t.Fatalf("status update %s: write not between the received %s and %s", u, wal, end)
-		}
-	}
-	// Updates keep coming while the handler blocks. Those with Write at
-	// wal were sent after the loop received the XLogData and before the
-	// handler was released: by the pinger. Earlier ones, the loop's, are
-	// skipped.
-	for n := 0; n < 5; {
-		u := w.status(t)
-		if u.Write == wal {
-			check(u, slotConfirmed)
-			n++
-		}
-	}
-	p.ack(moved)
-	for {
-		u := w.status(t)
-		check(u, moved)
-		if u.Flush == moved {
-			break
-		}
-	}
-	for range 3 {
-		check(w.status(t), moved)
-	}
-	close(release)
-	// The queued keepalives are answered: Write reaches their WAL end.
-	for {
-		u := w.status(t)
-		check(u, moved)
-		if u.Write == end {
-			break
-		}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			entered, release := make(chan struct{}), make(chan struct{})
+			h := func(ctx context.Context, _ pglogrepl.LSN, _ []byte) error {
+				close(entered)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}
+			p := newFakeProgress(slotConfirmed, false)
+			r := startStream(t, p, tt.interval, fixedSlot(slotConfirmed), h)
+			// After a first status update: with the minute's interval no
+			// update is due, so only the prompt path can send one.
+			w := r.ready(t)
+			w.copyData(xlogData(wal, "x"))
+			select {
+			case <-entered:
+			case <-time.After(testWait):
+				t.Fatal("handler not called")
+			}
+			// Blocked: the server asks for replies the loop cannot read.
+			w.copyData(keepalive(end, true), keepalive(end, true))
+			check := func(u statusUpdate, watermark pglogrepl.LSN) {
+				t.Helper()
+				if u.Flush > watermark || u.Apply != u.Flush || u.Flush < slotConfirmed {
+					t.Fatalf("status update %s while the watermark is %s", u, watermark)
+				}
+				if u.Write < wal || u.Write > end {
+					t.Fatalf("status update %s: write not between the received %s and %s", u, wal, end)
+				}
+			}
+			// Those with Write at wal were sent after the loop received the
+			// XLogData and before the handler was released: by the pinger.
+			// Earlier ones, the loop's, are skipped.
+			for n := 0; n < tt.periodic; {
+				if u := w.status(t); u.Write == wal {
+					check(u, slotConfirmed)
+					n++
+				}
+			}
+			p.ack(moved)
+			for {
+				u := w.status(t)
+				if u.Write < wal {
+					continue // the loop's, before the XLogData
+				}
+				check(u, moved)
+				if u.Flush == moved {
+					break
+				}
+			}
+			for range tt.periodic {
+				check(w.status(t), moved)
+			}
+			close(release)
+			// The queued keepalives are answered: Write reaches their WAL end.
+			for {
+				u := w.status(t)
+				check(u, moved)
+				if u.Write == end {
+					break
+				}
+			}
+		})
 	}
 }
 
