@@ -185,8 +185,13 @@ func (e *Elector) Status() Status {
 // Valid reports whether this instance holds an unexpired lease, by its own
 // monotonic clock. Any goroutine; does not block.
 func (e *Elector) Valid() bool {
-	until := e.validUntil.Load()
-	return until != 0 && int64(time.Since(e.start)) < until
+	return validAt(e.validUntil.Load(), time.Since(e.start))
+}
+
+// validAt reports whether a term valid until until (nanoseconds since the
+// elector's start; 0: no term) is still valid at now, on the same clock.
+func validAt(until int64, now time.Duration) bool {
+	return until != 0 && int64(now) < until
 }
 
 // Check verifies the lease with a round trip: the row still names this
@@ -202,11 +207,19 @@ func (e *Elector) Check(ctx context.Context) error {
 		return c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.table+` WHERE slot_name = $1 AND holder = $2 AND epoch = $3)`,
 			e.cfg.Slot, e.cfg.InstanceID, t.epoch).Scan(&ok)
 	})
+	return checkVerdict(e.cfg.Slot, ok, err)
+}
+
+// checkVerdict judges Check's round trip: the row names this instance and
+// epoch (ok), or the instance may not stream (ErrNotLeader): the row has a
+// newer holder or epoch, or the lease connection failed (a term that cannot
+// prove its lease does not start a session).
+func checkVerdict(slot string, ok bool, err error) error {
 	if err != nil {
 		return fmt.Errorf("%w: check lease: %v", ErrNotLeader, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: the lease of slot %q has a newer holder or epoch", ErrNotLeader, e.cfg.Slot)
+		return fmt.Errorf("%w: the lease of slot %q has a newer holder or epoch", ErrNotLeader, slot)
 	}
 	return nil
 }
@@ -539,10 +552,11 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 			(SELECT array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)) FROM lock_holder),
 			(SELECT array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)) FROM ws)
 		FROM lease`, e.cfg.Slot, e.cfg.TTL.Seconds(), e.lockKey).Scan(&holder, &epoch, &rowPID, &stale, &lease, &sender)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // the lock holder has not written its row yet
-	}
-	if fault.IsPrivilege(err) && strings.Contains(err.Error(), "terminat") {
+	action := fenceVerdict(err, stale)
+	switch action {
+	case waitForRow:
+		return nil
+	case fenceRefused:
 		// pg_terminate_backend refused: stay standby (a dead leader frees
 		// the lock, and this instance takes over then), and say why.
 		e.mu.Lock()
@@ -553,15 +567,14 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 		e.setCanFence(false, problem)
 		e.fenceFailed(problem)
 		return nil
-	}
-	if err != nil {
+	case fenceError:
 		return fmt.Errorf("fence stale leader: %w", err)
 	}
 	e.mu.Lock()
 	e.status.Holder, e.status.Epoch = holder, epoch
 	e.mu.Unlock()
 	e.metrics.epoch.Set(float64(epoch))
-	if !stale {
+	if action == holderAlive {
 		return nil
 	}
 	ev := e.log.Warn().Str("holder", holder).Int64("epoch", epoch).Ints32("lease_backends", lease).Ints32("walsenders", sender)
@@ -570,6 +583,54 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 	}
 	ev.Msg("leader's lease expired (stalled or cut off): terminated its lease connection and walsender")
 	return nil
+}
+
+// fenceAction is what a standby makes of the fencing statement of one
+// campaign round (fenceStale). The statement itself decides what to
+// terminate, atomically: the backend holding the lease's advisory lock
+// (never this session's own) and the slot's walsender, both only when the
+// row's renewal is older than the TTL by the database's clock.
+type fenceAction uint8
+
+const (
+	// waitForRow: no lease row yet (the lock holder has just taken the
+	// lock and not written it): nothing terminated, stay standby.
+	waitForRow fenceAction = iota
+	// holderAlive: renewed within the TTL: nothing terminated; note the
+	// holder and epoch, stay standby.
+	holderAlive
+	// holderFenced: the renewal was older than the TTL: its lock backend
+	// and the slot's walsender were terminated; note the holder and epoch.
+	// The lock, now free, is taken at the next round.
+	holderFenced
+	// fenceRefused: pg_terminate_backend was refused for lack of
+	// privilege: stay standby (a dead leader still frees the lock) and
+	// report can_fence false with the GRANT that fixes it.
+	fenceRefused
+	// fenceError: the statement failed otherwise: the round fails and the
+	// lease connection is made again.
+	fenceError
+)
+
+func (a fenceAction) String() string {
+	return [...]string{"wait for row", "holder alive", "holder fenced", "fence refused", "fence error"}[a]
+}
+
+// fenceVerdict classifies the fencing statement's outcome: its error, and
+// whether the row it read was stale.
+func fenceVerdict(err error, stale bool) fenceAction {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return waitForRow
+	case fault.IsPrivilege(err) && strings.Contains(err.Error(), "terminat"):
+		return fenceRefused
+	case err != nil:
+		return fenceError
+	case stale:
+		return holderFenced
+	default:
+		return holderAlive
+	}
 }
 
 // fenceFailed logs a refused fence at error level, once per distinct
@@ -657,14 +718,25 @@ func (e *Elector) renew(ctx context.Context, epoch int64) error {
 		n = tag.RowsAffected()
 		return err
 	})
-	switch {
-	case err != nil:
-		return fmt.Errorf("renew lease: %w", err)
-	case n == 0:
-		return errors.New("lease taken over (newer epoch or another holder)")
+	if err := renewVerdict(n, err); err != nil {
+		return err
 	}
 	if e.validUntil.Load() != 0 {
 		e.validUntil.Store(int64(sent + e.cfg.TTL))
+	}
+	return nil
+}
+
+// renewVerdict judges a renewal that updated rows rows: an error ends the
+// term (serve fences at once). A failed statement (the lease connection
+// lost or timed out) and a row that no longer names this instance and
+// epoch (taken over by a standby that fenced this one) both end it.
+func renewVerdict(rows int64, err error) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("renew lease: %w", err)
+	case rows == 0:
+		return errors.New("lease taken over (newer epoch or another holder)")
 	}
 	return nil
 }
