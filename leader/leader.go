@@ -13,20 +13,24 @@
 //     renewing; a standby that sees renewed_at older than the TTL, by the
 //     database's own clock, terminates the backend that holds the
 //     advisory lock (found in pg_locks, never by pid or application name
-//     alone) and the slot's walsender (pg_terminate_backend), takes the
-//     lock and the row with epoch+1.
+//     alone, never its own) and the slot's walsender (pg_terminate_backend),
+//     in one statement that terminates nothing when the row is fresh. At
+//     its next poll the lock is free: it takes the lock and the row with
+//     epoch+1, and ends any walsender still on the slot.
 //
 // Fencing needs the right to terminate the other instances' backends. Each
 // new lease connection checks it against the current lock holder and says
 // so at once when it is missing (log, /role's can_fence,
 // outbox_relay_leader_can_fence), not at takeover.
 //
-// The leader fences itself too: it stops when a renewal fails, when the row
-// shows another holder or epoch, or when its last successful renewal is
-// older than the TTL by its monotonic clock, which keeps running while the
-// process is stopped. The replication stream asks Valid before every status
-// update and Check (a round trip) before every session, so a leader that
-// lost the lease confirms nothing.
+// The leader fences itself too: its term ends when a renewal fails (the
+// lease connection lost or timed out), when the row shows another holder or
+// epoch, or when its last successful renewal is older than the TTL by its
+// monotonic clock, which keeps running while the process is stopped (Valid
+// turns false at that moment, before the term has wound down). The
+// replication stream asks Valid before every status update and Check (a
+// round trip) before every session, so a leader that lost the lease
+// confirms nothing.
 package leader
 
 import (
@@ -81,9 +85,10 @@ const lockHolderSQL = `SELECT l.pid FROM pg_locks l, (SELECT hashtextextended(%s
 // Role is what an instance currently is.
 type Role string
 
+// The roles, as /role and the logs name them.
 const (
-	Standby Role = "standby"
-	Leader  Role = "leader"
+	Standby Role = "standby" // campaigning: polls for the lease, fences a stale holder
+	Leader  Role = "leader"  // holds the lease and runs Lead
 )
 
 // Status is a snapshot for /role and /readyz.
@@ -103,7 +108,8 @@ type Status struct {
 	FenceProblem string `json:"fence_problem,omitempty"`
 }
 
-// Elector runs the election. New, then Run once.
+// Elector runs the election. New, then Run once; Status, Valid, Check and
+// Close may be called from any goroutine.
 type Elector struct {
 	cfg     Config
 	log     zerolog.Logger
@@ -134,7 +140,8 @@ type heldLease struct {
 	epoch int64
 }
 
-// New checks cfg; it does not connect.
+// New checks cfg (TTL at least twice Renew, an InstanceID) and allocates;
+// it does not connect or start anything.
 func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
 	if cfg.TTL < 2*cfg.Renew {
 		return nil, fmt.Errorf("leader.lease_ttl %s must be at least twice leader.renew_interval %s", cfg.TTL, cfg.Renew)
@@ -196,6 +203,11 @@ func validAt(until int64, now time.Duration) bool {
 
 // Check verifies the lease with a round trip: the row still names this
 // instance and epoch. The replication stream calls it before each session.
+// Any goroutine; it blocks for at most the term's remaining validity, on
+// the lease connection (shared with the election). It fails with
+// ErrNotLeader (wrapped) when this instance is standby, its term expired,
+// the row has a newer holder or epoch, or the round trip failed; a timed
+// out round trip ends the lease connection, and with it the advisory lock.
 func (e *Elector) Check(ctx context.Context) error {
 	t := e.held.Load()
 	if t == nil || !e.Valid() {
@@ -227,16 +239,20 @@ func checkVerdict(slot string, ok bool, err error) error {
 // ErrNotLeader is returned by Check when this instance may not stream.
 var ErrNotLeader = errors.New("not the leader")
 
-// Lead is what a leader does for one term: it must return soon after ctx
-// ends, having stopped publishing and confirming. A non-nil error other
-// than ctx's ends the election (Run returns it).
+// Lead is what a leader does for one term, on its own goroutine: it must
+// return soon after ctx ends, having stopped publishing and confirming. A
+// non-nil error other than ctx's ends the election (Run returns it); nil
+// before ctx ends ends the term, and Run campaigns again.
 type Lead func(ctx context.Context, epoch int64) error
 
 // Run campaigns until Close or ctx's end: standby until it takes the lease,
 // then leader running lead until the term ends, then standby again. Close is
 // the graceful stop: the term's context ends, the lease is kept (and
 // renewed) until lead returns, then released so a standby takes over at
-// once. ctx ending is the hard stop: lead's context ends with it.
+// once. ctx ending is the hard stop: lead's context ends with it. Run
+// returns nil after either, and an error when it cannot go on: the URL
+// does not parse, the lease table is missing or not writable by this role,
+// or lead failed.
 func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	defer e.closeConn()
 	ctx, cancel := context.WithCancel(ctx) // ends at Close too
