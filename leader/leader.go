@@ -13,20 +13,24 @@
 //     renewing; a standby that sees renewed_at older than the TTL, by the
 //     database's own clock, terminates the backend that holds the
 //     advisory lock (found in pg_locks, never by pid or application name
-//     alone) and the slot's walsender (pg_terminate_backend), takes the
-//     lock and the row with epoch+1.
+//     alone, never its own) and the slot's walsender (pg_terminate_backend),
+//     in one statement that terminates nothing when the row is fresh. At
+//     its next poll the lock is free: it takes the lock and the row with
+//     epoch+1, and ends any walsender still on the slot.
 //
 // Fencing needs the right to terminate the other instances' backends. Each
 // new lease connection checks it against the current lock holder and says
 // so at once when it is missing (log, /role's can_fence,
 // outbox_relay_leader_can_fence), not at takeover.
 //
-// The leader fences itself too: it stops when a renewal fails, when the row
-// shows another holder or epoch, or when its last successful renewal is
-// older than the TTL by its monotonic clock, which keeps running while the
-// process is stopped. The replication stream asks Valid before every status
-// update and Check (a round trip) before every session, so a leader that
-// lost the lease confirms nothing.
+// The leader fences itself too: its term ends when a renewal fails (the
+// lease connection lost or timed out), when the row shows another holder or
+// epoch, or when its last successful renewal is older than the TTL by its
+// monotonic clock, which keeps running while the process is stopped (Valid
+// turns false at that moment, before the term has wound down). The
+// replication stream asks Valid before every status update and Check (a
+// round trip) before every session, so a leader that lost the lease
+// confirms nothing.
 package leader
 
 import (
@@ -81,9 +85,10 @@ const lockHolderSQL = `SELECT l.pid FROM pg_locks l, (SELECT hashtextextended(%s
 // Role is what an instance currently is.
 type Role string
 
+// The roles, as /role and the logs name them.
 const (
-	Standby Role = "standby"
-	Leader  Role = "leader"
+	Standby Role = "standby" // campaigning: polls for the lease, fences a stale holder
+	Leader  Role = "leader"  // holds the lease and runs Lead
 )
 
 // Status is a snapshot for /role and /readyz.
@@ -103,7 +108,8 @@ type Status struct {
 	FenceProblem string `json:"fence_problem,omitempty"`
 }
 
-// Elector runs the election. New, then Run once.
+// Elector runs the election. New, then Run once; Status, Valid, Check and
+// Close may be called from any goroutine.
 type Elector struct {
 	cfg     Config
 	log     zerolog.Logger
@@ -134,7 +140,8 @@ type heldLease struct {
 	epoch int64
 }
 
-// New checks cfg; it does not connect.
+// New checks cfg (TTL at least twice Renew, an InstanceID) and allocates;
+// it does not connect or start anything.
 func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
 	if cfg.TTL < 2*cfg.Renew {
 		return nil, fmt.Errorf("leader.lease_ttl %s must be at least twice leader.renew_interval %s", cfg.TTL, cfg.Renew)
@@ -185,12 +192,22 @@ func (e *Elector) Status() Status {
 // Valid reports whether this instance holds an unexpired lease, by its own
 // monotonic clock. Any goroutine; does not block.
 func (e *Elector) Valid() bool {
-	until := e.validUntil.Load()
-	return until != 0 && int64(time.Since(e.start)) < until
+	return validAt(e.validUntil.Load(), time.Since(e.start))
+}
+
+// validAt reports whether a term valid until until (nanoseconds since the
+// elector's start; 0: no term) is still valid at now, on the same clock.
+func validAt(until int64, now time.Duration) bool {
+	return until != 0 && int64(now) < until
 }
 
 // Check verifies the lease with a round trip: the row still names this
 // instance and epoch. The replication stream calls it before each session.
+// Any goroutine; it blocks for at most the term's remaining validity, on
+// the lease connection (shared with the election). It fails with
+// ErrNotLeader (wrapped) when this instance is standby, its term expired,
+// the row has a newer holder or epoch, or the round trip failed; a timed
+// out round trip ends the lease connection, and with it the advisory lock.
 func (e *Elector) Check(ctx context.Context) error {
 	t := e.held.Load()
 	if t == nil || !e.Valid() {
@@ -202,11 +219,19 @@ func (e *Elector) Check(ctx context.Context) error {
 		return c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.table+` WHERE slot_name = $1 AND holder = $2 AND epoch = $3)`,
 			e.cfg.Slot, e.cfg.InstanceID, t.epoch).Scan(&ok)
 	})
+	return checkVerdict(e.cfg.Slot, ok, err)
+}
+
+// checkVerdict judges Check's round trip: the row names this instance and
+// epoch (ok), or the instance may not stream (ErrNotLeader): the row has a
+// newer holder or epoch, or the lease connection failed (a term that cannot
+// prove its lease does not start a session).
+func checkVerdict(slot string, ok bool, err error) error {
 	if err != nil {
 		return fmt.Errorf("%w: check lease: %v", ErrNotLeader, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: the lease of slot %q has a newer holder or epoch", ErrNotLeader, e.cfg.Slot)
+		return fmt.Errorf("%w: the lease of slot %q has a newer holder or epoch", ErrNotLeader, slot)
 	}
 	return nil
 }
@@ -214,16 +239,20 @@ func (e *Elector) Check(ctx context.Context) error {
 // ErrNotLeader is returned by Check when this instance may not stream.
 var ErrNotLeader = errors.New("not the leader")
 
-// Lead is what a leader does for one term: it must return soon after ctx
-// ends, having stopped publishing and confirming. A non-nil error other
-// than ctx's ends the election (Run returns it).
+// Lead is what a leader does for one term, on its own goroutine: it must
+// return soon after ctx ends, having stopped publishing and confirming. A
+// non-nil error other than ctx's ends the election (Run returns it); nil
+// before ctx ends ends the term, and Run campaigns again.
 type Lead func(ctx context.Context, epoch int64) error
 
 // Run campaigns until Close or ctx's end: standby until it takes the lease,
 // then leader running lead until the term ends, then standby again. Close is
 // the graceful stop: the term's context ends, the lease is kept (and
 // renewed) until lead returns, then released so a standby takes over at
-// once. ctx ending is the hard stop: lead's context ends with it.
+// once. ctx ending is the hard stop: lead's context ends with it. Run
+// returns nil after either, and an error when it cannot go on: the URL
+// does not parse, the lease table is missing or not writable by this role,
+// or lead failed.
 func (e *Elector) Run(ctx context.Context, lead Lead) error {
 	defer e.closeConn()
 	ctx, cancel := context.WithCancel(ctx) // ends at Close too
@@ -539,10 +568,11 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 			(SELECT array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)) FROM lock_holder),
 			(SELECT array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)) FROM ws)
 		FROM lease`, e.cfg.Slot, e.cfg.TTL.Seconds(), e.lockKey).Scan(&holder, &epoch, &rowPID, &stale, &lease, &sender)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil // the lock holder has not written its row yet
-	}
-	if fault.IsPrivilege(err) && strings.Contains(err.Error(), "terminat") {
+	action := fenceVerdict(err, stale)
+	switch action {
+	case waitForRow:
+		return nil
+	case fenceRefused:
 		// pg_terminate_backend refused: stay standby (a dead leader frees
 		// the lock, and this instance takes over then), and say why.
 		e.mu.Lock()
@@ -553,15 +583,14 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 		e.setCanFence(false, problem)
 		e.fenceFailed(problem)
 		return nil
-	}
-	if err != nil {
+	case fenceError:
 		return fmt.Errorf("fence stale leader: %w", err)
 	}
 	e.mu.Lock()
 	e.status.Holder, e.status.Epoch = holder, epoch
 	e.mu.Unlock()
 	e.metrics.epoch.Set(float64(epoch))
-	if !stale {
+	if action == holderAlive {
 		return nil
 	}
 	ev := e.log.Warn().Str("holder", holder).Int64("epoch", epoch).Ints32("lease_backends", lease).Ints32("walsenders", sender)
@@ -570,6 +599,54 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 	}
 	ev.Msg("leader's lease expired (stalled or cut off): terminated its lease connection and walsender")
 	return nil
+}
+
+// fenceAction is what a standby makes of the fencing statement of one
+// campaign round (fenceStale). The statement itself decides what to
+// terminate, atomically: the backend holding the lease's advisory lock
+// (never this session's own) and the slot's walsender, both only when the
+// row's renewal is older than the TTL by the database's clock.
+type fenceAction uint8
+
+const (
+	// waitForRow: no lease row yet (the lock holder has just taken the
+	// lock and not written it): nothing terminated, stay standby.
+	waitForRow fenceAction = iota
+	// holderAlive: renewed within the TTL: nothing terminated; note the
+	// holder and epoch, stay standby.
+	holderAlive
+	// holderFenced: the renewal was older than the TTL: its lock backend
+	// and the slot's walsender were terminated; note the holder and epoch.
+	// The lock, now free, is taken at the next round.
+	holderFenced
+	// fenceRefused: pg_terminate_backend was refused for lack of
+	// privilege: stay standby (a dead leader still frees the lock) and
+	// report can_fence false with the GRANT that fixes it.
+	fenceRefused
+	// fenceError: the statement failed otherwise: the round fails and the
+	// lease connection is made again.
+	fenceError
+)
+
+func (a fenceAction) String() string {
+	return [...]string{"wait for row", "holder alive", "holder fenced", "fence refused", "fence error"}[a]
+}
+
+// fenceVerdict classifies the fencing statement's outcome: its error, and
+// whether the row it read was stale.
+func fenceVerdict(err error, stale bool) fenceAction {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return waitForRow
+	case fault.IsPrivilege(err) && strings.Contains(err.Error(), "terminat"):
+		return fenceRefused
+	case err != nil:
+		return fenceError
+	case stale:
+		return holderFenced
+	default:
+		return holderAlive
+	}
 }
 
 // fenceFailed logs a refused fence at error level, once per distinct
@@ -657,14 +734,25 @@ func (e *Elector) renew(ctx context.Context, epoch int64) error {
 		n = tag.RowsAffected()
 		return err
 	})
-	switch {
-	case err != nil:
-		return fmt.Errorf("renew lease: %w", err)
-	case n == 0:
-		return errors.New("lease taken over (newer epoch or another holder)")
+	if err := renewVerdict(n, err); err != nil {
+		return err
 	}
 	if e.validUntil.Load() != 0 {
 		e.validUntil.Store(int64(sent + e.cfg.TTL))
+	}
+	return nil
+}
+
+// renewVerdict judges a renewal that updated rows rows: an error ends the
+// term (serve fences at once). A failed statement (the lease connection
+// lost or timed out) and a row that no longer names this instance and
+// epoch (taken over by a standby that fenced this one) both end it.
+func renewVerdict(rows int64, err error) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("renew lease: %w", err)
+	case rows == 0:
+		return errors.New("lease taken over (newer epoch or another holder)")
 	}
 	return nil
 }

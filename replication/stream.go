@@ -72,6 +72,9 @@ type Stream struct {
 	conn    *pgconn.PgConn
 	catchUp *catchUpReader // conn's reader; the loop tells it how far behind the stream is
 
+	// prepare checks the server, slot and publication before each session
+	// (the package's prepare; a test scripting a walsender replaces it).
+	prepare      func(ctx context.Context, cfg Config, createSlot bool, prev Identity) (SlotInfo, error)
 	slotSeen     bool          // the slot existed or was created in this process
 	identity     Identity      // the server history the progress's watermark is on; the loop goroutine's
 	received     atomic.Uint64 // highest WAL position seen
@@ -123,7 +126,7 @@ func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*
 		m = NewMetrics(nil)
 	}
 	return &Stream{
-		cfg: cfg, progress: progress, metrics: m, warned: map[string]bool{},
+		cfg: cfg, progress: progress, metrics: m, warned: map[string]bool{}, prepare: prepare,
 		log: log.With().Str("component", "replication").Logger(), // the caller's logger carries slot
 	}, nil
 }
@@ -245,7 +248,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	}
 	// Only a process that has never seen its slot may create it; a slot
 	// that disappears mid-run is an operator error worth stopping for.
-	info, err := prepare(ctx, s.cfg, !s.slotSeen, s.identity)
+	info, err := s.prepare(ctx, s.cfg, !s.slotSeen, s.identity)
 	if err != nil {
 		return err
 	}
