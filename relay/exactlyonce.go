@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -258,7 +259,7 @@ func (e *exactlyOnce) prepareKafkaAndPostgres(ctx context.Context) error {
 		}
 	}
 	for {
-		id, err := replication.IdentifySystem(ctx, e.cfg.Postgres.URL)
+		id, err := pg.IdentifySystem(ctx, e.cfg.Postgres.URL)
 		if err == nil {
 			e.systemID = id.SystemID
 			break

@@ -94,7 +94,7 @@ func reservedExtra(f string) []string {
 // Outboxes resolves the outbox tables of c (compat, postgres.table,
 // columns, tables, kafka.topic_template). Every problem is named by its
 // key. It does no I/O: the column types are checked against the table at
-// start (replication.Prepare).
+// start (pgsetup.Prepare).
 func (c Config) Outboxes() ([]Outbox, error) {
 	var errs []error
 	switch c.Compat {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
@@ -139,7 +140,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	// BIGINT id): off otherwise, said once at start (logOutboxes).
 	if len(r.outboxes) == 1 && r.outboxes[0].Own {
 		t.cleaner, err = retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication},
-			func(ctx context.Context) (*pgx.Conn, error) { return replication.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
+			func(ctx context.Context) (*pgx.Conn, error) { return pg.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
 		if err != nil {
 			return err
 		}

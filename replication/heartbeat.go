@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -221,7 +222,7 @@ func (h *Heartbeater) Run(ctx context.Context) error {
 // beat connects if needed and writes one heartbeat.
 func (h *Heartbeater) beat(ctx context.Context, conn **pgx.Conn) error {
 	if *conn == nil {
-		c, err := Connect(ctx, h.url)
+		c, err := pg.Connect(ctx, h.url)
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 )
 
 // Metrics are the replication gauges and counters. Build with NewMetrics.
@@ -94,7 +96,7 @@ func (p *LagPoller) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if conn == nil {
-			c, err := Connect(ctx, cfg.URL)
+			c, err := pg.Connect(ctx, cfg.URL)
 			if err != nil {
 				m.lagPollErrors.Inc()
 				log.Debug().Err(err).Msg("lag poll connect failed")

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 )
 
 // SlotSaveInterval is how often, at most, a SlotSaver has the server log a
@@ -154,7 +156,7 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 
 func (s *SlotSaver) save(ctx context.Context, conn **pgx.Conn) error {
 	if *conn == nil {
-		c, err := Connect(ctx, s.url)
+		c, err := pg.Connect(ctx, s.url)
 		if err != nil {
 			return err
 		}
