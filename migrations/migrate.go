@@ -1,5 +1,8 @@
 // Package migrations holds the versioned SQL that creates the outbox table,
-// its index and the publication, and applies it idempotently.
+// its index and the publication, and applies it idempotently; and, for
+// postgres.partition daily or monthly, CreatePartitionedOutbox, which
+// `migrate` runs first to create a missing outbox table partitioned (the
+// partitions ahead are retention's, which keeps them ahead afterwards).
 package migrations
 
 import (

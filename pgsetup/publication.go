@@ -115,3 +115,9 @@ func PublicationSQL(publication string, tables []outboxschema.Table) string {
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
 		outboxschema.QuoteIdent(publication), strings.Join(quoted, ", "))
 }
+
+// PublishViaRootSQL is the statement that makes publication pub publish a
+// partitioned outbox's rows under the root table's name.
+func PublishViaRootSQL(pub string) string {
+	return "ALTER PUBLICATION " + outboxschema.QuoteIdent(pub) + " SET (publish = 'insert', publish_via_partition_root = true)"
+}

@@ -13,3 +13,9 @@ func TestCreatePublicationSQLQuotesTheName(t *testing.T) {
 		}
 	}
 }
+
+func TestPublishViaRootSQL(t *testing.T) {
+	if got := PublishViaRootSQL("pub"); got != `ALTER PUBLICATION "pub" SET (publish = 'insert', publish_via_partition_root = true)` {
+		t.Errorf("PublishViaRootSQL: %s", got)
+	}
+}

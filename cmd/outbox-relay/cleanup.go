@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/retention"
 )
 
@@ -42,7 +43,7 @@ func preparePartitioned(ctx context.Context, conn *pgx.Conn, cfg Config, tbl out
 			return err
 		}
 		if !slot {
-			if _, err := conn.Exec(ctx, retention.PublishViaRootSQL(cfg.Postgres.Publication)); err != nil {
+			if _, err := conn.Exec(ctx, pgsetup.PublishViaRootSQL(cfg.Postgres.Publication)); err != nil {
 				return fmt.Errorf("set publish_via_partition_root on publication %q: %w", cfg.Postgres.Publication, err)
 			}
 		}

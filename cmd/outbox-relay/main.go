@@ -33,7 +33,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/retention"
 )
 
 var version = "dev"
@@ -168,7 +167,7 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	}
 	// Before migration 0001 (CREATE TABLE IF NOT EXISTS): a missing outbox
 	// is created partitioned when postgres.partition asks for it.
-	created, err := retention.CreatePartitionedOutbox(ctx, conn, tbl, cfg.Postgres.Partition, log)
+	created, err := migrations.CreatePartitionedOutbox(ctx, conn, tbl, cfg.Postgres.Partition, log)
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: create the partitioned outbox")
 		return exitFatal
