@@ -157,89 +157,48 @@ func NewHeartbeater(cfg Config, interval time.Duration, emitted func(end pglogre
 // overload of the function.
 const heartbeatQuery = "SELECT pg_logical_emit_message(false, $1::text, $2::text)::text"
 
-// Run writes heartbeats until ctx ends, then returns nil.
+// Run writes heartbeats until ctx ends, then returns nil. It blocks;
+// call it once, from the term's goroutine for it.
 func (h *Heartbeater) Run(ctx context.Context) error {
-	var conn *pgx.Conn
-	closeConn := func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		conn.Close(cctx)
-		conn = nil
-	}
-	defer func() {
-		if conn != nil {
-			closeConn()
-		}
-	}()
-	b := backoff.Backoff{Policy: backoff.Policy{Initial: h.interval, Max: max(h.interval, 30*time.Second)}}
-	t := time.NewTicker(h.interval)
-	defer t.Stop()
-	failing, hinted := false, ""
-	for {
-		err := h.beat(ctx, &conn)
-		if ctx.Err() != nil {
-			return nil
-		}
-		wait := time.Duration(0)
-		if err != nil {
-			h.m.errors.Inc()
-			if conn != nil {
-				closeConn()
-			}
-			wait = b.Next()
-			switch hint := heartbeatHint(err); {
+	hinted := ""
+	pg.NewKeeper(pg.KeeperConfig{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pg.Connect(ctx, h.url) },
+		Every:   h.interval, Ticked: true,
+		Retry: backoff.Policy{Initial: h.interval, Max: max(h.interval, 30*time.Second)},
+		Done:  h.m.sent, Errors: h.m.errors,
+		Failed: func(f pg.Failure) {
+			switch hint := heartbeatHint(f.Err); {
 			case hint != "" && hint != hinted:
 				// Said once, clearly: it will not fix itself.
 				hinted = hint
-				h.log.Error().Err(err).Msg("heartbeats refused: outbox_relay_lag_seconds shows only events already read (like outbox_relay_oldest_unacked_seconds); " + hint)
-			case !failing:
-				h.log.Warn().Err(err).Dur("retry_in", wait).Msg("heartbeat failed; retrying (outbox_relay_heartbeat_errors_total)")
+				h.log.Error().Err(f.Err).Msg("heartbeats refused: outbox_relay_lag_seconds shows only events already read (like outbox_relay_oldest_unacked_seconds); " + hint)
+			case f.First:
+				h.log.Warn().Err(f.Err).Dur("retry_in", f.Wait).Msg("heartbeat failed; retrying (outbox_relay_heartbeat_errors_total)")
 			default:
-				h.log.Debug().Err(err).Dur("retry_in", wait).Msg("heartbeat failed")
+				h.log.Debug().Err(f.Err).Dur("retry_in", f.Wait).Msg("heartbeat failed")
 			}
-			failing = true
-		} else {
-			if failing {
-				h.log.Info().Msg("heartbeats written again")
-			}
-			failing, hinted = false, ""
-			b.Reset()
-		}
-		if wait > 0 {
-			if backoff.Sleep(ctx, wait) != nil {
-				return nil
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		},
+		Recovered: func() {
+			h.log.Info().Msg("heartbeats written again")
+			hinted = ""
+		},
+	}).Run(ctx, h.beat)
+	return nil
 }
 
-// beat connects if needed and writes one heartbeat.
-func (h *Heartbeater) beat(ctx context.Context, conn **pgx.Conn) error {
-	if *conn == nil {
-		c, err := pg.Connect(ctx, h.url)
-		if err != nil {
-			return err
-		}
-		*conn = c
-	}
+// beat writes one heartbeat on conn.
+func (h *Heartbeater) beat(ctx context.Context, conn *pgx.Conn) error {
 	qctx, cancel := context.WithTimeout(ctx, max(h.interval, 5*time.Second))
 	defer cancel()
 	sent := time.Now()
 	var end string
-	if err := (*conn).QueryRow(qctx, heartbeatQuery, h.prefix, strconv.FormatInt(sent.UnixNano(), 10)).Scan(&end); err != nil {
+	if err := conn.QueryRow(qctx, heartbeatQuery, h.prefix, strconv.FormatInt(sent.UnixNano(), 10)).Scan(&end); err != nil {
 		return fmt.Errorf("write heartbeat (pg_logical_emit_message): %w", err)
 	}
 	lsn, err := pglogrepl.ParseLSN(end)
 	if err != nil {
 		return fmt.Errorf("read heartbeat position %q: %w", end, err)
 	}
-	h.m.sent.Inc()
 	h.emitted(lsn, sent)
 	return nil
 }

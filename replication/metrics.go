@@ -77,46 +77,24 @@ func NewLagPoller(cfg Config, m *Metrics, log zerolog.Logger) *LagPoller {
 	return &LagPoller{cfg: cfg, m: m, log: log.With().Str("component", "lag").Logger()} // the caller's logger carries slot
 }
 
-// Run polls until ctx ends, then returns nil.
+// Run polls at once and then every postgres.lag_poll_interval until ctx
+// ends, then returns nil. It blocks; call it once, from the term's
+// goroutine for it.
 func (p *LagPoller) Run(ctx context.Context) error {
 	cfg, m, log := p.cfg, p.m, p.log
-	var conn *pgx.Conn
-	closeConn := func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		conn.Close(cctx)
-		conn = nil
-	}
-	defer func() {
-		if conn != nil {
-			closeConn()
-		}
-	}()
-	t := time.NewTicker(cfg.LagPollInterval)
-	defer t.Stop()
-	for {
-		if conn == nil {
-			c, err := pg.Connect(ctx, cfg.URL)
-			if err != nil {
-				m.lagPollErrors.Inc()
-				log.Debug().Err(err).Msg("lag poll connect failed")
+	pg.NewKeeper(pg.KeeperConfig{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pg.Connect(ctx, cfg.URL) },
+		Every:   cfg.LagPollInterval, Ticked: true,
+		Errors: m.lagPollErrors,
+		Failed: func(f pg.Failure) {
+			if f.Connecting {
+				log.Debug().Err(f.Err).Msg("lag poll connect failed")
 			} else {
-				conn = c
+				log.Debug().Err(f.Err).Msg("lag poll failed")
 			}
-		}
-		if conn != nil {
-			if err := pollOnce(ctx, conn, cfg.Slot, m); err != nil {
-				m.lagPollErrors.Inc()
-				log.Debug().Err(err).Msg("lag poll failed")
-				closeConn()
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		},
+	}).Run(ctx, func(ctx context.Context, conn *pgx.Conn) error { return pollOnce(ctx, conn, cfg.Slot, m) })
+	return nil
 }
 
 func pollOnce(ctx context.Context, conn *pgx.Conn, slot string, m *Metrics) error {

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -145,56 +146,38 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	defer c.m.zero()
 	c.started = time.Now()
 	c.log.Info().Str("retention", c.cfg.Describe()).Msg("delivery horizon and retention started (leader)")
-	var conn *pgx.Conn
-	closeConn := func() {
-		if conn != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			conn.Close(cctx)
-			cancel()
-			conn = nil
-		}
-	}
-	defer closeConn()
-	bo := backoff.Backoff{Policy: backoff.Policy{Initial: time.Second, Max: time.Minute}}
 	var lastRun time.Time
-	for ctx.Err() == nil {
-		err := func() error {
-			if conn == nil {
-				cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-				defer cancel()
-				cn, err := c.connect(cctx)
-				if err != nil {
-					return fmt.Errorf("connect: %w", err)
-				}
-				conn = cn
-			}
-			st, err := c.sample(ctx, conn)
+	pg.NewKeeper(pg.KeeperConfig{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			cn, err := c.connect(cctx)
 			if err != nil {
-				return err
+				return nil, fmt.Errorf("connect: %w", err)
 			}
-			if c.cfg.Keep == 0 || time.Since(lastRun) < c.cfg.Interval || st.PausedReason != "" || !st.Proven() {
-				return nil
-			}
-			lastRun = time.Now()
-			rep, err := c.run(ctx, conn, st, true)
-			if rep.Deleted > 0 || len(rep.DroppedPartitions) > 0 {
-				c.log.Info().Int64("deleted", rep.Deleted).Strs("dropped_partitions", rep.DroppedPartitions).Msg("retention run")
-			}
+			return cn, nil
+		},
+		Every:  SampleInterval,
+		Retry:  backoff.Policy{Initial: time.Second, Max: time.Minute},
+		Errors: c.m.sampleErrors,
+		Failed: func(f pg.Failure) {
+			c.log.Warn().Err(f.Err).Dur("retry_in", f.Wait).Msg("retention: database error; the relay goes on")
+		},
+	}).Run(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		st, err := c.sample(ctx, conn)
+		if err != nil {
 			return err
-		}()
-		wait := SampleInterval
-		if err != nil && ctx.Err() == nil {
-			c.m.sampleErrors.Inc()
-			wait = bo.Next()
-			c.log.Warn().Err(err).Dur("retry_in", wait).Msg("retention: database error; the relay goes on")
-			closeConn()
-		} else if err == nil {
-			bo.Reset()
 		}
-		if backoff.Sleep(ctx, wait) != nil {
-			break
+		if c.cfg.Keep == 0 || time.Since(lastRun) < c.cfg.Interval || st.PausedReason != "" || !st.Proven() {
+			return nil
 		}
-	}
+		lastRun = time.Now()
+		rep, err := c.run(ctx, conn, st, true)
+		if rep.Deleted > 0 || len(rep.DroppedPartitions) > 0 {
+			c.log.Info().Int64("deleted", rep.Deleted).Strs("dropped_partitions", rep.DroppedPartitions).Msg("retention run")
+		}
+		return err
+	})
 	return nil
 }
 
