@@ -9,8 +9,8 @@ import (
 
 func TestMissingSlotCause(t *testing.T) {
 	t.Parallel()
-	primary := pg.Identity{SystemID: "7340001", Timeline: 1}
-	promoted := pg.Identity{SystemID: "7340001", Timeline: 2}
+	// One cluster: its primary on timeline 1, a standby promoted to 2.
+	primary, promoted := pg.Identity{SystemID: "7340001", Timeline: 1}, pg.Identity{SystemID: "7340001", Timeline: 2}
 	for _, tc := range []struct {
 		name      string
 		prev, cur pg.Identity

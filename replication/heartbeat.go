@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/internal/metric"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
@@ -109,22 +110,16 @@ func majorVersion(v string) int {
 // HeartbeatMetrics count heartbeats. They live as long as the process:
 // build them once with NewHeartbeatMetrics and give them to every term's
 // Heartbeater.
-type HeartbeatMetrics struct {
-	sent, errors prometheus.Counter
-}
+type HeartbeatMetrics struct{ counts }
 
 // NewHeartbeatMetrics registers the counters on reg (nil: unregistered).
+// Any goroutine; does not block.
 func NewHeartbeatMetrics(reg prometheus.Registerer) *HeartbeatMetrics {
-	m := &HeartbeatMetrics{
-		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_heartbeats_total",
-			Help: "Heartbeats written into the WAL by the leader (pg_logical_emit_message) to time outbox_relay_lag_seconds."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_heartbeat_errors_total",
-			Help: "Failed heartbeat writes (connection or query errors, a refused pg_logical_emit_message); while they fail, outbox_relay_lag_seconds cannot see events not yet read."}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.sent, m.errors)
-	}
-	return m
+	return &HeartbeatMetrics{newCounts(reg,
+		metric.Counter("outbox_relay_heartbeats_total",
+			"Heartbeats written into the WAL by the leader (pg_logical_emit_message) to time outbox_relay_lag_seconds."),
+		metric.Counter("outbox_relay_heartbeat_errors_total",
+			"Failed heartbeat writes (connection or query errors, a refused pg_logical_emit_message); while they fail, outbox_relay_lag_seconds cannot see events not yet read."))}
 }
 
 // Heartbeater writes a heartbeat into the WAL every interval on a normal
@@ -165,7 +160,7 @@ func (h *Heartbeater) Run(ctx context.Context) error {
 		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pg.Connect(ctx, h.url) },
 		Every:   h.interval, Ticked: true,
 		Retry: backoff.Policy{Initial: h.interval, Max: max(h.interval, 30*time.Second)},
-		Done:  h.m.sent, Errors: h.m.errors,
+		Done:  h.m.done, Errors: h.m.errors,
 		Failed: func(f pg.Failure) {
 			switch hint := heartbeatHint(f.Err); {
 			case hint != "" && hint != hinted:

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/internal/metric"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 )
 
@@ -60,22 +61,16 @@ type SlotSaver struct {
 
 // SlotSaveMetrics count what SlotSavers did. They live as long as the
 // process: build them once and give them to every term's SlotSaver.
-type SlotSaveMetrics struct {
-	saves, errors prometheus.Counter
-}
+type SlotSaveMetrics struct{ counts }
 
 // NewSlotSaveMetrics registers the counters on reg (nil: unregistered).
+// Any goroutine; does not block.
 func NewSlotSaveMetrics(reg prometheus.Registerer) *SlotSaveMetrics {
-	m := &SlotSaveMetrics{
-		saves: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_saves_total",
-			Help: "Running-transactions records the leader had PostgreSQL write (a temporary logical slot) so that its next confirmation makes the server write the slot's confirmed position to disk."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_save_errors_total",
-			Help: "Failed attempts to have PostgreSQL write such a record; while they fail, a PostgreSQL restart may put the slot back further (duplicates, no loss)."}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.saves, m.errors)
-	}
-	return m
+	return &SlotSaveMetrics{newCounts(reg,
+		metric.Counter("outbox_relay_slot_saves_total",
+			"Running-transactions records the leader had PostgreSQL write (a temporary logical slot) so that its next confirmation makes the server write the slot's confirmed position to disk."),
+		metric.Counter("outbox_relay_slot_save_errors_total",
+			"Failed attempts to have PostgreSQL write such a record; while they fail, a PostgreSQL restart may put the slot back further (duplicates, no loss)."))}
 }
 
 // NewSlotSaver allocates; it does not connect. confirmed returns the flush
@@ -110,7 +105,7 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 			tried = time.Now()
 			return true
 		},
-		Done: s.m.saves, Errors: s.m.errors,
+		Done: s.m.done, Errors: s.m.errors,
 		Failed: func(f pg.Failure) {
 			if f.First {
 				s.log.Warn().Err(f.Err).Str("hint", slotSaveHint(f.Err)).
