@@ -17,6 +17,7 @@ type Metrics struct {
 }
 
 // NewMetrics registers the election metrics with reg (nil: unregistered).
+// Any goroutine; does not block.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		leader: metric.Gauge("outbox_relay_leader",

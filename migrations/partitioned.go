@@ -15,7 +15,7 @@ import (
 // created_at, with the columns of migration 0001 and PRIMARY KEY (id,
 // created_at) (a partitioned table's keys must include the partition
 // key), and its DEFAULT partition: an insert never fails for lack of a
-// partition.
+// partition. Pure: any goroutine, never blocks.
 func CreatePartitionedOutboxSQL(t outboxschema.Table) string {
 	return "CREATE TABLE IF NOT EXISTS " + t.Quoted() + ` (
     id             BIGSERIAL,
@@ -34,14 +34,16 @@ CREATE TABLE IF NOT EXISTS ` + DefaultPartition(t).Quoted() + " PARTITION OF " +
 }
 
 // DefaultPartition is the outbox's DEFAULT partition, <table>_default.
+// Pure.
 func DefaultPartition(t outboxschema.Table) outboxschema.Table { return t.Sibling(t.Name + "_default") }
 
 // CreatePartitionedOutbox is run by `migrate` before the migrations when
 // postgres.partition is daily or monthly: if the outbox table does not
 // exist it creates it partitioned (migration 0001's CREATE TABLE IF NOT
 // EXISTS then leaves it alone), with its DEFAULT partition and the
-// partitions ahead. created reports whether it did; an existing table is
-// left as it is.
+// partitions ahead (retention.CreatePartitionsAhead). created reports
+// whether it did; an existing table is left as it is. It blocks on conn,
+// which the caller must not use from another goroutine meanwhile.
 func CreatePartitionedOutbox(ctx context.Context, conn *pgx.Conn, t outboxschema.Table, mode string, log zerolog.Logger) (created bool, err error) {
 	if mode == retention.PartitionNone || mode == "" {
 		return false, nil

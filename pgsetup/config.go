@@ -11,8 +11,8 @@ package pgsetup
 import "github.com/outbox-relay/outbox-relay/outboxschema"
 
 // Config is what setup needs to know: the server, the slot, the
-// publication and the outbox tables. It is the part of replication.Config
-// (the postgres.* keys) that replication.Config embeds and validates.
+// publication and the outbox tables. replication.Config embeds it (these
+// are postgres.* keys) and validates it; Prepare expects it valid.
 type Config struct {
 	// URL is a libpq connection string or URL. It must reach the primary
 	// directly (no transaction-pooling proxy): replication needs a session.
@@ -38,7 +38,8 @@ type Config struct {
 	SlotFailover bool `yaml:"slot_failover"`
 }
 
-// Tables returns the outbox tables of cfg: those of Mappings, or Table.
+// Tables returns the outbox tables of cfg: those of Mappings, or Table
+// (parsed; the config was validated). Pure: any goroutine, never blocks.
 func (c Config) Tables() []outboxschema.Table {
 	if len(c.Mappings) == 0 {
 		t, _ := outboxschema.ParseTable(c.Table) // validated with the config

@@ -99,14 +99,16 @@ func checkPublishedTable(ctx context.Context, conn *pgx.Conn, cfg Config, t outb
 }
 
 // CreatePublicationSQL is the statement that creates the insert-only
-// publication for the outbox table.
+// publication for the outbox table (valid schema.name). Pure: any
+// goroutine, never blocks.
 func CreatePublicationSQL(publication, table string) string {
 	t, _ := outboxschema.ParseTable(table) // validated with the config
 	return PublicationSQL(publication, []outboxschema.Table{t})
 }
 
 // PublicationSQL is the statement that creates the insert-only publication
-// for the outbox tables.
+// for the outbox tables; Prepare runs it when the publication is missing.
+// Pure: any goroutine, never blocks.
 func PublicationSQL(publication string, tables []outboxschema.Table) string {
 	quoted := make([]string, len(tables))
 	for i, t := range tables {
@@ -117,7 +119,8 @@ func PublicationSQL(publication string, tables []outboxschema.Table) string {
 }
 
 // PublishViaRootSQL is the statement that makes publication pub publish a
-// partitioned outbox's rows under the root table's name.
+// partitioned outbox's rows under the root table's name (`migrate` runs it
+// while no slot exists yet). Pure: any goroutine, never blocks.
 func PublishViaRootSQL(pub string) string {
 	return "ALTER PUBLICATION " + outboxschema.QuoteIdent(pub) + " SET (publish = 'insert', publish_via_partition_root = true)"
 }

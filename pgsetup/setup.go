@@ -13,7 +13,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
-// SlotInfo is what the relay needs to know about its slot at start.
+// SlotInfo is what Prepare found out about the slot: what the stream and
+// `migrate` need to know about it at start. A plain value.
 type SlotInfo struct {
 	ConfirmedFlush pglogrepl.LSN
 	RestartLSN     pglogrepl.LSN
@@ -31,9 +32,10 @@ type SlotInfo struct {
 	Warnings []string
 }
 
-// ErrSlotVanished is returned (marked fault.Fatal) when a slot that existed
-// earlier in this process is gone: recreating it silently would skip every
-// event written in between.
+// ErrSlotVanished is wrapped by Prepare's error (marked fault.Fatal) when a
+// slot that existed before is gone: the slot registry records its creation,
+// or the caller saw it earlier (createSlot false). Recreating it silently
+// would skip every event written in between. Test with errors.Is.
 var ErrSlotVanished = errors.New("replication slot vanished")
 
 // Prepare checks the server and the outbox objects on a normal connection and

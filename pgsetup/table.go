@@ -49,7 +49,9 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 }
 
 // ColumnTypes reads the columns of t: name -> pg_type.typname, of the base
-// type for a domain. Empty when the table does not exist.
+// type for a domain. Empty when the table does not exist. Prepare and
+// preflight call it; it blocks on conn, which the caller must not use
+// from another goroutine meanwhile.
 func ColumnTypes(ctx context.Context, conn *pgx.Conn, t outboxschema.Table) (map[string]string, error) {
 	rows, err := conn.Query(ctx, `SELECT a.attname::text, coalesce(bt.typname, ty.typname)::text FROM pg_attribute a
 		JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -70,6 +72,8 @@ func ColumnTypes(ctx context.Context, conn *pgx.Conn, t outboxschema.Table) (map
 // CheckMapping checks a mapped outbox table at start: it exists, and every
 // mapped column exists with a type the mapping accepts. Problems come back
 // marked fault.Fatal, naming the key, the column, its type and the fix.
+// Prepare calls it for each mapping; it blocks on conn, which the caller
+// must not use from another goroutine meanwhile.
 func CheckMapping(ctx context.Context, conn *pgx.Conn, m outboxschema.Mapping) error {
 	types, err := ColumnTypes(ctx, conn, m.Table)
 	if err != nil {

@@ -58,7 +58,7 @@ const (
 	StreamingOff  = "off"
 )
 
-// DefaultConfig returns the defaults documented in the README.
+// DefaultConfig returns the defaults documented in the README. Pure.
 func DefaultConfig() Config {
 	return Config{
 		Config: pgsetup.Config{
@@ -77,8 +77,9 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports every invalid field, each named by its config key under
-// prefix (e.g. "postgres.").
+// Validate reports every invalid field, the embedded pgsetup.Config's
+// too, each named by its config key under prefix (e.g. "postgres."),
+// joined. Pure: any goroutine, never blocks.
 func (c Config) Validate(prefix string) error {
 	var errs []error
 	bad := func(key, format string, a ...any) {
@@ -144,6 +145,7 @@ func (c Config) Validate(prefix string) error {
 // backslash escapes, and backslash-escaped spaces in unquoted values.
 // Malformed input is masked at least as far as libpq would read it: an
 // unterminated quoted value to the end, a URL's userinfo to its last '@'.
+// Pure: any goroutine, never blocks.
 func RedactURL(s string) string {
 	if uriPrefixRe.MatchString(s) {
 		return redactURI(s)

@@ -42,7 +42,7 @@ func (c HeartbeatConfig) Validate(prefix string) error {
 
 // HeartbeatPrefix is the pg_logical_emit_message prefix of the heartbeats
 // of slot: other applications' messages, and other relays' (other slots),
-// have other prefixes.
+// have other prefixes. Pure: any goroutine, never blocks.
 func HeartbeatPrefix(slot string) string { return "outbox-relay/" + slot }
 
 // messagesMinVersion is the first PostgreSQL major version whose pgoutput
@@ -109,7 +109,7 @@ func majorVersion(v string) int {
 
 // HeartbeatMetrics count heartbeats. They live as long as the process:
 // build them once with NewHeartbeatMetrics and give them to every term's
-// Heartbeater.
+// Heartbeater. Safe for concurrent use.
 type HeartbeatMetrics struct{ counts }
 
 // NewHeartbeatMetrics registers the counters on reg (nil: unregistered).
@@ -127,9 +127,11 @@ func NewHeartbeatMetrics(reg prometheus.Registerer) *HeartbeatMetrics {
 // Unix nanos>), non-transactional, so the record has no xid and is decoded
 // at its own WAL position through the slot. Each written heartbeat is
 // handed to Emitted with its record's end LSN and the local time it
-// carries. NewHeartbeater allocates; Run writes until ctx ends,
-// reconnecting with backoff on errors: it never stops the relay and never
-// blocks the replication stream.
+// carries. NewHeartbeater allocates; Run writes until ctx ends, on a
+// pg.Keeper: after an error it reconnects with backoff (interval doubling
+// up to max(interval, 30s)), logging an outage once (a refusal that will
+// not fix itself, at Error with its fix). It never stops the relay and
+// never blocks the replication stream. The leader's term runs one.
 type Heartbeater struct {
 	url, prefix string
 	interval    time.Duration
@@ -139,7 +141,8 @@ type Heartbeater struct {
 }
 
 // NewHeartbeater allocates; it does not connect. emitted is called from
-// Run's goroutine, in emission order, and must not block.
+// Run's goroutine, in emission order, and must not block. m may be nil
+// (unregistered counters). Any goroutine; does not block.
 func NewHeartbeater(cfg Config, interval time.Duration, emitted func(end pglogrepl.LSN, sent time.Time), log zerolog.Logger, m *HeartbeatMetrics) *Heartbeater {
 	if m == nil {
 		m = NewHeartbeatMetrics(nil)

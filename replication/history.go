@@ -55,7 +55,7 @@ func startFrom(prev, cur pg.Identity, watermark, confirmed pglogrepl.LSN) (start
 // identify reads the server's identity and the slot's confirmed position on
 // the replication connection, the one START_REPLICATION will use, so both
 // come from the server that will stream (not one a failover replaced since
-// Prepare read the slot).
+// pgsetup.Prepare read the slot).
 func identify(ctx context.Context, conn *pgconn.PgConn, slot string) (id pg.Identity, confirmed, serverEnd pglogrepl.LSN, err error) {
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {

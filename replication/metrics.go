@@ -12,7 +12,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 )
 
-// Metrics are the replication gauges and counters. Build with NewMetrics.
+// Metrics are the replication gauges and counters, one set per leader
+// term: the Stream and the LagPoller write them. Build with NewMetrics;
+// safe for concurrent use.
 type Metrics struct {
 	received       prometheus.Gauge
 	confirmed      prometheus.Gauge
@@ -29,7 +31,7 @@ type Metrics struct {
 }
 
 // NewMetrics registers the metrics on reg; a nil reg leaves them unregistered
-// (tests).
+// (tests). Any goroutine; does not block.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		received: metric.Gauge("outbox_relay_received_lsn",
@@ -74,14 +76,18 @@ func newCounts(reg prometheus.Registerer, done, errors prometheus.Counter) count
 
 // LagPoller reads the slot's lag into Metrics on a normal connection every
 // postgres.lag_poll_interval. NewLagPoller allocates; Run polls until ctx
-// ends, reconnecting on errors (it never stops the relay).
+// ends, on a pg.Keeper: a failed poll is counted
+// (outbox_relay_slot_lag_poll_errors_total), logged at Debug, and the next
+// poll, on the next tick, reconnects. It never stops the relay. The
+// leader's term runs one.
 type LagPoller struct {
 	cfg Config
 	m   *Metrics
 	log zerolog.Logger
 }
 
-// NewLagPoller allocates; it does not connect.
+// NewLagPoller allocates; it does not connect. Any goroutine; does not
+// block.
 func NewLagPoller(cfg Config, m *Metrics, log zerolog.Logger) *LagPoller {
 	return &LagPoller{cfg: cfg, m: m, log: log.With().Str("component", "lag").Logger()} // the caller's logger carries slot
 }

@@ -49,8 +49,9 @@ const slotSaveQuery = "SELECT pg_drop_replication_slot(slot_name) FROM pg_create
 //
 // It changes nothing the relay confirms or where it starts. It needs the
 // REPLICATION attribute (the relay has it) and one free slot of
-// max_replication_slots for a moment; failures are logged and retried,
-// never fatal.
+// max_replication_slots for a moment; failures are counted, logged once
+// per outage and retried on a pg.Keeper (a new connection, at the next
+// interval the position moved), never fatal. The leader's term runs one.
 type SlotSaver struct {
 	url       string
 	interval  time.Duration
@@ -60,7 +61,8 @@ type SlotSaver struct {
 }
 
 // SlotSaveMetrics count what SlotSavers did. They live as long as the
-// process: build them once and give them to every term's SlotSaver.
+// process: build them once and give them to every term's SlotSaver. Safe
+// for concurrent use.
 type SlotSaveMetrics struct{ counts }
 
 // NewSlotSaveMetrics registers the counters on reg (nil: unregistered).
@@ -74,7 +76,9 @@ func NewSlotSaveMetrics(reg prometheus.Registerer) *SlotSaveMetrics {
 }
 
 // NewSlotSaver allocates; it does not connect. confirmed returns the flush
-// position of the relay's last status update (Stream.Confirmed).
+// position of the relay's last status update (Stream.Confirmed); Run calls
+// it from its goroutine every tick, so it must not block. m may be nil
+// (unregistered counters). Any goroutine; does not block.
 func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl.LSN, log zerolog.Logger, m *SlotSaveMetrics) *SlotSaver {
 	if m == nil {
 		m = NewSlotSaveMetrics(nil)

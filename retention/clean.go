@@ -100,8 +100,10 @@ func (e *PausedError) Error() string { return "retention is paused: " + e.Reason
 // Cleaner is the leader's retention loop: every SampleInterval it advances
 // the delivery horizon and refreshes the metrics; every retention.interval
 // it removes delivered rows older than retention.keep, in bounded batches.
-// New allocates; Run works until ctx ends; Close stops Run. A database
-// error is logged, counted and retried with backoff: it never stops the
+// New allocates; Run works until ctx ends; Close stops Run. Run keeps its
+// connection on a pg.Keeper: a database error is logged (Warn, each
+// time), counted (outbox_relay_retention_errors_total), and retried on a
+// new connection after a backoff of 1s doubling to 1m: it never stops the
 // relay.
 type Cleaner struct {
 	cfg     Config
@@ -116,7 +118,9 @@ type Cleaner struct {
 }
 
 // New validates cfg and allocates. connect opens a normal (not
-// replication) connection to the outbox's database; m may be nil.
+// replication) connection to the outbox's database (Run gives it 15s); m
+// may be nil; connect may be nil when only Once is called. Any goroutine;
+// does not block.
 func New(cfg Config, h Horizon, connect func(context.Context) (*pgx.Conn, error), m *Metrics, log zerolog.Logger) (*Cleaner, error) {
 	if err := cfg.Validate("retention."); err != nil {
 		return nil, err
@@ -132,7 +136,8 @@ func New(cfg Config, h Horizon, connect func(context.Context) (*pgx.Conn, error)
 func (c *Cleaner) Close() { c.closeOnce.Do(func() { close(c.closing) }) }
 
 // Run samples and cleans until ctx ends or Close, then zeroes the gauges
-// (a standby exports 0) and returns nil. Only the leader runs it.
+// (a standby exports 0) and returns nil. Only the leader runs it, once per
+// Cleaner, on a goroutine of its term; it blocks.
 func (c *Cleaner) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -220,7 +225,8 @@ func (c *Cleaner) sample(ctx context.Context, conn *pgx.Conn) (State, error) {
 // (or, with dryRun, the counts of what would go and what stays). It
 // refuses with ErrKeepForever or a *PausedError. Safe beside a running
 // relay: the horizon only moves forward on proof, and each batch re-checks
-// its rows.
+// its rows. It blocks on conn (the caller's, not Run's), which the caller
+// must not use from another goroutine meanwhile.
 func (c *Cleaner) Once(ctx context.Context, conn *pgx.Conn, dryRun bool) (Report, error) {
 	if c.cfg.Keep == 0 {
 		return Report{}, ErrKeepForever

@@ -18,7 +18,8 @@ type Metrics struct {
 }
 
 // NewMetrics builds the metrics and registers them with reg (nil: not
-// registered, for tests and the cleanup command).
+// registered, for tests and the cleanup command). Any goroutine; does not
+// block.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		deleted: metric.Counter("outbox_relay_retention_deleted_rows_total",

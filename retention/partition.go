@@ -45,7 +45,7 @@ func isPartitioned(ctx context.Context, q RowQuerier, t outboxschema.Table) (boo
 }
 
 // IsPartitioned reports whether the outbox table is partitioned; false
-// when it does not exist.
+// when it does not exist. `migrate` calls it; it blocks on q.
 func IsPartitioned(ctx context.Context, q RowQuerier, t outboxschema.Table) (bool, error) {
 	return isPartitioned(ctx, q, t)
 }
