@@ -1,7 +1,10 @@
 // Package migrations holds the versioned SQL of the relay's own objects (the
 // outbox table and its indexes, the publication, and the helper tables
 // beside the outbox: slot registry, leader lease, delivery state) and
-// applies it idempotently, recording each outbox table's history.
+// applies it idempotently, recording each outbox table's history; and, for
+// postgres.partition daily or monthly, CreatePartitionedOutbox, which
+// `migrate` runs first to create a missing outbox table partitioned (the
+// partitions ahead are retention's, which keeps them ahead afterwards).
 package migrations
 
 import (

@@ -12,9 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -127,7 +128,7 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 	var f PGFacts
 	addr, password := pgAddr(o.PostgresURL)
 	f.Addr = addr
-	conn, err := replication.Connect(ctx, o.PostgresURL)
+	conn, err := pg.Connect(ctx, o.PostgresURL)
 	if err != nil {
 		f.ConnectError = noSecret(err.Error(), password)
 		return f
@@ -180,7 +181,7 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 		f.TableErr, f.MissingRequired, f.MissingBookkeep = "", nil, nil
 		f.TableExists = true
 		for _, m := range o.Mappings {
-			types, err := replication.ColumnTypes(ctx, conn, m.Table)
+			types, err := pgsetup.ColumnTypes(ctx, conn, m.Table)
 			switch {
 			case err != nil:
 				f.MappingErrs = append(f.MappingErrs, scrub(err))

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -64,10 +64,10 @@ func Needs(o Options) []Need {
 	t := o.Table
 	var ns []Need
 	// The dead-letter and halt marks, exactly what the relay checks at
-	// start (replication.Prepare), grouped by privilege.
+	// start (pgsetup.Prepare), grouped by privilege.
 	var order []string
 	cols := map[string][]string{}
-	for _, p := range replication.MarkPrivileges() {
+	for _, p := range pgsetup.MarkPrivileges() {
 		if cols[p[0]] == nil {
 			order = append(order, p[0])
 		}

@@ -59,7 +59,7 @@ type Outbox struct {
 // Outboxes resolves the outbox tables of c (compat, postgres.table,
 // columns, tables, kafka.topic_template). Every problem is named by its
 // key. It does no I/O: the column types are checked against the table at
-// start (replication.Prepare).
+// start (pgsetup.Prepare).
 func (c Config) Outboxes() ([]Outbox, error) {
 	var errs []error
 	switch c.Compat {

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -65,7 +66,7 @@ type Relay struct {
 
 	current atomic.Pointer[term] // the running leadership term, for Health
 	acked   pglogrepl.LSN        // carried from term to term; the leadership goroutine's
-	history replication.Identity // the server history acked is on; carried like acked
+	history pg.Identity          // the server history acked is on; carried like acked
 
 	closing   chan struct{}
 	closeOnce sync.Once

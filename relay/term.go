@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/exactlyonce"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
@@ -98,7 +99,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	if cfg.Delivery == ExactlyOnce {
 		o := exactlyonce.Options{Slot: cfg.Postgres.Slot, MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes,
 			SystemID: func(ctx context.Context) (string, error) {
-				id, err := replication.IdentifySystem(ctx, cfg.Postgres.URL)
+				id, err := pg.IdentifySystem(ctx, cfg.Postgres.URL)
 				return id.SystemID, err
 			},
 			Activity: func() uint64 { return t.pipe.Handled() }, Log: t.log, Registerer: reg}
@@ -147,7 +148,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	// BIGINT id): off otherwise, said once at start (logOutboxes).
 	if len(r.outboxes) == 1 && r.outboxes[0].Own {
 		t.cleaner, err = retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication},
-			func(ctx context.Context) (*pgx.Conn, error) { return replication.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
+			func(ctx context.Context) (*pgx.Conn, error) { return pg.Connect(ctx, cfg.Postgres.URL) }, r.retention, t.log)
 		if err != nil {
 			return err
 		}

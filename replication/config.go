@@ -1,8 +1,10 @@
-// Package replication owns the PostgreSQL side of the relay: it checks the
-// server, slot and publication, runs START_REPLICATION on a pgoutput slot,
-// hands every XLogData payload to a Handler, and reports the confirmed
-// position back in standby status updates. It is the only code that touches
-// the replication connection.
+// Package replication is the stream: before each session it has
+// pgsetup.Prepare check the server, slot and publication, then it runs
+// START_REPLICATION on the pgoutput slot, hands every XLogData payload to a
+// Handler, and reports the confirmed position back in standby status
+// updates. It is the only code that touches the streaming replication
+// connection. Beside the stream it runs the leader's helpers on normal
+// connections: the Heartbeater, the LagPoller and the SlotSaver.
 package replication
 
 import (
@@ -16,32 +18,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 )
 
 // Config is the replication part of the relay's configuration.
 type Config struct {
-	// URL is a libpq connection string or URL. It must reach the primary
-	// directly (no transaction-pooling proxy): replication needs a session.
-	URL string `yaml:"url"`
-	// Slot is the logical replication slot; created if missing, never dropped.
-	Slot string `yaml:"slot"`
-	// Publication names the publication the slot streams.
-	Publication string `yaml:"publication"`
-	// Table is the outbox table as schema.name (see outboxschema.ParseTable).
-	Table string `yaml:"table"`
-	// Mappings are the outbox tables the relay reads and their column
-	// mappings (resolved by relay.Config.Outboxes from compat, columns and
-	// tables). nil: Table alone, the relay's own table read its own way
-	// (then its dead-letter row marks are checked too).
-	Mappings []outboxschema.Mapping `yaml:"-"`
-	// CreatePublication lets the relay create a missing publication.
-	CreatePublication bool `yaml:"create_publication"`
-	// SlotFailover creates the slot as a failover slot (PostgreSQL 17+:
-	// CREATE_REPLICATION_SLOT ... (FAILOVER)) and turns it on for an
-	// existing one, so standbys with sync_replication_slots keep a copy
-	// the relay continues from after a promotion (docs/failover.md). The
-	// relay refuses to start with it on an older server.
-	SlotFailover bool `yaml:"slot_failover"`
+	// The server, the slot, the publication and the outbox tables
+	// (postgres.url, slot, publication, table, create_publication,
+	// slot_failover): what pgsetup.Prepare checks before each session.
+	pgsetup.Config `yaml:",inline"`
 	// StatusInterval is how often standby status updates are sent. It must
 	// stay below wal_sender_timeout/2, which is checked at start.
 	StatusInterval time.Duration `yaml:"status_interval"`
@@ -73,25 +58,28 @@ const (
 	StreamingOff  = "off"
 )
 
-// DefaultConfig returns the defaults documented in the README.
+// DefaultConfig returns the defaults documented in the README. Pure.
 func DefaultConfig() Config {
 	return Config{
-		Slot:              "outbox_relay",
-		Publication:       "outbox_pub",
-		Table:             "public.outbox",
-		CreatePublication: true,
-		StatusInterval:    time.Second,
-		ReceiveTimeout:    30 * time.Second,
-		ReconnectMin:      200 * time.Millisecond,
-		ReconnectMax:      30 * time.Second,
-		LagPollInterval:   5 * time.Second,
-		Partition:         "none",
-		Streaming:         StreamingAuto,
+		Config: pgsetup.Config{
+			Slot:              "outbox_relay",
+			Publication:       "outbox_pub",
+			Table:             "public.outbox",
+			CreatePublication: true,
+		},
+		StatusInterval:  time.Second,
+		ReceiveTimeout:  30 * time.Second,
+		ReconnectMin:    200 * time.Millisecond,
+		ReconnectMax:    30 * time.Second,
+		LagPollInterval: 5 * time.Second,
+		Partition:       "none",
+		Streaming:       StreamingAuto,
 	}
 }
 
-// Validate reports every invalid field, each named by its config key under
-// prefix (e.g. "postgres.").
+// Validate reports every invalid field, the embedded pgsetup.Config's
+// too, each named by its config key under prefix (e.g. "postgres."),
+// joined. Pure: any goroutine, never blocks.
 func (c Config) Validate(prefix string) error {
 	var errs []error
 	bad := func(key, format string, a ...any) {
@@ -157,6 +145,7 @@ func (c Config) Validate(prefix string) error {
 // backslash escapes, and backslash-escaped spaces in unquoted values.
 // Malformed input is masked at least as far as libpq would read it: an
 // unterminated quoted value to the end, a URL's userinfo to its last '@'.
+// Pure: any goroutine, never blocks.
 func RedactURL(s string) string {
 	if uriPrefixRe.MatchString(s) {
 		return redactURI(s)

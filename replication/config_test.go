@@ -137,15 +137,3 @@ func TestParsePGDuration(t *testing.T) {
 		})
 	}
 }
-
-func TestCreatePublicationSQLQuotesTheName(t *testing.T) {
-	for pub, want := range map[string]string{
-		"outbox_pub": `CREATE PUBLICATION "outbox_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert')`,
-		"OutboxPub":  `CREATE PUBLICATION "OutboxPub" FOR TABLE "public"."outbox" WITH (publish = 'insert')`,
-		`Out"box 'P`: `CREATE PUBLICATION "Out""box 'P" FOR TABLE "public"."outbox" WITH (publish = 'insert')`,
-	} {
-		if got := CreatePublicationSQL(pub, "public.outbox"); got != want {
-			t.Errorf("CreatePublicationSQL(%q) = %s, want %s", pub, got, want)
-		}
-	}
-}

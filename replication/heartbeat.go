@@ -15,6 +15,8 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/internal/metric"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -40,7 +42,7 @@ func (c HeartbeatConfig) Validate(prefix string) error {
 
 // HeartbeatPrefix is the pg_logical_emit_message prefix of the heartbeats
 // of slot: other applications' messages, and other relays' (other slots),
-// have other prefixes.
+// have other prefixes. Pure: any goroutine, never blocks.
 func HeartbeatPrefix(slot string) string { return "outbox-relay/" + slot }
 
 // messagesMinVersion is the first PostgreSQL major version whose pgoutput
@@ -107,23 +109,17 @@ func majorVersion(v string) int {
 
 // HeartbeatMetrics count heartbeats. They live as long as the process:
 // build them once with NewHeartbeatMetrics and give them to every term's
-// Heartbeater.
-type HeartbeatMetrics struct {
-	sent, errors prometheus.Counter
-}
+// Heartbeater. Safe for concurrent use.
+type HeartbeatMetrics struct{ counts }
 
 // NewHeartbeatMetrics registers the counters on reg (nil: unregistered).
+// Any goroutine; does not block.
 func NewHeartbeatMetrics(reg prometheus.Registerer) *HeartbeatMetrics {
-	m := &HeartbeatMetrics{
-		sent: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_heartbeats_total",
-			Help: "Heartbeats written into the WAL by the leader (pg_logical_emit_message) to time outbox_relay_lag_seconds."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_heartbeat_errors_total",
-			Help: "Failed heartbeat writes (connection or query errors, a refused pg_logical_emit_message); while they fail, outbox_relay_lag_seconds cannot see events not yet read."}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.sent, m.errors)
-	}
-	return m
+	return &HeartbeatMetrics{newCounts(reg,
+		metric.Counter("outbox_relay_heartbeats_total",
+			"Heartbeats written into the WAL by the leader (pg_logical_emit_message) to time outbox_relay_lag_seconds."),
+		metric.Counter("outbox_relay_heartbeat_errors_total",
+			"Failed heartbeat writes (connection or query errors, a refused pg_logical_emit_message); while they fail, outbox_relay_lag_seconds cannot see events not yet read."))}
 }
 
 // Heartbeater writes a heartbeat into the WAL every interval on a normal
@@ -131,9 +127,11 @@ func NewHeartbeatMetrics(reg prometheus.Registerer) *HeartbeatMetrics {
 // Unix nanos>), non-transactional, so the record has no xid and is decoded
 // at its own WAL position through the slot. Each written heartbeat is
 // handed to Emitted with its record's end LSN and the local time it
-// carries. NewHeartbeater allocates; Run writes until ctx ends,
-// reconnecting with backoff on errors: it never stops the relay and never
-// blocks the replication stream.
+// carries. NewHeartbeater allocates; Run writes until ctx ends, on a
+// pg.Keeper: after an error it reconnects with backoff (interval doubling
+// up to max(interval, 30s)), logging an outage once (a refusal that will
+// not fix itself, at Error with its fix). It never stops the relay and
+// never blocks the replication stream. The leader's term runs one.
 type Heartbeater struct {
 	url, prefix string
 	interval    time.Duration
@@ -143,7 +141,8 @@ type Heartbeater struct {
 }
 
 // NewHeartbeater allocates; it does not connect. emitted is called from
-// Run's goroutine, in emission order, and must not block.
+// Run's goroutine, in emission order, and must not block. m may be nil
+// (unregistered counters). Any goroutine; does not block.
 func NewHeartbeater(cfg Config, interval time.Duration, emitted func(end pglogrepl.LSN, sent time.Time), log zerolog.Logger, m *HeartbeatMetrics) *Heartbeater {
 	if m == nil {
 		m = NewHeartbeatMetrics(nil)
@@ -156,89 +155,48 @@ func NewHeartbeater(cfg Config, interval time.Duration, emitted func(end pglogre
 // overload of the function.
 const heartbeatQuery = "SELECT pg_logical_emit_message(false, $1::text, $2::text)::text"
 
-// Run writes heartbeats until ctx ends, then returns nil.
+// Run writes heartbeats until ctx ends, then returns nil. It blocks;
+// call it once, from the term's goroutine for it.
 func (h *Heartbeater) Run(ctx context.Context) error {
-	var conn *pgx.Conn
-	closeConn := func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		conn.Close(cctx)
-		conn = nil
-	}
-	defer func() {
-		if conn != nil {
-			closeConn()
-		}
-	}()
-	b := backoff.Backoff{Policy: backoff.Policy{Initial: h.interval, Max: max(h.interval, 30*time.Second)}}
-	t := time.NewTicker(h.interval)
-	defer t.Stop()
-	failing, hinted := false, ""
-	for {
-		err := h.beat(ctx, &conn)
-		if ctx.Err() != nil {
-			return nil
-		}
-		wait := time.Duration(0)
-		if err != nil {
-			h.m.errors.Inc()
-			if conn != nil {
-				closeConn()
-			}
-			wait = b.Next()
-			switch hint := heartbeatHint(err); {
+	hinted := ""
+	pg.NewKeeper(pg.KeeperConfig{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pg.Connect(ctx, h.url) },
+		Every:   h.interval, Ticked: true,
+		Retry: backoff.Policy{Initial: h.interval, Max: max(h.interval, 30*time.Second)},
+		Done:  h.m.done, Errors: h.m.errors,
+		Failed: func(f pg.Failure) {
+			switch hint := heartbeatHint(f.Err); {
 			case hint != "" && hint != hinted:
 				// Said once, clearly: it will not fix itself.
 				hinted = hint
-				h.log.Error().Err(err).Msg("heartbeats refused: outbox_relay_lag_seconds shows only events already read (like outbox_relay_oldest_unacked_seconds); " + hint)
-			case !failing:
-				h.log.Warn().Err(err).Dur("retry_in", wait).Msg("heartbeat failed; retrying (outbox_relay_heartbeat_errors_total)")
+				h.log.Error().Err(f.Err).Msg("heartbeats refused: outbox_relay_lag_seconds shows only events already read (like outbox_relay_oldest_unacked_seconds); " + hint)
+			case f.First:
+				h.log.Warn().Err(f.Err).Dur("retry_in", f.Wait).Msg("heartbeat failed; retrying (outbox_relay_heartbeat_errors_total)")
 			default:
-				h.log.Debug().Err(err).Dur("retry_in", wait).Msg("heartbeat failed")
+				h.log.Debug().Err(f.Err).Dur("retry_in", f.Wait).Msg("heartbeat failed")
 			}
-			failing = true
-		} else {
-			if failing {
-				h.log.Info().Msg("heartbeats written again")
-			}
-			failing, hinted = false, ""
-			b.Reset()
-		}
-		if wait > 0 {
-			if backoff.Sleep(ctx, wait) != nil {
-				return nil
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		},
+		Recovered: func() {
+			h.log.Info().Msg("heartbeats written again")
+			hinted = ""
+		},
+	}).Run(ctx, h.beat)
+	return nil
 }
 
-// beat connects if needed and writes one heartbeat.
-func (h *Heartbeater) beat(ctx context.Context, conn **pgx.Conn) error {
-	if *conn == nil {
-		c, err := Connect(ctx, h.url)
-		if err != nil {
-			return err
-		}
-		*conn = c
-	}
+// beat writes one heartbeat on conn.
+func (h *Heartbeater) beat(ctx context.Context, conn *pgx.Conn) error {
 	qctx, cancel := context.WithTimeout(ctx, max(h.interval, 5*time.Second))
 	defer cancel()
 	sent := time.Now()
 	var end string
-	if err := (*conn).QueryRow(qctx, heartbeatQuery, h.prefix, strconv.FormatInt(sent.UnixNano(), 10)).Scan(&end); err != nil {
+	if err := conn.QueryRow(qctx, heartbeatQuery, h.prefix, strconv.FormatInt(sent.UnixNano(), 10)).Scan(&end); err != nil {
 		return fmt.Errorf("write heartbeat (pg_logical_emit_message): %w", err)
 	}
 	lsn, err := pglogrepl.ParseLSN(end)
 	if err != nil {
 		return fmt.Errorf("read heartbeat position %q: %w", end, err)
 	}
-	h.m.sent.Inc()
 	h.emitted(lsn, sent)
 	return nil
 }

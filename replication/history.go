@@ -6,24 +6,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 )
-
-// Identity is the WAL history a server is on, as IDENTIFY_SYSTEM reports it:
-// the cluster's system identifier and its timeline. A promoted replica has
-// its primary's system id and a new timeline; another cluster (a restore
-// from backup into a new cluster, a wrong URL) has another system id. The
-// zero Identity means not known yet.
-type Identity struct {
-	SystemID string
-	Timeline int32
-}
-
-func (i Identity) String() string {
-	if i == (Identity{}) {
-		return "unknown"
-	}
-	return fmt.Sprintf("system %s timeline %d", i.SystemID, i.Timeline)
-}
 
 // restart is why a session's start discards the in-memory watermark.
 type restart uint8
@@ -56,9 +41,9 @@ func (r restart) String() string {
 // other transactions, and starting at the watermark would skip them. The
 // price is that events acked after the last confirmation the server kept
 // are published again: duplicates are allowed, loss is not.
-func startFrom(prev, cur Identity, watermark, confirmed pglogrepl.LSN) (start pglogrepl.LSN, reset restart) {
+func startFrom(prev, cur pg.Identity, watermark, confirmed pglogrepl.LSN) (start pglogrepl.LSN, reset restart) {
 	switch {
-	case prev != (Identity{}) && prev != cur:
+	case prev != (pg.Identity{}) && prev != cur:
 		return confirmed, historyChanged
 	case watermark > confirmed:
 		return confirmed, slotBehind
@@ -70,13 +55,13 @@ func startFrom(prev, cur Identity, watermark, confirmed pglogrepl.LSN) (start pg
 // identify reads the server's identity and the slot's confirmed position on
 // the replication connection, the one START_REPLICATION will use, so both
 // come from the server that will stream (not one a failover replaced since
-// Prepare read the slot).
-func identify(ctx context.Context, conn *pgconn.PgConn, slot string) (id Identity, confirmed, serverEnd pglogrepl.LSN, err error) {
+// pgsetup.Prepare read the slot).
+func identify(ctx context.Context, conn *pgconn.PgConn, slot string) (id pg.Identity, confirmed, serverEnd pglogrepl.LSN, err error) {
 	sys, err := pglogrepl.IdentifySystem(ctx, conn)
 	if err != nil {
-		return Identity{}, 0, 0, fmt.Errorf("identify system: %w", err)
+		return pg.Identity{}, 0, 0, fmt.Errorf("identify system: %w", err)
 	}
-	id = Identity{SystemID: sys.SystemID, Timeline: sys.Timeline}
+	id = pg.Identity{SystemID: sys.SystemID, Timeline: sys.Timeline}
 	// slot matches [a-z0-9_]{1,63} (Config.Validate): safe as a literal. A
 	// replication connection takes only simple queries.
 	res, err := conn.Exec(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '"+slot+"'").ReadAll()

@@ -11,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/internal/metric"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 )
 
 // SlotSaveInterval is how often, at most, a SlotSaver has the server log a
@@ -46,8 +49,9 @@ const slotSaveQuery = "SELECT pg_drop_replication_slot(slot_name) FROM pg_create
 //
 // It changes nothing the relay confirms or where it starts. It needs the
 // REPLICATION attribute (the relay has it) and one free slot of
-// max_replication_slots for a moment; failures are logged and retried,
-// never fatal.
+// max_replication_slots for a moment; failures are counted, logged once
+// per outage and retried on a pg.Keeper (a new connection, at the next
+// interval the position moved), never fatal. The leader's term runs one.
 type SlotSaver struct {
 	url       string
 	interval  time.Duration
@@ -57,27 +61,24 @@ type SlotSaver struct {
 }
 
 // SlotSaveMetrics count what SlotSavers did. They live as long as the
-// process: build them once and give them to every term's SlotSaver.
-type SlotSaveMetrics struct {
-	saves, errors prometheus.Counter
-}
+// process: build them once and give them to every term's SlotSaver. Safe
+// for concurrent use.
+type SlotSaveMetrics struct{ counts }
 
 // NewSlotSaveMetrics registers the counters on reg (nil: unregistered).
+// Any goroutine; does not block.
 func NewSlotSaveMetrics(reg prometheus.Registerer) *SlotSaveMetrics {
-	m := &SlotSaveMetrics{
-		saves: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_saves_total",
-			Help: "Running-transactions records the leader had PostgreSQL write (a temporary logical slot) so that its next confirmation makes the server write the slot's confirmed position to disk."}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_slot_save_errors_total",
-			Help: "Failed attempts to have PostgreSQL write such a record; while they fail, a PostgreSQL restart may put the slot back further (duplicates, no loss)."}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.saves, m.errors)
-	}
-	return m
+	return &SlotSaveMetrics{newCounts(reg,
+		metric.Counter("outbox_relay_slot_saves_total",
+			"Running-transactions records the leader had PostgreSQL write (a temporary logical slot) so that its next confirmation makes the server write the slot's confirmed position to disk."),
+		metric.Counter("outbox_relay_slot_save_errors_total",
+			"Failed attempts to have PostgreSQL write such a record; while they fail, a PostgreSQL restart may put the slot back further (duplicates, no loss)."))}
 }
 
 // NewSlotSaver allocates; it does not connect. confirmed returns the flush
-// position of the relay's last status update (Stream.Confirmed).
+// position of the relay's last status update (Stream.Confirmed); Run calls
+// it from its goroutine every tick, so it must not block. m may be nil
+// (unregistered counters). Any goroutine; does not block.
 func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl.LSN, log zerolog.Logger, m *SlotSaveMetrics) *SlotSaver {
 	if m == nil {
 		m = NewSlotSaveMetrics(nil)
@@ -88,89 +89,74 @@ func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl
 
 // Run logs a running-transactions record at most every interval, whenever
 // the confirmed position moved since the last one, until ctx ends; it
-// returns nil.
+// returns nil. It blocks; call it once, from the term's goroutine for it.
 func (s *SlotSaver) Run(ctx context.Context) error {
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			conn.Close(cctx)
-		}
-	}()
+	var (
+		last, next pglogrepl.LSN
+		tried      time.Time
+	)
 	// Look often, write at most every interval, the first time as soon as
 	// the term confirmed something: a term starts after a PostgreSQL
 	// restart, and another restart may follow within the second.
-	t := time.NewTicker(min(s.interval/10, 100*time.Millisecond))
-	defer t.Stop()
-	var (
-		last    pglogrepl.LSN
-		tried   time.Time
-		failing bool
-	)
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		c := s.confirmed()
-		if c == 0 || c <= last || time.Since(tried) < s.interval {
-			continue // nothing new to keep, or too soon
-		}
-		tried = time.Now()
-		err := s.save(ctx, &conn)
-		if isStatementTimeout(err) {
-			// The record is written first; only the temporary slot's
-			// snapshot waited for a long transaction, which pins the slot
-			// anyway until it ends. Not a failure worth a warning.
-			s.log.Debug().Err(err).Msg("slot save: a long transaction is running; the slot's restart_lsn cannot pass it until it ends")
-			err = nil
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+	pg.NewKeeper(pg.KeeperConfig{
+		Connect: s.connect,
+		Every:   min(s.interval/10, 100*time.Millisecond), Ticked: true,
+		Due: func() bool {
+			next = s.confirmed()
+			if next == 0 || next <= last || time.Since(tried) < s.interval {
+				return false // nothing new to keep, or too soon
 			}
-			s.m.errors.Inc()
-			if conn != nil {
-				conn.Close(context.WithoutCancel(ctx))
-				conn = nil
-			}
-			if !failing {
-				s.log.Warn().Err(err).Str("hint", slotSaveHint(err)).
+			tried = time.Now()
+			return true
+		},
+		Done: s.m.done, Errors: s.m.errors,
+		Failed: func(f pg.Failure) {
+			if f.First {
+				s.log.Warn().Err(f.Err).Str("hint", slotSaveHint(f.Err)).
 					Msg("cannot make PostgreSQL write the slot's confirmed position; after a PostgreSQL restart events acked since its last write are published again (duplicates, no loss); retrying")
 			}
-			failing = true
-			continue
-		}
-		if failing {
-			s.log.Info().Msg("slot's confirmed position written by PostgreSQL again")
-		}
-		failing = false
-		last = c
-		s.m.saves.Inc()
-	}
-}
-
-func (s *SlotSaver) save(ctx context.Context, conn **pgx.Conn) error {
-	if *conn == nil {
-		c, err := Connect(ctx, s.url)
-		if err != nil {
+		},
+		Recovered: func() { s.log.Info().Msg("slot's confirmed position written by PostgreSQL again") },
+	}).Run(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		if err := s.save(ctx, conn); err != nil {
 			return err
 		}
-		// Building the temporary slot's snapshot waits for the transactions
-		// running at the record; the record is written first, so giving up
-		// early loses nothing.
-		if _, err := c.Exec(ctx, "SET statement_timeout = '1s'"); err != nil {
-			c.Close(context.WithoutCancel(ctx))
-			return fmt.Errorf("set statement_timeout: %w", err)
-		}
-		*conn = c
+		last = next
+		return nil
+	})
+	return nil
+}
+
+// connect opens the saver's connection with its statement timeout.
+func (s *SlotSaver) connect(ctx context.Context) (*pgx.Conn, error) {
+	c, err := pg.Connect(ctx, s.url)
+	if err != nil {
+		return nil, err
 	}
+	// Building the temporary slot's snapshot waits for the transactions
+	// running at the record; the record is written first, so giving up
+	// early loses nothing.
+	if _, err := c.Exec(ctx, "SET statement_timeout = '1s'"); err != nil {
+		c.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("set statement_timeout: %w", err)
+	}
+	return c, nil
+}
+
+// save logs one running-transactions record on conn. A statement timeout
+// is not a failure: the record is written first; only the temporary
+// slot's snapshot waited for a long transaction, which pins the slot
+// anyway until it ends.
+func (s *SlotSaver) save(ctx context.Context, conn *pgx.Conn) error {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := (*conn).Exec(qctx, slotSaveQuery); err != nil {
-		return fmt.Errorf("log a running-transactions record (a temporary logical slot): %w", err)
+	if _, err := conn.Exec(qctx, slotSaveQuery); err != nil {
+		err = fmt.Errorf("log a running-transactions record (a temporary logical slot): %w", err)
+		if isStatementTimeout(err) {
+			s.log.Debug().Err(err).Msg("slot save: a long transaction is running; the slot's restart_lsn cannot pass it until it ends")
+			return nil
+		}
+		return err
 	}
 	return nil
 }

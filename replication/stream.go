@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/rs/zerolog"
 )
 
@@ -73,10 +75,10 @@ type Stream struct {
 	catchUp *catchUpReader // conn's reader; the loop tells it how far behind the stream is
 
 	// prepare checks the server, slot and publication before each session
-	// (the package's prepare; a test scripting a walsender replaces it).
-	prepare      func(ctx context.Context, cfg Config, createSlot bool, prev Identity) (SlotInfo, error)
+	// (pgsetup.Prepare; a test scripting a walsender replaces it).
+	prepare      func(ctx context.Context, cfg pgsetup.Config, createSlot bool, prev pg.Identity) (pgsetup.SlotInfo, error)
 	slotSeen     bool          // the slot existed or was created in this process
-	identity     Identity      // the server history the progress's watermark is on; the loop goroutine's
+	identity     pg.Identity   // the server history the progress's watermark is on; the loop goroutine's
 	received     atomic.Uint64 // highest WAL position seen
 	serverEnd    atomic.Uint64 // the server's WAL end as last learnt (IDENTIFY_SYSTEM, ServerAt)
 	streaming    atomic.Bool
@@ -103,7 +105,7 @@ type Stream struct {
 	OnCatchUp  func(catchingUp bool)
 	catchingUp bool            // what OnCatchUp last heard; the loop goroutine's
 	oldWarned  bool            // the server is too old for Messages; said once
-	warned     map[string]bool // the failover warnings (SlotInfo.Warnings) logged so far
+	warned     map[string]bool // the failover warnings (pgsetup.SlotInfo.Warnings) logged so far
 }
 
 // Fence is what the stream needs from leader election.
@@ -126,7 +128,7 @@ func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*
 		m = NewMetrics(nil)
 	}
 	return &Stream{
-		cfg: cfg, progress: progress, metrics: m, warned: map[string]bool{}, prepare: prepare,
+		cfg: cfg, progress: progress, metrics: m, warned: map[string]bool{}, prepare: pgsetup.Prepare,
 		log: log.With().Str("component", "replication").Logger(), // the caller's logger carries slot
 	}, nil
 }
@@ -134,11 +136,11 @@ func NewStream(cfg Config, progress Progress, log zerolog.Logger, m *Metrics) (*
 // SetIdentity tells the stream which server history the progress's starting
 // watermark was acked on: an earlier stream's Identity (an earlier
 // leadership term of this process), or zero if none. Call before Run.
-func (s *Stream) SetIdentity(id Identity) { s.identity = id }
+func (s *Stream) SetIdentity(id pg.Identity) { s.identity = id }
 
 // Identity returns the server history of the last session that started
 // (what SetIdentity set if none did). Call after Run returned.
-func (s *Stream) Identity() Identity { return s.identity }
+func (s *Stream) Identity() pg.Identity { return s.identity }
 
 // Streaming reports whether a replication session is currently streaming.
 // Any goroutine; used by /readyz.
@@ -248,7 +250,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	}
 	// Only a process that has never seen its slot may create it; a slot
 	// that disappears mid-run is an operator error worth stopping for.
-	info, err := s.prepare(ctx, s.cfg, !s.slotSeen, s.identity)
+	info, err := s.prepare(ctx, s.cfg.Config, !s.slotSeen, s.identity)
 	if err != nil {
 		return err
 	}
@@ -266,7 +268,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		}
 	}
 	var catchUp *catchUpReader
-	conn, err := connectReplicationReading(ctx, s.cfg.URL, func(r io.Reader) io.Reader {
+	conn, err := pg.ConnectReplication(ctx, s.cfg.URL, func(r io.Reader) io.Reader {
 		c, br := newCatchUpReader(r)
 		catchUp = c
 		return br

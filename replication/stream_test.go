@@ -17,6 +17,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 )
 
 // These tests run the Stream's real loop against a scripted walsender: a
@@ -403,7 +405,9 @@ func startStream(t *testing.T, p *fakeProgress, statusInterval time.Duration, sc
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.prepare = func(context.Context, Config, bool, Identity) (SlotInfo, error) { return SlotInfo{}, nil }
+	s.prepare = func(context.Context, pgsetup.Config, bool, pg.Identity) (pgsetup.SlotInfo, error) {
+		return pgsetup.SlotInfo{}, nil
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &streamRun{s: s, p: p, ws: ws, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- s.Run(ctx, h) }()

@@ -27,7 +27,8 @@ func splitCols(cols string) []string { return strings.Split(cols, ", ") }
 
 // EnsureArchive creates <table>_archive if missing (migrate with
 // retention.archive on, or the cleaner) and adds any outbox column it
-// lacks.
+// lacks. It blocks on conn, which the caller must not use from another
+// goroutine meanwhile.
 func EnsureArchive(ctx context.Context, conn *pgx.Conn, t outboxschema.Table, log zerolog.Logger) error {
 	_, err := ensureArchive(ctx, conn, t, log)
 	return err

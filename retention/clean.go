@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
@@ -99,8 +100,10 @@ func (e *PausedError) Error() string { return "retention is paused: " + e.Reason
 // Cleaner is the leader's retention loop: every SampleInterval it advances
 // the delivery horizon and refreshes the metrics; every retention.interval
 // it removes delivered rows older than retention.keep, in bounded batches.
-// New allocates; Run works until ctx ends; Close stops Run. A database
-// error is logged, counted and retried with backoff: it never stops the
+// New allocates; Run works until ctx ends; Close stops Run. Run keeps its
+// connection on a pg.Keeper: a database error is logged (Warn, each
+// time), counted (outbox_relay_retention_errors_total), and retried on a
+// new connection after a backoff of 1s doubling to 1m: it never stops the
 // relay.
 type Cleaner struct {
 	cfg     Config
@@ -115,7 +118,9 @@ type Cleaner struct {
 }
 
 // New validates cfg and allocates. connect opens a normal (not
-// replication) connection to the outbox's database; m may be nil.
+// replication) connection to the outbox's database (Run gives it 15s); m
+// may be nil; connect may be nil when only Once is called. Any goroutine;
+// does not block.
 func New(cfg Config, h Horizon, connect func(context.Context) (*pgx.Conn, error), m *Metrics, log zerolog.Logger) (*Cleaner, error) {
 	if err := cfg.Validate("retention."); err != nil {
 		return nil, err
@@ -131,7 +136,8 @@ func New(cfg Config, h Horizon, connect func(context.Context) (*pgx.Conn, error)
 func (c *Cleaner) Close() { c.closeOnce.Do(func() { close(c.closing) }) }
 
 // Run samples and cleans until ctx ends or Close, then zeroes the gauges
-// (a standby exports 0) and returns nil. Only the leader runs it.
+// (a standby exports 0) and returns nil. Only the leader runs it, once per
+// Cleaner, on a goroutine of its term; it blocks.
 func (c *Cleaner) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -145,56 +151,38 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	defer c.m.zero()
 	c.started = time.Now()
 	c.log.Info().Str("retention", c.cfg.Describe()).Msg("delivery horizon and retention started (leader)")
-	var conn *pgx.Conn
-	closeConn := func() {
-		if conn != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			conn.Close(cctx)
-			cancel()
-			conn = nil
-		}
-	}
-	defer closeConn()
-	bo := backoff.Backoff{Policy: backoff.Policy{Initial: time.Second, Max: time.Minute}}
 	var lastRun time.Time
-	for ctx.Err() == nil {
-		err := func() error {
-			if conn == nil {
-				cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-				defer cancel()
-				cn, err := c.connect(cctx)
-				if err != nil {
-					return fmt.Errorf("connect: %w", err)
-				}
-				conn = cn
-			}
-			st, err := c.sample(ctx, conn)
+	pg.NewKeeper(pg.KeeperConfig{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			cn, err := c.connect(cctx)
 			if err != nil {
-				return err
+				return nil, fmt.Errorf("connect: %w", err)
 			}
-			if c.cfg.Keep == 0 || time.Since(lastRun) < c.cfg.Interval || st.PausedReason != "" || !st.Proven() {
-				return nil
-			}
-			lastRun = time.Now()
-			rep, err := c.run(ctx, conn, st, true)
-			if rep.Deleted > 0 || len(rep.DroppedPartitions) > 0 {
-				c.log.Info().Int64("deleted", rep.Deleted).Strs("dropped_partitions", rep.DroppedPartitions).Msg("retention run")
-			}
+			return cn, nil
+		},
+		Every:  SampleInterval,
+		Retry:  backoff.Policy{Initial: time.Second, Max: time.Minute},
+		Errors: c.m.sampleErrors,
+		Failed: func(f pg.Failure) {
+			c.log.Warn().Err(f.Err).Dur("retry_in", f.Wait).Msg("retention: database error; the relay goes on")
+		},
+	}).Run(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		st, err := c.sample(ctx, conn)
+		if err != nil {
 			return err
-		}()
-		wait := SampleInterval
-		if err != nil && ctx.Err() == nil {
-			c.m.sampleErrors.Inc()
-			wait = bo.Next()
-			c.log.Warn().Err(err).Dur("retry_in", wait).Msg("retention: database error; the relay goes on")
-			closeConn()
-		} else if err == nil {
-			bo.Reset()
 		}
-		if backoff.Sleep(ctx, wait) != nil {
-			break
+		if c.cfg.Keep == 0 || time.Since(lastRun) < c.cfg.Interval || st.PausedReason != "" || !st.Proven() {
+			return nil
 		}
-	}
+		lastRun = time.Now()
+		rep, err := c.run(ctx, conn, st, true)
+		if rep.Deleted > 0 || len(rep.DroppedPartitions) > 0 {
+			c.log.Info().Int64("deleted", rep.Deleted).Strs("dropped_partitions", rep.DroppedPartitions).Msg("retention run")
+		}
+		return err
+	})
 	return nil
 }
 
@@ -237,7 +225,8 @@ func (c *Cleaner) sample(ctx context.Context, conn *pgx.Conn) (State, error) {
 // (or, with dryRun, the counts of what would go and what stays). It
 // refuses with ErrKeepForever or a *PausedError. Safe beside a running
 // relay: the horizon only moves forward on proof, and each batch re-checks
-// its rows.
+// its rows. It blocks on conn (the caller's, not Run's), which the caller
+// must not use from another goroutine meanwhile.
 func (c *Cleaner) Once(ctx context.Context, conn *pgx.Conn, dryRun bool) (Report, error) {
 	if c.cfg.Keep == 0 {
 		return Report{}, ErrKeepForever

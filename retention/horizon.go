@@ -20,6 +20,17 @@
 // replay` after the ack, or by an earlier publisher) or the xid of its
 // xmin is in [floor_xid, delivered_xid). An UPDATE gives a row a newer
 // xmin, which only delays its proof.
+//
+// The Cleaner is the leader's loop: it samples the horizon, deletes (or
+// archives) proven rows, and for a partitioned outbox keeps the partitions
+// ahead of now and drops old ones whose rows are all proven. It creates
+// no outbox table: `migrate` does (package migrations).
+//
+// The SQL builders (With, Removable, DeliveredCond, DeleteBatchSQL,
+// DryRunSQL, KeepsRowSQL, CreatePartitionSQL, Horizon.PreSlotSQL) and the
+// name and range helpers are pure: any goroutine, never blocking. The
+// functions and methods that take a connection or a RowQuerier block on
+// it, and the caller must not use it from another goroutine meanwhile.
 package retention
 
 import (

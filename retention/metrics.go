@@ -1,6 +1,10 @@
 package retention
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-relay/outbox-relay/internal/metric"
+)
 
 // Metrics are the retention and delivery metrics. Built once per process
 // (the relay's base registry), so a standby exports them as 0.
@@ -14,25 +18,24 @@ type Metrics struct {
 }
 
 // NewMetrics builds the metrics and registers them with reg (nil: not
-// registered, for tests and the cleanup command).
+// registered, for tests and the cleanup command). Any goroutine; does not
+// block.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		deleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_retention_deleted_rows_total",
-			Help: "Outbox rows removed by retention (deleted, archived, or in dropped partitions)."}),
-		paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_retention_paused",
-			Help: "1 while retention deletes nothing because the slot is missing or unhealthy (see outbox-relay status)."}),
-		undelivered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_undelivered_events",
-			Help: "Outbox rows not proven delivered: created after the delivered horizon's sample and published_at unset (capped at 1000000; see README Retention)."}),
-		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_oldest_row_age_seconds",
-			Help: "Age of the oldest row in the outbox table (min created_at); 0 when empty."}),
-		horizonAge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_delivered_horizon_age_seconds",
-			Help: "Seconds since the delivered horizon's sample: every transaction committed before it is delivered."}),
-		sampleErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_retention_errors_total",
-			Help: "Failed delivery horizon samples or retention runs (each retried; the relay goes on)."}),
+		deleted: metric.Counter("outbox_relay_retention_deleted_rows_total",
+			"Outbox rows removed by retention (deleted, archived, or in dropped partitions)."),
+		paused: metric.Gauge("outbox_relay_retention_paused",
+			"1 while retention deletes nothing because the slot is missing or unhealthy (see outbox-relay status)."),
+		undelivered: metric.Gauge("outbox_relay_undelivered_events",
+			"Outbox rows not proven delivered: created after the delivered horizon's sample and published_at unset (capped at 1000000; see README Retention)."),
+		oldestAge: metric.Gauge("outbox_relay_oldest_row_age_seconds",
+			"Age of the oldest row in the outbox table (min created_at); 0 when empty."),
+		horizonAge: metric.Gauge("outbox_relay_delivered_horizon_age_seconds",
+			"Seconds since the delivered horizon's sample: every transaction committed before it is delivered."),
+		sampleErrors: metric.Counter("outbox_relay_retention_errors_total",
+			"Failed delivery horizon samples or retention runs (each retried; the relay goes on)."),
 	}
-	if reg != nil {
-		reg.MustRegister(m.deleted, m.paused, m.undelivered, m.oldestAge, m.horizonAge, m.sampleErrors)
-	}
+	metric.Register(reg, m.deleted, m.paused, m.undelivered, m.oldestAge, m.horizonAge, m.sampleErrors)
 	return m
 }
 

@@ -45,7 +45,7 @@ func isPartitioned(ctx context.Context, q RowQuerier, t outboxschema.Table) (boo
 }
 
 // IsPartitioned reports whether the outbox table is partitioned; false
-// when it does not exist.
+// when it does not exist. `migrate` calls it; it blocks on q.
 func IsPartitioned(ctx context.Context, q RowQuerier, t outboxschema.Table) (bool, error) {
 	return isPartitioned(ctx, q, t)
 }
@@ -170,7 +170,17 @@ func (c *Cleaner) keepAhead(ctx context.Context, conn *pgx.Conn) error {
 	if mode == "" {
 		return nil
 	}
-	return createPartitions(ctx, conn, c.h.Table, mode, Ranges(mode, time.Now()), c.log)
+	return CreatePartitionsAhead(ctx, conn, c.h.Table, mode, c.log)
+}
+
+// CreatePartitionsAhead creates the partitions of t that mode (daily or
+// monthly) needs ahead of now (Ranges) and that are missing; a range that
+// overlaps an existing partition, or whose rows already sit in the DEFAULT
+// partition, is skipped with a warning. The cleaner calls it every run;
+// `migrate` once, after it created the outbox partitioned. It blocks on
+// conn, which the caller must not use concurrently.
+func CreatePartitionsAhead(ctx context.Context, conn *pgx.Conn, t outboxschema.Table, mode string, log zerolog.Logger) error {
+	return createPartitions(ctx, conn, t, mode, Ranges(mode, time.Now()), log)
 }
 
 // dropPartitions drops each non-default partition whose upper bound is at
@@ -265,64 +275,4 @@ func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, part outbox
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01")
-}
-
-// CreatePartitionedOutboxSQL creates the outbox partitioned by range of
-// created_at, with the columns of migration 0001 and PRIMARY KEY (id,
-// created_at) (a partitioned table's keys must include the partition
-// key), and its DEFAULT partition: an insert never fails for lack of a
-// partition.
-func CreatePartitionedOutboxSQL(t outboxschema.Table) string {
-	return "CREATE TABLE IF NOT EXISTS " + t.Quoted() + ` (
-    id             BIGSERIAL,
-    aggregate_type TEXT        NOT NULL,
-    aggregate_id   TEXT        NOT NULL,
-    event_type     TEXT        NOT NULL,
-    payload        JSONB       NOT NULL,
-    headers        JSONB,
-    created_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
-    published_at   TIMESTAMPTZ,
-    attempt_count  INTEGER     NOT NULL DEFAULT 0,
-    last_error     TEXT,
-    PRIMARY KEY (id, created_at)
-) PARTITION BY RANGE (created_at);
-CREATE TABLE IF NOT EXISTS ` + DefaultPartition(t).Quoted() + " PARTITION OF " + t.Quoted() + " DEFAULT"
-}
-
-// DefaultPartition is the outbox's DEFAULT partition, <table>_default.
-func DefaultPartition(t outboxschema.Table) outboxschema.Table { return t.Sibling(t.Name + "_default") }
-
-// CreatePartitionedOutbox is run by `migrate` before the migrations when
-// postgres.partition is daily or monthly: if the outbox table does not
-// exist it creates it partitioned (migration 0001's CREATE TABLE IF NOT
-// EXISTS then leaves it alone), with its DEFAULT partition and the
-// partitions ahead. created reports whether it did; an existing table is
-// left as it is.
-func CreatePartitionedOutbox(ctx context.Context, conn *pgx.Conn, t outboxschema.Table, mode string, log zerolog.Logger) (created bool, err error) {
-	if mode == PartitionNone || mode == "" {
-		return false, nil
-	}
-	if n := len(t.Name) + len("_p20060102"); n > 63 {
-		return false, fmt.Errorf("postgres.partition: the table name %q is too long for partition names (%s_p20060102 is %d bytes, at most 63)", t.Name, t.Name, n)
-	}
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", t.Quoted()).Scan(&exists); err != nil {
-		return false, err
-	}
-	if exists {
-		return false, nil
-	}
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+outboxschema.QuoteIdent(t.Schema)); err != nil {
-		return false, fmt.Errorf("create schema %s: %w", t.Schema, err)
-	}
-	if _, err := conn.Exec(ctx, CreatePartitionedOutboxSQL(t)); err != nil {
-		return false, fmt.Errorf("create the partitioned outbox %s: %w", t, err)
-	}
-	return true, createPartitions(ctx, conn, t, mode, Ranges(mode, time.Now()), log)
-}
-
-// PublishViaRootSQL is the statement that makes publication pub publish a
-// partitioned outbox's rows under the root table's name.
-func PublishViaRootSQL(pub string) string {
-	return "ALTER PUBLICATION " + outboxschema.QuoteIdent(pub) + " SET (publish = 'insert', publish_via_partition_root = true)"
 }

@@ -12,8 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/retention"
 )
 
@@ -29,7 +30,7 @@ func logRetention(cfg Config, log zerolog.Logger) {
 
 // preparePartitioned is migrate's part for a partitioned outbox and the
 // archive: the publication publishes through the root (unless a slot
-// already streams it: then replication.Prepare says what to do), and the
+// already streams it: then pgsetup.Prepare says what to do), and the
 // archive table exists when retention.archive is on.
 func preparePartitioned(ctx context.Context, conn *pgx.Conn, cfg Config, tbl outboxschema.Table, log zerolog.Logger) error {
 	parted, err := retention.IsPartitioned(ctx, conn, tbl)
@@ -42,7 +43,7 @@ func preparePartitioned(ctx context.Context, conn *pgx.Conn, cfg Config, tbl out
 			return err
 		}
 		if !slot {
-			if _, err := conn.Exec(ctx, retention.PublishViaRootSQL(cfg.Postgres.Publication)); err != nil {
+			if _, err := conn.Exec(ctx, pgsetup.PublishViaRootSQL(cfg.Postgres.Publication)); err != nil {
 				return fmt.Errorf("set publish_via_partition_root on publication %q: %w", cfg.Postgres.Publication, err)
 			}
 		}
@@ -90,7 +91,7 @@ func cleanupMain(args []string, getenv func(string) string, stdout, stderr io.Wr
 		fmt.Fprintf(stderr, "cleanup refused: %v\n", retention.ErrKeepForever)
 		return exitFatal
 	}
-	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
+	conn, err := pg.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
 		fmt.Fprintf(stderr, "cleanup: connect to postgres: %v\n", err)
 		return exitFatal

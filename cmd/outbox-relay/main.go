@@ -28,11 +28,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/replication"
-	"github.com/outbox-relay/outbox-relay/retention"
 )
 
 var version = "dev"
@@ -141,7 +141,7 @@ func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 
 func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
-	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
+	conn, err := pg.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: connect to postgres")
 		return exitFatal
@@ -156,7 +156,7 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 			return exitFatal
 		}
 		conn.Close(context.WithoutCancel(ctx))
-		info, err := replication.Prepare(ctx, cfg.Postgres, true)
+		info, err := pgsetup.Prepare(ctx, cfg.Postgres.Config, true, pg.Identity{})
 		if err != nil {
 			log.Error().Err(err).Msg("migrate: outbox tables, slot and publication check failed")
 			return exitFatal
@@ -167,7 +167,7 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	}
 	// Before migration 0001 (CREATE TABLE IF NOT EXISTS): a missing outbox
 	// is created partitioned when postgres.partition asks for it.
-	created, err := retention.CreatePartitionedOutbox(ctx, conn, tbl, cfg.Postgres.Partition, log)
+	created, err := migrations.CreatePartitionedOutbox(ctx, conn, tbl, cfg.Postgres.Partition, log)
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: create the partitioned outbox")
 		return exitFatal
@@ -187,7 +187,7 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	conn.Close(context.WithoutCancel(ctx))
 	// The slot is created here too, so every row inserted after migrate is
 	// streamed even if the relay starts later.
-	info, err := replication.Prepare(ctx, cfg.Postgres, true)
+	info, err := pgsetup.Prepare(ctx, cfg.Postgres.Config, true, pg.Identity{})
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: slot and publication check failed")
 		return exitFatal
@@ -223,7 +223,7 @@ func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	})()
 	if err := r.Run(ctx); err != nil {
 		msg := "relay stopped on error; it resumes from the slot on restart"
-		if errors.Is(err, replication.ErrSlotVanished) {
+		if errors.Is(err, pgsetup.ErrSlotVanished) {
 			msg = "relay stopped: its slot is gone; a restart refuses the same way until the recovery steps in the error are done (docs/failover.md after a failover)"
 		}
 		log.Error().Err(err).Msg(msg)

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/status"
 )
 
@@ -62,7 +62,7 @@ func statusMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 		return exitConfig
 	}
 	var facts status.Facts
-	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
+	conn, err := pg.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
 		facts = status.Facts{Table: tbl.String(), Slot: cfg.Postgres.Slot, ConnectError: noSecret(err.Error(), cfg.Postgres.URL)}
 	} else {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -76,7 +77,7 @@ func TestStreamResumesFromSlotOnChangedHistory(t *testing.T) {
 	}
 	// session runs one stream from prev's history with the given watermark
 	// until it streams, then stops it.
-	session := func(t *testing.T, prev replication.Identity, watermark pglogrepl.LSN) (*progress, replication.Identity, float64, string) {
+	session := func(t *testing.T, prev pg.Identity, watermark pglogrepl.LSN) (*progress, pg.Identity, float64, string) {
 		t.Helper()
 		confirmed = slotPos(t)
 		p := &progress{flushed: watermark}
@@ -115,7 +116,7 @@ func TestStreamResumesFromSlotOnChangedHistory(t *testing.T) {
 	}
 
 	// The first session of a process: nothing to compare with.
-	p, server, changes, _ := session(t, replication.Identity{}, 0)
+	p, server, changes, _ := session(t, pg.Identity{}, 0)
 	if server.SystemID == "" || server.Timeline < 1 {
 		t.Fatalf("identity after a session: %+v", server)
 	}
@@ -125,7 +126,7 @@ func TestStreamResumesFromSlotOnChangedHistory(t *testing.T) {
 	ahead := func(t *testing.T) pglogrepl.LSN { return slotPos(t) + 1<<20 }
 	for _, tc := range []struct {
 		name        string
-		prev        replication.Identity
+		prev        pg.Identity
 		watermark   func(*testing.T) pglogrepl.LSN
 		wantReset   bool
 		wantChanges float64
@@ -134,9 +135,9 @@ func TestStreamResumesFromSlotOnChangedHistory(t *testing.T) {
 		{name: "same history, watermark behind the slot", prev: server, watermark: func(*testing.T) pglogrepl.LSN { return 1 }},
 		{name: "same history, watermark ahead of the slot", prev: server, watermark: ahead, wantReset: true,
 			wantLog: "behind the acked watermark"},
-		{name: "new timeline", prev: replication.Identity{SystemID: server.SystemID, Timeline: server.Timeline + 1}, watermark: ahead,
+		{name: "new timeline", prev: pg.Identity{SystemID: server.SystemID, Timeline: server.Timeline + 1}, watermark: ahead,
 			wantReset: true, wantChanges: 1, wantLog: "server history changed"},
-		{name: "other system id", prev: replication.Identity{SystemID: "1", Timeline: server.Timeline}, watermark: ahead,
+		{name: "other system id", prev: pg.Identity{SystemID: "1", Timeline: server.Timeline}, watermark: ahead,
 			wantReset: true, wantChanges: 1, wantLog: "server history changed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

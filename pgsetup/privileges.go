@@ -1,4 +1,4 @@
-package replication
+package pgsetup
 
 // MarkPrivileges returns the privileges the relay's role needs on the outbox
 // table to write the dead-letter and halt marks, each as {privilege,

@@ -1,0 +1,236 @@
+package pgsetup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/internal/pg"
+	"github.com/outbox-relay/outbox-relay/outboxschema"
+)
+
+// SlotInfo is what Prepare found out about the slot: what the stream and
+// `migrate` need to know about it at start. A plain value.
+type SlotInfo struct {
+	ConfirmedFlush pglogrepl.LSN
+	RestartLSN     pglogrepl.LSN
+	WALStatus      string
+	ActivePID      int32 // 0 when no walsender uses the slot
+	Created        bool  // created by this call
+	// Failover: the slot is a failover slot (PostgreSQL 17+), synced to
+	// standbys that have sync_replication_slots on.
+	Failover bool
+	// FailoverSet: this call turned failover on for an existing slot
+	// (postgres.slot_failover).
+	FailoverSet bool
+	// Warnings are problems with the failover setup seen from this server
+	// (postgres.slot_failover on): the caller logs them.
+	Warnings []string
+}
+
+// ErrSlotVanished is wrapped by Prepare's error (marked fault.Fatal) when a
+// slot that existed before is gone: the slot registry records its creation,
+// or the caller saw it earlier (createSlot false). Recreating it silently
+// would skip every event written in between. Test with errors.Is.
+var ErrSlotVanished = errors.New("replication slot vanished")
+
+// Prepare checks the server and the outbox objects on a normal connection and
+// creates the publication and, when createSlot is true, the slot if missing.
+// prev is the server history the caller last streamed on (zero: unknown,
+// as for `migrate`): a registered slot missing on another history is
+// explained as lost in a failover. Every problem an operator must fix comes
+// back marked fault.Fatal, saying how to fix it.
+//
+// Any goroutine; it blocks for its own connections (a normal one, and
+// replication ones to create the slot, turn on its failover or read the
+// server's history), all closed before it returns. It is safe to call
+// concurrently with another relay: creation races are tolerated.
+func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity) (SlotInfo, error) {
+	conn, err := pg.Connect(ctx, cfg.URL)
+	if err != nil {
+		return SlotInfo{}, fmt.Errorf("connect to postgres: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	var walLevel string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel); err != nil {
+		return SlotInfo{}, fmt.Errorf("read wal_level: %w", err)
+	}
+	if walLevel != "logical" {
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("postgres wal_level is %q but logical replication needs 'logical': run ALTER SYSTEM SET wal_level = logical (or set it in postgresql.conf) and restart PostgreSQL", walLevel))
+	}
+	var versionNum int
+	var version string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('server_version')").Scan(&versionNum, &version); err != nil {
+		return SlotInfo{}, fmt.Errorf("read server_version_num: %w", err)
+	}
+	if err := checkFailoverVersion(cfg.SlotFailover, versionNum, version); err != nil {
+		return SlotInfo{}, err
+	}
+	if len(cfg.Mappings) == 0 {
+		if err := checkTable(ctx, conn, cfg.Table); err != nil {
+			return SlotInfo{}, err
+		}
+	} else {
+		for _, m := range cfg.Mappings {
+			if err := CheckMapping(ctx, conn, m); err != nil {
+				return SlotInfo{}, err
+			}
+		}
+	}
+	info, found, err := readSlot(ctx, conn, cfg.Slot, versionNum)
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	registry := registryName(cfg.Table)
+	created, registered, hasRegistry, err := readRegistry(ctx, conn, registry, cfg.Slot)
+	if err != nil {
+		return SlotInfo{}, err
+	}
+	if found && info.WALStatus == "lost" {
+		return info, fault.Fatal.Wrap(fmt.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events after its last confirmed position %s may never be streamed. Retrying cannot fix this. Recover: SELECT pg_drop_replication_slot('%s'); %s. Raise max_slot_wal_keep_size or alert on slot lag to prevent it",
+			cfg.Slot, info.ConfirmedFlush, cfg.Slot, recoverySteps(created, registered, registry, cfg.Slot)))
+	}
+	if err := ensurePublication(ctx, conn, cfg, found, info.ConfirmedFlush); err != nil {
+		return SlotInfo{}, err
+	}
+	if !found && registered {
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (%s): %w. Events committed while it was missing were not streamed, and the relay will not create a fresh slot silently. Recover: %s",
+			cfg.Slot, created.at, created.lsn, vanishedCause(ctx, cfg, prev), ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
+	}
+	if !found && !createSlot {
+		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q existed earlier but is gone (%s): %w. Events committed while it was missing may not have been published. Recover: %s",
+			cfg.Slot, vanishedCause(ctx, cfg, prev), ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
+	}
+	if !found {
+		if err := createReplicationSlot(ctx, cfg); err != nil {
+			return SlotInfo{}, err
+		}
+		info, found, err = readSlot(ctx, conn, cfg.Slot, versionNum)
+		if err != nil {
+			return SlotInfo{}, err
+		}
+		if !found {
+			return SlotInfo{}, fmt.Errorf("slot %q vanished right after it was created", cfg.Slot)
+		}
+		info.Created = true
+	}
+	if cfg.SlotFailover && !info.Failover {
+		if err := alterSlotFailover(ctx, cfg); err != nil {
+			return SlotInfo{}, err
+		}
+		info.Failover, info.FailoverSet = true, true
+	}
+	if cfg.SlotFailover {
+		if info.Warnings, err = standbyWarnings(ctx, conn); err != nil {
+			return SlotInfo{}, err
+		}
+	}
+	if hasRegistry && !registered {
+		if err := register(ctx, conn, registry, cfg.Slot, info.ConfirmedFlush); err != nil {
+			return SlotInfo{}, err
+		}
+	}
+	return info, nil
+}
+
+// vanishedCause says why a registered slot is missing, as far as the
+// server's history tells: IDENTIFY_SYSTEM's timeline, and prev, the history
+// the stream last streamed on.
+func vanishedCause(ctx context.Context, cfg Config, prev pg.Identity) string {
+	const noFailoverSlot = "a standby has a logical slot only if it is a failover slot synced to it: PostgreSQL 17+, postgres.slot_failover and the standby settings in docs/failover.md"
+	cur, err := pg.IdentifySystem(ctx, cfg.URL)
+	if err != nil {
+		return "dropped, or lost in a failover: " + noFailoverSlot
+	}
+	return missingSlotCause(prev, cur) + "; " + noFailoverSlot
+}
+
+// missingSlotCause explains a missing slot on cur's history, prev being the
+// one the relay last streamed on (zero: unknown).
+func missingSlotCause(prev, cur pg.Identity) string {
+	switch {
+	case prev != (pg.Identity{}) && prev != cur:
+		return fmt.Sprintf("the server history changed since the relay last streamed, from %s to %s: a failover to a server without the slot", prev, cur)
+	case cur.Timeline > 1:
+		return fmt.Sprintf("dropped, or lost in a failover: this server is on %s, so it was promoted from a standby (or restored from a backup) at least once", cur)
+	default:
+		return fmt.Sprintf("dropped: this server is on %s, it was never promoted", cur)
+	}
+}
+
+// registryName is the slot registry table beside the outbox table (see
+// migrations/0002_slot_registry.sql). table was validated with the config.
+func registryName(table string) string {
+	t, _ := outboxschema.ParseTable(table)
+	return t.Sibling(outboxschema.SlotRegistry).Quoted()
+}
+
+type registryRow struct {
+	at, lsn string
+	// since is 5 minutes before created_at, in UTC, RFC 3339: the slot
+	// streams transactions that began after its creation started, which
+	// is before the registry row was written; 5 minutes cover transactions
+	// open that long while the slot was being created.
+	since string
+}
+
+// recoverySteps says how to recover after the slot was lost or dropped: a
+// fresh slot streams everything committed from its creation on, and
+// `outbox-relay replay` republishes the rows created since the old slot was
+// (its creation time is a lower bound of every event it may have missed).
+func recoverySteps(r registryRow, registered bool, registry, slot string) string {
+	since := "<the time the relay last ran healthy, or earlier>"
+	if registered {
+		since = r.since
+	}
+	steps := fmt.Sprintf("run `outbox-relay migrate` (it creates a fresh slot: everything committed from then on is streamed); start the relay; then, with the relay's config, run `outbox-relay replay --since %s`", since)
+	if registered {
+		steps = fmt.Sprintf("DELETE FROM %s WHERE slot_name = '%s'; ", registry, slot) + steps +
+			fmt.Sprintf(": it republishes every outbox row created since 5 minutes before the slot was created (%s)", r.at)
+	} else {
+		steps += ": it republishes the outbox rows created since then"
+	}
+	return steps + ", with their original event_id; the duplicates of events already delivered are harmless, consumers deduplicate on event_id"
+}
+
+// readRegistry reports whether the registry table exists and whether the
+// slot is registered in it. Without the table (a schema not made by migrate)
+// there is nothing to compare with.
+func readRegistry(ctx context.Context, conn *pgx.Conn, registry, slot string) (r registryRow, registered, exists bool, err error) {
+	if err = conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", registry).Scan(&exists); err != nil || !exists {
+		return r, false, false, err
+	}
+	err = conn.QueryRow(ctx, "SELECT created_at::text, coalesce(created_lsn::text, '?'), to_char((created_at - interval '5 minutes') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM "+registry+" WHERE slot_name = $1", slot).Scan(&r.at, &r.lsn, &r.since)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false, true, nil
+	}
+	if err != nil {
+		return r, false, true, fmt.Errorf("read slot registry %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", registry, err, registry)
+	}
+	return r, true, true, nil
+}
+
+// register records the slot. created_xid (migration 0005) is read after the
+// slot exists: every transaction with an xid at or above it began after the
+// slot did, so the slot streams it; package retention proves delivery only
+// for those.
+func register(ctx context.Context, conn *pgx.Conn, registry, slot string, lsn pglogrepl.LSN) error {
+	var hasXid bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'created_xid' AND NOT attisdropped)",
+		registry).Scan(&hasXid); err != nil {
+		return fmt.Errorf("read the columns of %s: %w", registry, err)
+	}
+	q := "INSERT INTO " + registry + " (slot_name, created_lsn) VALUES ($1, $2::pg_lsn) ON CONFLICT (slot_name) DO NOTHING"
+	if hasXid {
+		q = "INSERT INTO " + registry + " (slot_name, created_lsn, created_xid) VALUES ($1, $2::pg_lsn, pg_snapshot_xmax(pg_current_snapshot())) ON CONFLICT (slot_name) DO NOTHING"
+	}
+	if _, err := conn.Exec(ctx, q, slot, lsn.String()); err != nil {
+		return fmt.Errorf("record slot %q in %s: %w; GRANT SELECT, INSERT ON %s TO the relay's role", slot, registry, err, registry)
+	}
+	return nil
+}
