@@ -18,7 +18,7 @@ const checkUsage = "usage: outbox-relay check [--json] [--print-grants ROLE] [--
 
 // checkMain runs `outbox-relay check`, the preflight before `run`, with the
 // relay's own config. Exit codes as status's: 0 all ok, 4
-// (preflight.ExitWarn) some warn, 3 (preflight.ExitFail) some check failed,
+// (report.ExitWarn) some warn, 3 (report.ExitBad) some check failed,
 // 2 usage, 1 the report could not be written.
 func checkMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	var (

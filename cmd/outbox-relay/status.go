@@ -22,7 +22,7 @@ const statusUsage = "usage: outbox-relay status [--json] [--id N] [--config FILE
 
 // statusMain runs `outbox-relay status`: it reads PostgreSQL only, with the
 // relay's own config, so it answers while every relay is down. Exit codes:
-// 0 all ok, 4 (status.ExitWarn) some warn, 3 (status.ExitBad) some bad,
+// 0 all ok, 4 (report.ExitWarn) some warn, 3 (report.ExitBad) some bad,
 // 2 usage, 1 the report could not be written.
 func statusMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	var (
