@@ -13,21 +13,19 @@ import (
 	"github.com/outbox-relay/outbox-relay/preflight"
 )
 
-const checkUsage = "usage: outbox-relay check [--json] [--print-grants ROLE] [--config FILE] [config flags]"
-
 // checkCommand is `outbox-relay check`, the preflight before `run`, with
 // the relay's own config. Exit codes as status's: 0 all ok, 4
 // (report.ExitWarn) some warn, 3 (report.ExitBad) some check failed, 2
 // usage, 1 the report could not be written.
 func checkCommand() command {
 	a := &checkArgs{}
-	return command{usage: checkUsage, flags: a.flags, timeout: 60 * time.Second, run: a.run}
+	return command{usage: "usage: outbox-relay check [--json] [--print-grants ROLE] [--config FILE] [config flags]", flags: a.flags, timeout: 60 * time.Second, run: a.run}
 }
 
 // checkArgs are check's own flags.
 type checkArgs struct {
-	asJSON bool
-	grants string
+	asJSON bool   // --json: the report as JSON, not text
+	grants string // --print-grants: print the GRANT block for this role, check nothing
 }
 
 func (a *checkArgs) flags(fs *flag.FlagSet) {

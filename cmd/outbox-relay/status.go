@@ -16,21 +16,19 @@ import (
 	"github.com/outbox-relay/outbox-relay/status"
 )
 
-const statusUsage = "usage: outbox-relay status [--json] [--id N] [--config FILE] [config flags]"
-
 // statusCommand is `outbox-relay status`: it reads PostgreSQL only, with
 // the relay's own config, so it answers while every relay is down. Exit
 // codes: 0 all ok, 4 (report.ExitWarn) some warn, 3 (report.ExitBad) some
 // bad, 2 usage, 1 the report could not be written.
 func statusCommand() command {
 	a := &statusArgs{}
-	return command{usage: statusUsage, flags: a.flags, timeout: 30 * time.Second, run: a.run}
+	return command{usage: "usage: outbox-relay status [--json] [--id N] [--config FILE] [config flags]", flags: a.flags, timeout: 30 * time.Second, run: a.run}
 }
 
 // statusArgs are status's own flags.
 type statusArgs struct {
-	asJSON bool
-	id     int64
+	asJSON bool  // --json: the report as JSON, not text
+	id     int64 // --id: > 0 asks only whether this outbox row is delivered
 }
 
 func (a *statusArgs) flags(fs *flag.FlagSet) {
