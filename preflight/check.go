@@ -37,7 +37,8 @@ type Report struct {
 	Checks []report.Check `json:"checks"`
 }
 
-// Evaluate judges the facts. Pure.
+// Evaluate judges the facts: the checks in a fixed order, PostgreSQL's
+// then Kafka's, and their outcome (report.Judge). Pure.
 func Evaluate(f Facts) Report {
 	o := f.Options
 	var cs []report.Check

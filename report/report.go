@@ -65,8 +65,9 @@ type Outcome struct {
 	ExitCode int     `json:"exit_code"`
 }
 
-// Judge returns the outcome of checks: OK and ExitOK when every check is ok
-// or skipped (or there is none).
+// Judge returns the outcome of checks: the worst verdict (the first of the
+// worst ones: Bad or Fail, whichever the checks use) with its exit code; OK
+// and ExitOK when every check is ok or skipped, or there is none. Pure.
 func Judge(checks []Check) Outcome {
 	worst := OK
 	for _, c := range checks {
@@ -80,7 +81,7 @@ func Judge(checks []Check) Outcome {
 // Text writes a report for a terminal: title, a blank line, one aligned
 // line per check (name, verdict, value), the fix of a check that is not ok
 // on the next line, and the overall verdict with the exit code. Values and
-// fixes are put on one line each.
+// fixes are put on one line each. It blocks only on w.
 func Text(w io.Writer, title string, checks []Check, o Outcome) error {
 	fmt.Fprintf(w, "%s\n\n", title)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -97,7 +98,8 @@ func Text(w io.Writer, title string, checks []Check, o Outcome) error {
 	return err
 }
 
-// JSON writes v, a command's report, as one indented JSON object.
+// JSON writes v, a command's report, as one indented JSON object (the
+// field names are v's). It blocks only on w.
 func JSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -105,5 +107,5 @@ func JSON(w io.Writer, v any) error {
 }
 
 // OneLine collapses every run of white space in s, newlines included, into
-// one space.
+// one space, and trims both ends. Pure.
 func OneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

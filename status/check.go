@@ -41,7 +41,8 @@ const (
 	OldestSlack = 10 * time.Minute
 )
 
-// Evaluate turns facts into checks. Pure: the unit tests drive it.
+// Evaluate turns facts into checks in a fixed order and their outcome
+// (report.Judge). Pure: the unit tests drive it.
 func Evaluate(f Facts) Report {
 	var cs []report.Check
 	add := func(name string, v report.Verdict, value, fix string) {

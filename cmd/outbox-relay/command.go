@@ -27,7 +27,7 @@ type command struct {
 	// ownTable: it reads or writes the relay's bookkeeping columns, so it
 	// refuses a table read through a column mapping (Config.ownTableOnly).
 	ownTable bool
-	timeout  time.Duration // bounds the whole command; 0: only a signal stops it
+	timeout  time.Duration // bounds run; 0: only a signal stops it
 	run      runFunc
 }
 
@@ -58,8 +58,10 @@ func configOnly(name string, run runFunc) func() command {
 // runCommand runs subcommand c as name (the words after outbox-relay) with
 // args: it loads the configuration (--config file, env, flags), answers -h
 // with the usage and every flag on stdout (exit 0), reports invalid
-// arguments or configuration on stderr (exit 2), then runs c with a
-// logger and a context that SIGINT and SIGTERM cancel.
+// arguments or configuration on stderr (exit 2), refuses a mapped table
+// when c.ownTable (exit 2), then runs c with a logger and a context that
+// SIGINT and SIGTERM cancel (and c.timeout ends). Called once, from main's
+// goroutine; it blocks until c returns.
 func runCommand(name string, c command, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	var own []func(*flag.FlagSet)
 	if c.flags != nil {

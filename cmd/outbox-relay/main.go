@@ -34,7 +34,8 @@ import (
 var version = "dev"
 
 // Exit codes: 0 clean stop (also on SIGTERM/SIGINT), 1 fatal error, 2 bad
-// configuration or usage.
+// configuration or usage. status and check add theirs: 3 a check bad or
+// failed, 4 a warning (report.ExitBad, report.ExitWarn).
 const (
 	exitOK     = 0
 	exitFatal  = 1
@@ -45,6 +46,8 @@ func main() {
 	os.Exit(realMain(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
+// realMain is main with its inputs and outputs given: it runs the command
+// line args (without the program name) and returns the exit code.
 func realMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stderr)
@@ -70,6 +73,7 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 	return runCommand(cmd, c(), rest, getenv, stdout, stderr)
 }
 
+// newLogger is the logger of c (level, json or console) writing to w.
 func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 	lvl, _ := zerolog.ParseLevel(c.Level)
 	var out io.Writer = w
@@ -83,6 +87,10 @@ func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 	return zerolog.New(out).Level(lvl).With().Timestamp().Logger()
 }
 
+// migrate is `outbox-relay migrate`: the outbox table (partitioned when
+// postgres.partition says so and it is new), its index and the relay's
+// helper tables, the publication and the slot; with a column mapping,
+// only the helper tables, the publication and the slot.
 func migrate(ctx context.Context, cfg Config, _, _ io.Writer, log zerolog.Logger) int {
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
 	conn, err := replication.Connect(ctx, cfg.Postgres.URL)
@@ -144,6 +152,9 @@ func migrate(ctx context.Context, cfg Config, _, _ io.Writer, log zerolog.Logger
 	return exitOK
 }
 
+// run is `outbox-relay run`, the relay, until ctx ends (exit 0) or a fatal
+// error (1); 2 when relay.New refuses the config. Past the shutdown
+// deadline it exits the process itself.
 func run(ctx context.Context, cfg Config, _, _ io.Writer, log zerolog.Logger) int {
 	log = log.With().Str("slot", cfg.Postgres.Slot).Logger()
 	log.Info().Str("version", version).Str("config", cfg.redacted()).Msg("starting outbox-relay")
