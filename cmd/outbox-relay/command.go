@@ -102,6 +102,7 @@ func runCommand(name string, c command, args []string, getenv func(string) strin
 	return c.run(ctx, cfg, stdout, stderr, log)
 }
 
+// usage writes the list of commands to w.
 func usage(w io.Writer) {
 	fmt.Fprint(w, `usage: outbox-relay <command> [--config FILE] [flags]
 
