@@ -1,36 +1,24 @@
 package preflight
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/report"
 )
 
-// Verdict is a check's outcome.
-type Verdict string
-
-// Verdicts. Skip: the check could not be made (a prerequisite failed, or
-// the broker does not say); it changes no exit code.
+// Verdicts of check's checks (report's: check says Fail for the worst,
+// status says Bad). Skip: the check could not be made (a prerequisite
+// failed, or the broker does not say); it changes no exit code.
 const (
-	OK   Verdict = "ok"
-	Warn Verdict = "warn"
-	Fail Verdict = "fail"
-	Skip Verdict = "skip"
-)
-
-// Exit codes of `outbox-relay check`, as `outbox-relay status`'s: 0 every
-// check ok (or skipped), ExitWarn some warn and none failed, ExitFail some
-// failed. The command's own: 1 the report could not be written, 2 usage.
-const (
-	ExitOK   = 0
-	ExitFail = 3
-	ExitWarn = 4
+	OK   = report.OK
+	Warn = report.Warn
+	Fail = report.Fail
+	Skip = report.Skip
 )
 
 // Supported PostgreSQL major versions (logical decoding messages, pgoutput
@@ -40,46 +28,29 @@ const (
 	MaxPGVersion = 18
 )
 
-// Check is one line: a stable name, the verdict, what was found and, when
-// not ok, the exact fix.
-type Check struct {
-	Name    string  `json:"name"`
-	Verdict Verdict `json:"verdict"`
-	Value   string  `json:"value"`
-	Fix     string  `json:"fix,omitempty"`
-}
-
-// Report is the whole answer.
+// Report is the whole answer: the worst verdict with its exit code, the
+// table and slot checked, and the checks in a fixed order.
 type Report struct {
-	Verdict  Verdict `json:"verdict"`
-	ExitCode int     `json:"exit_code"`
-	Table    string  `json:"table"`
-	Slot     string  `json:"slot"`
-	Checks   []Check `json:"checks"`
+	report.Outcome
+	Table  string         `json:"table"`
+	Slot   string         `json:"slot"`
+	Checks []report.Check `json:"checks"`
 }
 
-// Evaluate judges the facts. Pure.
+// Evaluate judges the facts: the checks in a fixed order, PostgreSQL's
+// then Kafka's, and their outcome (report.Judge). Pure.
 func Evaluate(f Facts) Report {
 	o := f.Options
-	r := Report{Verdict: OK, Table: o.Table.String(), Slot: o.Slot}
-	add := func(name string, v Verdict, value, fix string) {
-		r.Checks = append(r.Checks, Check{Name: name, Verdict: v, Value: value, Fix: fix})
+	var cs []report.Check
+	add := func(name string, v report.Verdict, value, fix string) {
+		cs = append(cs, report.Check{Name: name, Verdict: v, Value: value, Fix: fix})
 	}
 	pgChecks(f.PG, o, add)
 	kafkaChecks(f, add)
-	for _, c := range r.Checks {
-		switch {
-		case c.Verdict == Fail:
-			r.Verdict = Fail
-		case c.Verdict == Warn && r.Verdict == OK:
-			r.Verdict = Warn
-		}
-	}
-	r.ExitCode = map[Verdict]int{OK: ExitOK, Warn: ExitWarn, Fail: ExitFail}[r.Verdict]
-	return r
+	return Report{Outcome: report.Judge(cs), Table: o.Table.String(), Slot: o.Slot, Checks: cs}
 }
 
-type addFunc func(name string, v Verdict, value, fix string)
+type addFunc func(name string, v report.Verdict, value, fix string)
 
 func pgChecks(p PGFacts, o Options, add addFunc) {
 	t := o.Table
@@ -465,31 +436,15 @@ func opName(op sarama.AclOperation) string {
 	return "DESCRIBE"
 }
 
-// Text writes the report for a terminal: one aligned line per check (name,
-// verdict, value), the fix of a check that is not ok on the next line, and
-// the overall verdict with the exit code.
+// Text writes the report for a terminal (report.Text): a header naming the
+// table and the slot, one aligned line per check (name, verdict, value),
+// the fix of a check that is not ok on the next line, and the overall
+// verdict with the exit code.
 func Text(w io.Writer, r Report) error {
-	fmt.Fprintf(w, "outbox-relay check: table %s, slot %s\n\n", r.Table, r.Slot)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, c := range r.Checks {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, strings.ToUpper(string(c.Verdict)), oneLine(c.Value))
-		if c.Fix != "" && c.Verdict != OK {
-			fmt.Fprintf(tw, "\t\t-> %s\n", oneLine(c.Fix))
-		}
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	_, err := fmt.Fprintf(w, "\n%s (exit %d)\n", strings.ToUpper(string(r.Verdict)), r.ExitCode)
-	return err
+	title := fmt.Sprintf("outbox-relay check: table %s, slot %s", r.Table, r.Slot)
+	return report.Text(w, title, r.Checks, r.Outcome)
 }
 
 // JSON writes the report as one indented JSON object; the field names are
-// documented in the README and stable.
-func JSON(w io.Writer, r Report) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+// documented in docs/commands.md and stable.
+func JSON(w io.Writer, r Report) error { return report.JSON(w, r) }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -44,7 +45,7 @@ func healthy() Facts {
 	return f
 }
 
-func find(t *testing.T, r Report, name string) Check {
+func find(t *testing.T, r Report, name string) report.Check {
 	t.Helper()
 	for _, c := range r.Checks {
 		if c.Name == name {
@@ -52,7 +53,7 @@ func find(t *testing.T, r Report, name string) Check {
 		}
 	}
 	t.Fatalf("no check %q in %+v", name, r.Checks)
-	return Check{}
+	return report.Check{}
 }
 
 func TestEvaluate(t *testing.T) {
@@ -60,98 +61,98 @@ func TestEvaluate(t *testing.T) {
 		name    string
 		change  func(f *Facts)
 		check   string
-		verdict Verdict
+		verdict report.Verdict
 		exit    int
 		fix     []string // substrings of the check's fix
 	}{
-		{"healthy", func(*Facts) {}, "wal_level", OK, ExitOK, nil},
-		{"wal_level replica", func(f *Facts) { f.PG.WalLevel = "replica" }, "wal_level", Fail, ExitFail,
+		{"healthy", func(*Facts) {}, "wal_level", OK, report.ExitOK, nil},
+		{"wal_level replica", func(f *Facts) { f.PG.WalLevel = "replica" }, "wal_level", Fail, report.ExitBad,
 			[]string{"ALTER SYSTEM SET wal_level = logical", "restart PostgreSQL"}},
-		{"PostgreSQL 13", func(f *Facts) { f.PG.VersionNum, f.PG.Version = 130011, "13.11" }, "server_version", Warn, ExitWarn, []string{"14..18"}},
+		{"PostgreSQL 13", func(f *Facts) { f.PG.VersionNum, f.PG.Version = 130011, "13.11" }, "server_version", Warn, report.ExitWarn, []string{"14..18"}},
 		{"PostgreSQL 13 with messages.prefix", func(f *Facts) {
 			f.PG.VersionNum, f.PG.Version = 130011, "13.11"
 			f.Options.MessagesPrefix = "orders-outbox"
-		}, "server_version", Fail, ExitFail, []string{"upgrade PostgreSQL, or unset messages.prefix"}},
-		{"PostgreSQL 14 with messages.prefix", func(f *Facts) { f.PG.VersionNum = 140000; f.Options.MessagesPrefix = "orders-outbox" }, "server_version", OK, ExitOK, nil},
-		{"PostgreSQL 18", func(f *Facts) { f.PG.VersionNum = 180000 }, "server_version", OK, ExitOK, nil},
-		{"PostgreSQL 19", func(f *Facts) { f.PG.VersionNum = 190000 }, "server_version", Warn, ExitWarn, nil},
-		{"no free slot, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 10 }, "replication_slots", Fail, ExitFail,
+		}, "server_version", Fail, report.ExitBad, []string{"upgrade PostgreSQL, or unset messages.prefix"}},
+		{"PostgreSQL 14 with messages.prefix", func(f *Facts) { f.PG.VersionNum = 140000; f.Options.MessagesPrefix = "orders-outbox" }, "server_version", OK, report.ExitOK, nil},
+		{"PostgreSQL 18", func(f *Facts) { f.PG.VersionNum = 180000 }, "server_version", OK, report.ExitOK, nil},
+		{"PostgreSQL 19", func(f *Facts) { f.PG.VersionNum = 190000 }, "server_version", Warn, report.ExitWarn, nil},
+		{"no free slot, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 10 }, "replication_slots", Fail, report.ExitBad,
 			[]string{"max_replication_slots = 12"}},
-		{"no free slot, slot exists", func(f *Facts) { f.PG.UsedSlots = 10 }, "replication_slots", Warn, ExitWarn,
+		{"no free slot, slot exists", func(f *Facts) { f.PG.UsedSlots = 10 }, "replication_slots", Warn, report.ExitWarn,
 			[]string{"max_replication_slots = 11", "temporary slot"}},
-		{"one free slot, slot exists", func(f *Facts) { f.PG.UsedSlots = 9 }, "replication_slots", OK, ExitOK, nil},
-		{"one free slot, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 9 }, "replication_slots", Warn, ExitWarn,
+		{"one free slot, slot exists", func(f *Facts) { f.PG.UsedSlots = 9 }, "replication_slots", OK, report.ExitOK, nil},
+		{"one free slot, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 9 }, "replication_slots", Warn, report.ExitWarn,
 			[]string{"max_replication_slots = 11"}},
-		{"two free slots, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 8 }, "replication_slots", OK, ExitOK, nil},
-		{"no wal sender", func(f *Facts) { f.PG.ActiveSenders = 10 }, "wal_senders", Fail, ExitFail, []string{"max_wal_senders = 12"}},
-		{"unlimited slot WAL", func(f *Facts) { f.PG.MaxSlotWALKeep = "-1" }, "max_slot_wal_keep_size", Warn, ExitWarn,
+		{"two free slots, slot missing", func(f *Facts) { f.PG.Slot = SlotFacts{}; f.PG.UsedSlots = 8 }, "replication_slots", OK, report.ExitOK, nil},
+		{"no wal sender", func(f *Facts) { f.PG.ActiveSenders = 10 }, "wal_senders", Fail, report.ExitBad, []string{"max_wal_senders = 12"}},
+		{"unlimited slot WAL", func(f *Facts) { f.PG.MaxSlotWALKeep = "-1" }, "max_slot_wal_keep_size", Warn, report.ExitWarn,
 			[]string{"ALTER SYSTEM SET max_slot_wal_keep_size", "pg_reload_conf"}},
-		{"no REPLICATION", func(f *Facts) { f.PG.Replication = false; f.PG.Role = "App Relay" }, "role.replication", Fail, ExitFail,
+		{"no REPLICATION", func(f *Facts) { f.PG.Replication = false; f.PG.Role = "App Relay" }, "role.replication", Fail, report.ExitBad,
 			[]string{`ALTER ROLE "App Relay" REPLICATION`}},
-		{"superuser", func(f *Facts) { f.PG.Replication, f.PG.Super = false, true }, "role.replication", OK, ExitOK, nil},
+		{"superuser", func(f *Facts) { f.PG.Replication, f.PG.Super = false, true }, "role.replication", OK, report.ExitOK, nil},
 		{"no UPDATE of the marks", func(f *Facts) {
 			for i := range f.PG.Privs {
 				if f.PG.Privs[i].Check == CheckPrivOutbox && f.PG.Privs[i].Privilege == "UPDATE" {
 					f.PG.Privs[i].Have = false
 				}
 			}
-		}, CheckPrivOutbox, Fail, ExitFail, []string{`GRANT UPDATE ("attempt_count", "last_error", "dead_lettered_at") ON "public"."outbox" TO "relay";`}},
+		}, CheckPrivOutbox, Fail, report.ExitBad, []string{`GRANT UPDATE ("attempt_count", "last_error", "dead_lettered_at") ON "public"."outbox" TO "relay";`}},
 		{"no registry INSERT", func(f *Facts) {
 			for i := range f.PG.Privs {
 				if f.PG.Privs[i].Check == CheckPrivRegistry && f.PG.Privs[i].Privilege == "INSERT" {
 					f.PG.Privs[i].Have = false
 				}
 			}
-		}, CheckPrivRegistry, Fail, ExitFail, []string{`GRANT INSERT ON "public"."outbox_relay_slots" TO "relay";`}},
+		}, CheckPrivRegistry, Fail, report.ExitBad, []string{`GRANT INSERT ON "public"."outbox_relay_slots" TO "relay";`}},
 		{"no lease table", func(f *Facts) {
 			for i := range f.PG.Privs {
 				if f.PG.Privs[i].Check == CheckPrivLeader {
 					f.PG.Privs[i].Exists = false
 				}
 			}
-		}, CheckPrivLeader, Fail, ExitFail, []string{"outbox-relay migrate"}},
+		}, CheckPrivLeader, Fail, report.ExitBad, []string{"outbox-relay migrate"}},
 		{"cannot fence", func(f *Facts) {
 			f.PG.Fence = &leader.FenceRights{Problem: "this standby cannot fence a stalled leader", Role: "relay"}
-		}, "privileges.fence", Fail, ExitFail, []string{`GRANT pg_signal_backend TO "relay"`}},
-		{"no heartbeat EXECUTE", func(f *Facts) { no := false; f.PG.EmitMessage = &no }, "privileges.heartbeat", Warn, ExitWarn,
+		}, "privileges.fence", Fail, report.ExitBad, []string{`GRANT pg_signal_backend TO "relay"`}},
+		{"no heartbeat EXECUTE", func(f *Facts) { no := false; f.PG.EmitMessage = &no }, "privileges.heartbeat", Warn, report.ExitWarn,
 			[]string{"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO"}},
 		{"no heartbeat EXECUTE on 17", func(f *Facts) {
 			no := false
 			f.PG.EmitMessage, f.PG.VersionNum, f.PG.Version = &no, 170002, "17.2"
-		}, "privileges.heartbeat", Warn, ExitWarn, []string{"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text, boolean) TO"}},
+		}, "privileges.heartbeat", Warn, report.ExitWarn, []string{"GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text, boolean) TO"}},
 		{"publication missing, creation off", func(f *Facts) {
 			f.Options.CreatePublication = false
 			f.PG.Publication, f.PG.Slot = PubFacts{}, SlotFacts{}
-		}, "publication", Fail, ExitFail,
+		}, "publication", Fail, report.ExitBad,
 			[]string{`CREATE PUBLICATION "outbox_pub" FOR TABLE "public"."outbox" WITH (publish = 'insert'`}},
-		{"publication missing, relay creates it", func(f *Facts) { f.PG.Publication, f.PG.Slot = PubFacts{}, SlotFacts{} }, "publication", OK, ExitOK, nil},
-		{"publication missing, slot exists", func(f *Facts) { f.PG.Publication = PubFacts{} }, "publication", Fail, ExitFail, nil},
-		{"publication publishes updates", func(f *Facts) { f.PG.Publication.Update = true }, "publication", Warn, ExitWarn,
+		{"publication missing, relay creates it", func(f *Facts) { f.PG.Publication, f.PG.Slot = PubFacts{}, SlotFacts{} }, "publication", OK, report.ExitOK, nil},
+		{"publication missing, slot exists", func(f *Facts) { f.PG.Publication = PubFacts{} }, "publication", Fail, report.ExitBad, nil},
+		{"publication publishes updates", func(f *Facts) { f.PG.Publication.Update = true }, "publication", Warn, report.ExitWarn,
 			[]string{`ALTER PUBLICATION "outbox_pub" SET (publish = 'insert')`}},
-		{"publication lacks the table", func(f *Facts) { f.PG.Publication.HasTable = false }, "publication", Fail, ExitFail,
+		{"publication lacks the table", func(f *Facts) { f.PG.Publication.HasTable = false }, "publication", Fail, report.ExitBad,
 			[]string{`ALTER PUBLICATION "outbox_pub" ADD TABLE "public"."outbox"`}},
-		{"partitioned, not via root", func(f *Facts) { f.PG.Partitioned = true }, "publication", Fail, ExitFail,
+		{"partitioned, not via root", func(f *Facts) { f.PG.Partitioned = true }, "publication", Fail, report.ExitBad,
 			[]string{"publish_via_partition_root = true"}},
-		{"slot test_decoding", func(f *Facts) { f.PG.Slot.Plugin = "test_decoding" }, "slot", Fail, ExitFail, []string{"pg_drop_replication_slot('outbox_relay')"}},
-		{"slot extended", func(f *Facts) { f.PG.Slot.WALStatus = "extended" }, "slot", Warn, ExitWarn, nil},
-		{"slot lost", func(f *Facts) { f.PG.Slot.WALStatus = "lost" }, "slot", Fail, ExitFail, nil},
-		{"slot dropped", func(f *Facts) { f.PG.Slot = SlotFacts{Registered: true} }, "slot", Fail, ExitFail, []string{"outbox-relay status"}},
-		{"postgres down", func(f *Facts) { f.PG = PGFacts{Addr: "db:5432", ConnectError: "connection refused"} }, "postgres", Fail, ExitFail,
+		{"slot test_decoding", func(f *Facts) { f.PG.Slot.Plugin = "test_decoding" }, "slot", Fail, report.ExitBad, []string{"pg_drop_replication_slot('outbox_relay')"}},
+		{"slot extended", func(f *Facts) { f.PG.Slot.WALStatus = "extended" }, "slot", Warn, report.ExitWarn, nil},
+		{"slot lost", func(f *Facts) { f.PG.Slot.WALStatus = "lost" }, "slot", Fail, report.ExitBad, nil},
+		{"slot dropped", func(f *Facts) { f.PG.Slot = SlotFacts{Registered: true} }, "slot", Fail, report.ExitBad, []string{"outbox-relay status"}},
+		{"postgres down", func(f *Facts) { f.PG = PGFacts{Addr: "db:5432", ConnectError: "connection refused"} }, "postgres", Fail, report.ExitBad,
 			[]string{"postgres.url"}},
-		{"kafka down", func(f *Facts) { f.Kafka = KafkaFacts{ConnectError: "dial tcp: refused"} }, "kafka", Fail, ExitFail, []string{"kafka.brokers"}},
+		{"kafka down", func(f *Facts) { f.Kafka = KafkaFacts{ConnectError: "dial tcp: refused"} }, "kafka", Fail, report.ExitBad, []string{"kafka.brokers"}},
 		{"topic missing, no auto-create", func(f *Facts) {
 			f.Options.Kafka.AutoCreateTopics = false
 			f.Kafka.Topics[1].Exists = false
-		}, "kafka.topics", Fail, ExitFail, []string{"--topic outbox.dlq", "kafka.auto_create_topics: true"}},
-		{"topic missing, broker creates it", func(f *Facts) { f.Kafka.Topics[1].Exists = false }, "kafka.topics", OK, ExitOK, nil},
+		}, "kafka.topics", Fail, report.ExitBad, []string{"--topic outbox.dlq", "kafka.auto_create_topics: true"}},
+		{"topic missing, broker creates it", func(f *Facts) { f.Kafka.Topics[1].Exists = false }, "kafka.topics", OK, report.ExitOK, nil},
 		{"topic missing, broker auto-create off", func(f *Facts) { no := false; f.Kafka.BrokerAutoCreate = &no; f.Kafka.Topics[1].Exists = false },
-			"kafka.topics", Fail, ExitFail, []string{"auto.create.topics.enable=true"}},
+			"kafka.topics", Fail, report.ExitBad, []string{"auto.create.topics.enable=true"}},
 		{"ACLs deny the dead-letter topic", func(f *Facts) {
 			f.Kafka.ACL = ACLFacts{Principal: "User:relay", Acls: []sarama.ResourceAcls{{
 				Resource: sarama.Resource{ResourceType: sarama.AclResourceTopic, ResourceName: "outbox.event.", ResourcePatternType: sarama.AclPatternPrefixed},
 				Acls:     []*sarama.Acl{{Principal: "User:relay", Host: "*", Operation: sarama.AclOperationWrite, PermissionType: sarama.AclPermissionAllow}}}}}
-		}, "kafka.acls", Fail, ExitFail, []string{"--allow-principal User:relay --operation Write"}},
-		{"ACLs not describable", func(f *Facts) { f.Kafka.ACL = ACLFacts{Skipped: "not authorized to describe ACLs"} }, "kafka.acls", Skip, ExitOK, nil},
+		}, "kafka.acls", Fail, report.ExitBad, []string{"--allow-principal User:relay --operation Write"}},
+		{"ACLs not describable", func(f *Facts) { f.Kafka.ACL = ACLFacts{Skipped: "not authorized to describe ACLs"} }, "kafka.acls", Skip, report.ExitOK, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,7 +21,8 @@ import (
 
 // Facts is everything the checks read; Evaluate judges it. Unknown values
 // are nil or empty, never a made-up zero; a query that failed leaves its
-// error in the matching *Err field.
+// error in the matching *Err field (ConnectError when the server or the
+// brokers could not be reached).
 type Facts struct {
 	Options Options `json:"-"`
 	PG      PGFacts

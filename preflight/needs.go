@@ -2,8 +2,9 @@
 // own configuration, it reads PostgreSQL and Kafka and says, check by check,
 // whether the relay can work and, when not, the exact statement or config
 // key that fixes it. It writes nothing. Gather reads, Evaluate judges (pure:
-// the unit tests drive it), Text and JSON print; Grants renders the GRANT
-// block for a dedicated role.
+// the unit tests drive it) into checks of package report (check's verdicts
+// ok, warn, fail and skip), Text and JSON print the Report; Grants renders
+// the GRANT block for a dedicated role.
 package preflight
 
 import (
@@ -46,7 +47,8 @@ type Need struct {
 	Why       string
 }
 
-// Check names of the privilege checks (stable: documented in the README).
+// Check names of the privilege checks (stable: documented in
+// docs/commands.md).
 const (
 	CheckPrivOutbox    = "privileges.outbox"
 	CheckPrivRetention = "privileges.retention"

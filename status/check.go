@@ -7,53 +7,24 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/report"
 )
 
-// Verdict is a check's outcome.
-type Verdict string
-
-// Verdicts, from best to worst.
+// Verdicts of status's checks, from best to worst (report's: status says
+// Bad for the worst, check says Fail).
 const (
-	OK   Verdict = "ok"
-	Warn Verdict = "warn"
-	Bad  Verdict = "bad"
+	OK   = report.OK
+	Warn = report.Warn
+	Bad  = report.Bad
 )
 
-func (v Verdict) rank() int {
-	switch v {
-	case OK:
-		return 0
-	case Warn:
-		return 1
-	}
-	return 2
-}
-
-// Exit codes of `outbox-relay status` (1 fatal and 2 usage are the
-// command's own): 0 every check ok, ExitWarn some warn and none bad,
-// ExitBad some bad.
-const (
-	ExitOK   = 0
-	ExitBad  = 3
-	ExitWarn = 4
-)
-
-// Check is one line of the report: a name, its verdict, the value read and,
-// when not ok, what to do.
-type Check struct {
-	Name    string  `json:"name"`
-	Verdict Verdict `json:"verdict"`
-	Value   string  `json:"value"`
-	Do      string  `json:"do,omitempty"`
-}
-
-// Report is the whole answer: the worst verdict, the exit code, the checks
-// in a fixed order and the facts they were made from.
+// Report is the whole answer: the worst verdict with its exit code, the
+// checks in a fixed order (each fix is written "do" in JSON: MarshalJSON)
+// and the facts they were made from.
 type Report struct {
-	Verdict  Verdict `json:"verdict"`
-	ExitCode int     `json:"exit_code"`
-	Checks   []Check `json:"checks"`
-	Facts    Facts   `json:"facts"`
+	report.Outcome
+	Checks []report.Check
+	Facts  Facts
 }
 
 // Thresholds of the checks that are not a state but a number.
@@ -70,11 +41,12 @@ const (
 	OldestSlack = 10 * time.Minute
 )
 
-// Evaluate turns facts into checks. Pure: the unit tests drive it.
+// Evaluate turns facts into checks in a fixed order and their outcome
+// (report.Judge). Pure: the unit tests drive it.
 func Evaluate(f Facts) Report {
-	var cs []Check
-	add := func(name string, v Verdict, value, do string) {
-		cs = append(cs, Check{Name: name, Verdict: v, Value: value, Do: do})
+	var cs []report.Check
+	add := func(name string, v report.Verdict, value, fix string) {
+		cs = append(cs, report.Check{Name: name, Verdict: v, Value: value, Fix: fix})
 	}
 	t, _ := outboxschema.ParseTable(f.Table)
 	migrate := func(obj string, n int) string {
@@ -89,44 +61,37 @@ func Evaluate(f Facts) Report {
 		cs = append(cs, leaderCheck(f.Leader, t, migrate))
 		cs = append(cs, slotChecks(f, t, migrate)...)
 		if f.Mapped {
-			cs = append(cs, Check{Name: "delivery", Verdict: OK,
+			cs = append(cs, report.Check{Name: "delivery", Verdict: OK,
 				Value: "not checked: the outbox tables are read through a column mapping (compat, columns or tables) and have no delivery horizon, dead-letter columns or created_at; see slot.lag_bytes and the relay's outbox_relay_lag_seconds"})
 		} else {
 			cs = append(cs, deliveryChecks(f, t, migrate)...)
 		}
 	}
-	r := Report{Verdict: OK, Checks: cs, Facts: f}
-	for _, c := range cs {
-		if c.Verdict.rank() > r.Verdict.rank() {
-			r.Verdict = c.Verdict
-		}
-	}
-	r.ExitCode = map[Verdict]int{OK: ExitOK, Warn: ExitWarn, Bad: ExitBad}[r.Verdict]
-	return r
+	return Report{Outcome: report.Judge(cs), Checks: cs, Facts: f}
 }
 
 const startRelay = "start a relay: `outbox-relay run` with this config"
 
-func leaderCheck(l *LeaderFacts, t outboxschema.Table, migrate func(string, int) string) Check {
-	c := Check{Name: "leader"}
+func leaderCheck(l *LeaderFacts, t outboxschema.Table, migrate func(string, int) string) report.Check {
+	c := report.Check{Name: "leader"}
 	ttl := secs(l.LeaseTTLSeconds)
 	switch {
 	case !l.Enabled:
 		c.Verdict, c.Value = OK, "leader election off (leader.enabled false): one relay runs alone; see slot.active"
 	case l.Error != "":
-		c.Verdict, c.Value, c.Do = Bad, "unknown: "+l.Error, "grant the status role SELECT on "+t.Sibling(outboxschema.LeaseTable).String()
+		c.Verdict, c.Value, c.Fix = Bad, "unknown: "+l.Error, "grant the status role SELECT on "+t.Sibling(outboxschema.LeaseTable).String()
 	case l.TableMissing:
-		c.Verdict, c.Value, c.Do = Bad, "no lease table "+t.Sibling(outboxschema.LeaseTable).String(), migrate("it", 4)
+		c.Verdict, c.Value, c.Fix = Bad, "no lease table "+t.Sibling(outboxschema.LeaseTable).String(), migrate("it", 4)
 	case !l.Found:
-		c.Verdict, c.Value, c.Do = Bad, "no leader: no lease row for the slot (no relay has led it, or the row was deleted)", startRelay
+		c.Verdict, c.Value, c.Fix = Bad, "no leader: no lease row for the slot (no relay has led it, or the row was deleted)", startRelay
 	case l.RenewedAge > l.LeaseTTLSeconds:
 		c.Verdict = Bad
 		c.Value = fmt.Sprintf("no leader: %s (epoch %d) last renewed %s ago, lease_ttl %s", l.Holder, l.Epoch, secs(l.RenewedAge), ttl)
-		c.Do = fmt.Sprintf("the leader stopped renewing: is %s running and can it reach PostgreSQL? A standby takes over by itself; with none, %s", l.Holder, startRelay)
+		c.Fix = fmt.Sprintf("the leader stopped renewing: is %s running and can it reach PostgreSQL? A standby takes over by itself; with none, %s", l.Holder, startRelay)
 	case l.RenewedAge > l.LeaseTTLSeconds/2:
 		c.Verdict = Warn
 		c.Value = fmt.Sprintf("%s epoch %d renewed %s ago, over half of lease_ttl %s", l.Holder, l.Epoch, secs(l.RenewedAge), ttl)
-		c.Do = fmt.Sprintf("the leader renews late (PostgreSQL load or network): check %s's log; past lease_ttl a standby fences it", l.Holder)
+		c.Fix = fmt.Sprintf("the leader renews late (PostgreSQL load or network): check %s's log; past lease_ttl a standby fences it", l.Holder)
 	default:
 		c.Verdict = OK
 		c.Value = fmt.Sprintf("%s epoch %d renewed %s ago (lease_ttl %s)", l.Holder, l.Epoch, secs(l.RenewedAge), ttl)
@@ -143,20 +108,20 @@ func replayAdvice(d *DeliveryFacts) string {
 	return "`outbox-relay replay --since TIME` with TIME when the relay last ran healthy (consumers deduplicate on event_id)"
 }
 
-func slotChecks(f Facts, t outboxschema.Table, migrate func(string, int) string) []Check {
+func slotChecks(f Facts, t outboxschema.Table, migrate func(string, int) string) []report.Check {
 	s, slot := f.SlotInfo, f.Slot
 	reg := t.Sibling(outboxschema.SlotRegistry).String()
 	recreate := fmt.Sprintf("recreate the slot: `SELECT pg_drop_replication_slot('%s');` if it still exists, `DELETE FROM %s WHERE slot_name = '%s';`, `outbox-relay migrate`; then republish what it never streamed: %s",
 		slot, reg, slot, replayAdvice(f.Delivery))
-	main := Check{Name: "slot"}
+	main := report.Check{Name: "slot"}
 	switch {
 	case s.Error != "" && !s.Exists:
-		main.Verdict, main.Value, main.Do = Bad, "unknown: "+s.Error, "grant the status role pg_monitor (or SELECT on pg_replication_slots)"
+		main.Verdict, main.Value, main.Fix = Bad, "unknown: "+s.Error, "grant the status role pg_monitor (or SELECT on pg_replication_slots)"
 	case !s.Exists && s.Registered:
-		main.Verdict, main.Value, main.Do = Bad, fmt.Sprintf("slot %q does not exist but was created at %s: it was dropped", slot, s.RegisteredAt.UTC().Format(time.RFC3339)), recreate
+		main.Verdict, main.Value, main.Fix = Bad, fmt.Sprintf("slot %q does not exist but was created at %s: it was dropped", slot, s.RegisteredAt.UTC().Format(time.RFC3339)), recreate
 	case !s.Exists:
 		main.Verdict, main.Value = Bad, fmt.Sprintf("slot %q does not exist", slot)
-		main.Do = "run `outbox-relay migrate` (or start the relay): it creates the slot; events written before it exists are not streamed: " + replayAdvice(f.Delivery)
+		main.Fix = "run `outbox-relay migrate` (or start the relay): it creates the slot; events written before it exists are not streamed: " + replayAdvice(f.Delivery)
 	default:
 		main.Value = fmt.Sprintf("%q wal_status %s, confirmed_flush_lsn %s, safe_wal_size %s", slot, s.WALStatus, s.ConfirmedFlush, safeSize(s.SafeWALSize))
 		switch s.WALStatus {
@@ -164,37 +129,37 @@ func slotChecks(f Facts, t outboxschema.Table, migrate func(string, int) string)
 			main.Verdict = OK
 		case "extended":
 			main.Verdict = Warn
-			main.Do = "the slot holds more WAL than max_wal_size: the relay is behind (see slot.lag_bytes); let it catch up or raise max_slot_wal_keep_size"
+			main.Fix = "the slot holds more WAL than max_wal_size: the relay is behind (see slot.lag_bytes); let it catch up or raise max_slot_wal_keep_size"
 		case "unreserved":
 			main.Verdict = Bad
-			main.Do = "the slot is about to lose WAL: get a relay streaming now (see slot.active) or raise max_slot_wal_keep_size; once wal_status is lost: " + recreate
+			main.Fix = "the slot is about to lose WAL: get a relay streaming now (see slot.active) or raise max_slot_wal_keep_size; once wal_status is lost: " + recreate
 		case "lost":
 			main.Verdict = Bad
-			main.Do = "the slot is invalidated: PostgreSQL removed WAL it needed; " + recreate
+			main.Fix = "the slot is invalidated: PostgreSQL removed WAL it needed; " + recreate
 		default:
-			main.Verdict, main.Do = Warn, "unexpected wal_status "+s.WALStatus+": check pg_replication_slots"
+			main.Verdict, main.Fix = Warn, "unexpected wal_status "+s.WALStatus+": check pg_replication_slots"
 		}
 		if main.Verdict == OK && s.SafeWALSize != nil && s.RetainedBytes != nil && *s.SafeWALSize < *s.RetainedBytes {
 			main.Verdict = Warn
-			main.Do = fmt.Sprintf("the slot retains %s and has %s left before max_slot_wal_keep_size invalidates it: let the relay catch up or raise the limit",
+			main.Fix = fmt.Sprintf("the slot retains %s and has %s left before max_slot_wal_keep_size invalidates it: let the relay catch up or raise the limit",
 				bytesStr(*s.RetainedBytes), bytesStr(*s.SafeWALSize))
 		}
 	}
-	cs := []Check{main}
+	cs := []report.Check{main}
 	if s.Exists {
 		if s.ActivePID != nil {
-			cs = append(cs, Check{Name: "slot.active", Verdict: OK, Value: fmt.Sprintf("streaming to backend pid %d", *s.ActivePID)})
+			cs = append(cs, report.Check{Name: "slot.active", Verdict: OK, Value: fmt.Sprintf("streaming to backend pid %d", *s.ActivePID)})
 		} else {
-			cs = append(cs, Check{Name: "slot.active", Verdict: Bad, Value: "no relay is streaming from the slot", Do: startRelay})
+			cs = append(cs, report.Check{Name: "slot.active", Verdict: Bad, Value: "no relay is streaming from the slot", Fix: startRelay})
 		}
-		lb := Check{Name: "slot.lag_bytes", Verdict: OK, Value: "unknown (no confirmed_flush_lsn)"}
+		lb := report.Check{Name: "slot.lag_bytes", Verdict: OK, Value: "unknown (no confirmed_flush_lsn)"}
 		if s.LagBytes != nil {
 			lb.Value = bytesStr(*s.LagBytes) + " of WAL not confirmed"
 			switch {
 			case *s.LagBytes >= LagBytesBad:
-				lb.Verdict, lb.Do = Bad, "the relay is far behind or stuck: see slot.active and the relay's log (Kafka reachable?); the slot keeps the WAL meanwhile"
+				lb.Verdict, lb.Fix = Bad, "the relay is far behind or stuck: see slot.active and the relay's log (Kafka reachable?); the slot keeps the WAL meanwhile"
 			case *s.LagBytes >= LagBytesWarn:
-				lb.Verdict, lb.Do = Warn, "the relay is behind: see slot.active and outbox_relay_slot_lag_bytes"
+				lb.Verdict, lb.Fix = Warn, "the relay is behind: see slot.active and outbox_relay_slot_lag_bytes"
 			}
 		}
 		cs = append(cs, lb)
@@ -202,33 +167,33 @@ func slotChecks(f Facts, t outboxschema.Table, migrate func(string, int) string)
 	if !f.Mapped {
 		cs = append(cs, lagSecondsCheck(f, migrate))
 	}
-	rc := Check{Name: "slot.registry"}
+	rc := report.Check{Name: "slot.registry"}
 	switch {
 	case s.RegistryMissing:
-		rc.Verdict, rc.Value, rc.Do = Bad, "no slot registry "+reg, migrate("it", 2)
+		rc.Verdict, rc.Value, rc.Fix = Bad, "no slot registry "+reg, migrate("it", 2)
 	case s.Registered:
 		rc.Verdict, rc.Value = OK, "registered in "+reg+" at "+s.RegisteredAt.UTC().Format(time.RFC3339)
 	case s.Error != "":
-		rc.Verdict, rc.Value, rc.Do = Bad, "unknown: "+s.Error, "grant the status role SELECT on "+reg
+		rc.Verdict, rc.Value, rc.Fix = Bad, "unknown: "+s.Error, "grant the status role SELECT on "+reg
 	default:
 		rc.Verdict, rc.Value = Warn, "slot "+slot+" is not in "+reg+": a drop would go unnoticed and retention pauses"
-		rc.Do = "run `outbox-relay migrate` or start the relay: either registers the slot"
+		rc.Fix = "run `outbox-relay migrate` or start the relay: either registers the slot"
 	}
 	return append(cs, rc)
 }
 
-func lagSecondsCheck(f Facts, migrate func(string, int) string) Check {
+func lagSecondsCheck(f Facts, migrate func(string, int) string) report.Check {
 	d := f.Delivery
-	c := Check{Name: "slot.lag_seconds"}
+	c := report.Check{Name: "slot.lag_seconds"}
 	res := fmt.Sprintf("upper bound: now - the delivered horizon's sample, taken every %s", secs(d.SampleIntervalSeconds))
 	switch {
 	case d.Error != "":
-		c.Verdict, c.Value, c.Do = Bad, "unknown: "+d.Error, "grant the status role SELECT on the outbox and its outbox_relay_* tables"
+		c.Verdict, c.Value, c.Fix = Bad, "unknown: "+d.Error, "grant the status role SELECT on the outbox and its outbox_relay_* tables"
 	case d.TableMissing:
-		c.Verdict, c.Value, c.Do = Bad, "unknown: no delivery table", migrate("outbox_relay_delivery", 5)
+		c.Verdict, c.Value, c.Fix = Bad, "unknown: no delivery table", migrate("outbox_relay_delivery", 5)
 	case d.LagSecondsBound == nil:
 		c.Verdict, c.Value = Warn, "unknown: no delivered horizon yet"
-		c.Do = "the leader samples every " + secs(d.SampleIntervalSeconds) + " and proves a sample once the slot confirms past it: " + startRelay + " and wait"
+		c.Fix = "the leader samples every " + secs(d.SampleIntervalSeconds) + " and proves a sample once the slot confirms past it: " + startRelay + " and wait"
 	default:
 		lag := time.Duration(*d.LagSecondsBound * float64(time.Second))
 		c.Value = "<= " + secs(*d.LagSecondsBound) + " (" + res + ")"
@@ -241,26 +206,26 @@ func lagSecondsCheck(f Facts, migrate func(string, int) string) Check {
 		case !waiting:
 			c.Verdict, c.Value = OK, c.Value+"; no row written since it: nothing waits"
 		case lag <= LagSecondsBad:
-			c.Verdict, c.Do = Warn, "events wait longer than the 30 s alert: see slot.active, leader and the relay's log (is Kafka reachable?)"
+			c.Verdict, c.Fix = Warn, "events wait longer than the 30 s alert: see slot.active, leader and the relay's log (is Kafka reachable?)"
 		default:
-			c.Verdict, c.Do = Bad, "events wait for minutes: see slot.active, leader and the relay's log (is Kafka reachable?); "+startRelay+" if none runs"
+			c.Verdict, c.Fix = Bad, "events wait for minutes: see slot.active, leader and the relay's log (is Kafka reachable?); "+startRelay+" if none runs"
 		}
 	}
 	return c
 }
 
-func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) string) []Check {
+func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) string) []report.Check {
 	d, slot := f.Delivery, f.SlotInfo
 	streaming := slot != nil && slot.Exists && slot.ActivePID != nil
-	var cs []Check
-	deliveryUnknown := func(name string) (Check, bool) {
+	var cs []report.Check
+	deliveryUnknown := func(name string) (report.Check, bool) {
 		switch {
 		case d.TableMissing:
-			return Check{Name: name, Verdict: Bad, Value: "unknown: no delivery table", Do: migrate("outbox_relay_delivery", 5)}, true
+			return report.Check{Name: name, Verdict: Bad, Value: "unknown: no delivery table", Fix: migrate("outbox_relay_delivery", 5)}, true
 		case d.Error != "":
-			return Check{Name: name, Verdict: Bad, Value: "unknown: " + d.Error, Do: "grant the status role SELECT on the outbox and its outbox_relay_* tables"}, true
+			return report.Check{Name: name, Verdict: Bad, Value: "unknown: " + d.Error, Fix: "grant the status role SELECT on the outbox and its outbox_relay_* tables"}, true
 		}
-		return Check{}, false
+		return report.Check{}, false
 	}
 
 	u, unknown := deliveryUnknown("undelivered")
@@ -276,9 +241,9 @@ func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) str
 		case n == 0:
 			u.Verdict = OK
 		case !streaming:
-			u.Verdict, u.Do = Bad, "nothing delivers them: no relay streams from the slot; "+startRelay
+			u.Verdict, u.Fix = Bad, "nothing delivers them: no relay streams from the slot; "+startRelay
 		case !lagOK:
-			u.Verdict, u.Do = Warn, "they wait longer than the 30 s alert: see slot.lag_seconds"
+			u.Verdict, u.Fix = Warn, "they wait longer than the 30 s alert: see slot.lag_seconds"
 		default:
 			u.Verdict, u.Value = OK, u.Value+"; in flight"
 		}
@@ -289,25 +254,25 @@ func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) str
 	cs = append(cs, u)
 
 	q := f.DLQ
-	dc := Check{Name: "dlq"}
+	dc := report.Check{Name: "dlq"}
 	switch {
 	case q.Error != "":
-		dc.Verdict, dc.Value, dc.Do = Bad, "unknown: "+q.Error, "grant the status role SELECT on "+t.String()
+		dc.Verdict, dc.Value, dc.Fix = Bad, "unknown: "+q.Error, "grant the status role SELECT on "+t.String()
 	case q.ColumnsMissing:
-		dc.Verdict, dc.Value, dc.Do = Bad, "unknown: "+t.String()+" has no dead-letter columns", migrate("them", 3)
+		dc.Verdict, dc.Value, dc.Fix = Bad, "unknown: "+t.String()+" has no dead-letter columns", migrate("them", 3)
 	case q.Unresolved == 0:
 		dc.Verdict, dc.Value = OK, "0 dead-lettered rows unresolved"
 	default:
 		dc.Verdict, dc.Value = Warn, fmt.Sprintf("%d dead-lettered rows unresolved", q.Unresolved)
-		dc.Do = "`outbox-relay dlq list`; fix each cause, then `outbox-relay dlq replay --id N` (or `dlq resolve --id N` to drop it)"
+		dc.Fix = "`outbox-relay dlq list`; fix each cause, then `outbox-relay dlq replay --id N` (or `dlq resolve --id N` to drop it)"
 	}
 	cs = append(cs, dc)
 
 	o, r := f.Oldest, f.Retention
-	oc := Check{Name: "oldest_row", Verdict: OK}
+	oc := report.Check{Name: "oldest_row", Verdict: OK}
 	switch {
 	case o.Error != "":
-		oc.Verdict, oc.Value, oc.Do = Bad, "unknown: "+o.Error, "grant the status role SELECT on "+t.String()
+		oc.Verdict, oc.Value, oc.Fix = Bad, "unknown: "+o.Error, "grant the status role SELECT on "+t.String()
 	case o.Empty:
 		oc.Value = "the outbox is empty"
 	default:
@@ -315,7 +280,7 @@ func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) str
 		if r.KeepSeconds != nil && *r.KeepSeconds > 0 && o.AgeSeconds > *r.KeepSeconds+OldestSlack.Seconds() {
 			oc.Verdict = Warn
 			oc.Value += ", older than retention.keep " + secs(*r.KeepSeconds)
-			oc.Do = "retention deletes only rows proven delivered: see retention, retention.pre_slot_rows and undelivered"
+			oc.Fix = "retention deletes only rows proven delivered: see retention, retention.pre_slot_rows and undelivered"
 		}
 	}
 	cs = append(cs, oc)
@@ -339,36 +304,36 @@ func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) str
 		switch {
 		case !d.StateFound:
 			rc.Verdict, rc.Value = Warn, keep+": no delivery state for the slot yet, nothing can be deleted"
-			rc.Do = "the leader creates it on its first sample: " + startRelay
+			rc.Fix = "the leader creates it on its first sample: " + startRelay
 		case r.PausedReason != "":
 			rc.Verdict, rc.Value = Warn, keep+", paused: "+r.PausedReason
-			rc.Do = "fix the slot (see slot); retention resumes by itself once it is healthy"
+			rc.Fix = "fix the slot (see slot); retention resumes by itself once it is healthy"
 		}
 	}
 	cs = append(cs, rc)
 
 	if !unknown && d.StateFound {
-		pc := Check{Name: "retention.pre_slot_rows"}
+		pc := report.Check{Name: "retention.pre_slot_rows"}
 		switch {
 		case d.PreSlotError != "":
 			pc.Verdict, pc.Value = Warn, "not counted: "+d.PreSlotError
-			pc.Do = fmt.Sprintf("count them off-peak: %s  -- with $1 = %d", oneLine(d.PreSlotSQL), d.FloorXID)
+			pc.Fix = fmt.Sprintf("count them off-peak: %s  -- with $1 = %d", report.OneLine(d.PreSlotSQL), d.FloorXID)
 		case *d.PreSlotRows == 0:
 			pc.Verdict, pc.Value = OK, "0 rows predate the slot unpublished"
 		default:
 			pc.Verdict = Warn
 			pc.Value = fmt.Sprintf("%d rows (ids %d..%d) without published_at predate the slot (xid below its floor %d): never proven delivered, never deleted",
 				*d.PreSlotRows, d.PreSlotMinID, d.PreSlotMaxID, d.FloorXID)
-			pc.Do = fmt.Sprintf("publish them and set published_at: `outbox-relay replay --from-id %d --to-id %d` (consumers deduplicate on event_id)", d.PreSlotMinID, d.PreSlotMaxID)
+			pc.Fix = fmt.Sprintf("publish them and set published_at: `outbox-relay replay --from-id %d --to-id %d` (consumers deduplicate on event_id)", d.PreSlotMinID, d.PreSlotMaxID)
 		}
 		cs = append(cs, pc)
 	}
 	return cs
 }
 
-func eventCheck(f Facts, t outboxschema.Table) Check {
+func eventCheck(f Facts, t outboxschema.Table) report.Check {
 	e := f.Event
-	c := Check{Name: fmt.Sprintf("event %d", e.ID)}
+	c := report.Check{Name: fmt.Sprintf("event %d", e.ID)}
 	dl := ""
 	if e.DeadLetteredAt != nil {
 		dl = " (dead-lettered at " + e.DeadLetteredAt.UTC().Format(time.RFC3339) + ": it went to the dead-letter topic; see `outbox-relay dlq list`)"
@@ -377,9 +342,9 @@ func eventCheck(f Facts, t outboxschema.Table) Check {
 	case ReasonUnreadable:
 		c.Verdict, c.Value = Bad, "unknown: "+e.Error
 		if strings.Contains(e.Error, "migrate") {
-			c.Do = "run `outbox-relay migrate` with this config"
+			c.Fix = "run `outbox-relay migrate` with this config"
 		} else {
-			c.Do = "grant the status role SELECT on " + t.String() + " and its outbox_relay_* tables"
+			c.Fix = "grant the status role SELECT on " + t.String() + " and its outbox_relay_* tables"
 		}
 	case ReasonNotFound:
 		c.Verdict, c.Value = Warn, fmt.Sprintf("no row %d in %s: never inserted, or deleted by retention (which deletes only delivered rows)", e.ID, t)
@@ -389,13 +354,13 @@ func eventCheck(f Facts, t outboxschema.Table) Check {
 		c.Verdict, c.Value = OK, fmt.Sprintf("delivered: proven by the horizon (xid %d below delivered_xid)", e.XID)+dl
 	case ReasonNewer:
 		c.Verdict, c.Value = Warn, fmt.Sprintf("not yet: newer than the delivered horizon (xid %d)", e.XID)
-		c.Do = "wait a few seconds and ask again; if it stays, see `outbox-relay status`"
+		c.Fix = "wait a few seconds and ask again; if it stays, see `outbox-relay status`"
 	case ReasonNoHorizon:
 		c.Verdict, c.Value = Warn, "not proven: no delivered horizon yet"
-		c.Do = "the leader samples every " + SampleInterval.String() + ": " + startRelay + " and ask again"
+		c.Fix = "the leader samples every " + SampleInterval.String() + ": " + startRelay + " and ask again"
 	case ReasonPredates:
 		c.Verdict, c.Value = Bad, fmt.Sprintf("not proven: its transaction predates the slot (xid %d below the floor): the slot never streamed it", e.XID)
-		c.Do = fmt.Sprintf("if no earlier publisher sent it: `outbox-relay replay --from-id %d --to-id %d`", e.ID, e.ID)
+		c.Fix = fmt.Sprintf("if no earlier publisher sent it: `outbox-relay replay --from-id %d --to-id %d`", e.ID, e.ID)
 	}
 	return c
 }
@@ -436,5 +401,3 @@ func count(n int64, capped bool) string {
 	}
 	return fmt.Sprint(n)
 }
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/retention"
 )
 
@@ -31,13 +32,13 @@ func healthy() Facts {
 	}
 }
 
-func find(r Report, name string) (Check, bool) {
+func find(r Report, name string) (report.Check, bool) {
 	for _, c := range r.Checks {
 		if c.Name == name {
 			return c, true
 		}
 	}
-	return Check{}, false
+	return report.Check{}, false
 }
 
 func TestEvaluate(t *testing.T) {
@@ -45,87 +46,87 @@ func TestEvaluate(t *testing.T) {
 		name    string
 		change  func(f *Facts)
 		check   string
-		verdict Verdict
+		verdict report.Verdict
 		value   string // substring of the value
 		do      string // substring of the advice
 		exit    int
 	}{
-		{"healthy", func(*Facts) {}, "leader", OK, "h-1 epoch 3 renewed 500ms ago", "", ExitOK},
-		{"leader off", func(f *Facts) { f.Leader = &LeaderFacts{} }, "leader", OK, "leader election off", "", ExitOK},
-		{"no lease table", func(f *Facts) { f.Leader.TableMissing = true }, "leader", Bad, "no lease table public.outbox_relay_leader", "outbox-relay migrate", ExitBad},
-		{"no lease row", func(f *Facts) { f.Leader.Found = false }, "leader", Bad, "no leader", "start a relay", ExitBad},
-		{"lease at ttl", func(f *Facts) { f.Leader.RenewedAge = 10 }, "leader", Warn, "over half of lease_ttl", "renews late", ExitWarn},
-		{"lease past half ttl", func(f *Facts) { f.Leader.RenewedAge = 5.1 }, "leader", Warn, "renewed 5.1s ago", "", ExitWarn},
-		{"lease at half ttl", func(f *Facts) { f.Leader.RenewedAge = 5 }, "leader", OK, "", "", ExitOK},
-		{"lease expired", func(f *Facts) { f.Leader.RenewedAge = 10.5 }, "leader", Bad, "no leader: h-1 (epoch 3) last renewed 10.5s ago", "stopped renewing", ExitBad},
+		{"healthy", func(*Facts) {}, "leader", OK, "h-1 epoch 3 renewed 500ms ago", "", report.ExitOK},
+		{"leader off", func(f *Facts) { f.Leader = &LeaderFacts{} }, "leader", OK, "leader election off", "", report.ExitOK},
+		{"no lease table", func(f *Facts) { f.Leader.TableMissing = true }, "leader", Bad, "no lease table public.outbox_relay_leader", "outbox-relay migrate", report.ExitBad},
+		{"no lease row", func(f *Facts) { f.Leader.Found = false }, "leader", Bad, "no leader", "start a relay", report.ExitBad},
+		{"lease at ttl", func(f *Facts) { f.Leader.RenewedAge = 10 }, "leader", Warn, "over half of lease_ttl", "renews late", report.ExitWarn},
+		{"lease past half ttl", func(f *Facts) { f.Leader.RenewedAge = 5.1 }, "leader", Warn, "renewed 5.1s ago", "", report.ExitWarn},
+		{"lease at half ttl", func(f *Facts) { f.Leader.RenewedAge = 5 }, "leader", OK, "", "", report.ExitOK},
+		{"lease expired", func(f *Facts) { f.Leader.RenewedAge = 10.5 }, "leader", Bad, "no leader: h-1 (epoch 3) last renewed 10.5s ago", "stopped renewing", report.ExitBad},
 
-		{"slot reserved", func(*Facts) {}, "slot", OK, "wal_status reserved, confirmed_flush_lsn 0/100, safe_wal_size unlimited", "", ExitOK},
-		{"slot extended", func(f *Facts) { f.SlotInfo.WALStatus = "extended" }, "slot", Warn, "extended", "max_slot_wal_keep_size", ExitWarn},
-		{"slot unreserved", func(f *Facts) { f.SlotInfo.WALStatus = "unreserved" }, "slot", Bad, "unreserved", "outbox-relay replay --since 2026-01-02T03:03:58Z", ExitBad},
-		{"slot lost", func(f *Facts) { f.SlotInfo.WALStatus = "lost" }, "slot", Bad, "lost", "pg_drop_replication_slot('outbox_relay')", ExitBad},
-		{"safe wal size below retained", func(f *Facts) { f.SlotInfo.SafeWALSize = i64(999) }, "slot", Warn, "safe_wal_size 999 B", "left before max_slot_wal_keep_size", ExitWarn},
-		{"safe wal size roomy", func(f *Facts) { f.SlotInfo.SafeWALSize = i64(1 << 30) }, "slot", OK, "safe_wal_size 1.0 GiB", "", ExitOK},
+		{"slot reserved", func(*Facts) {}, "slot", OK, "wal_status reserved, confirmed_flush_lsn 0/100, safe_wal_size unlimited", "", report.ExitOK},
+		{"slot extended", func(f *Facts) { f.SlotInfo.WALStatus = "extended" }, "slot", Warn, "extended", "max_slot_wal_keep_size", report.ExitWarn},
+		{"slot unreserved", func(f *Facts) { f.SlotInfo.WALStatus = "unreserved" }, "slot", Bad, "unreserved", "outbox-relay replay --since 2026-01-02T03:03:58Z", report.ExitBad},
+		{"slot lost", func(f *Facts) { f.SlotInfo.WALStatus = "lost" }, "slot", Bad, "lost", "pg_drop_replication_slot('outbox_relay')", report.ExitBad},
+		{"safe wal size below retained", func(f *Facts) { f.SlotInfo.SafeWALSize = i64(999) }, "slot", Warn, "safe_wal_size 999 B", "left before max_slot_wal_keep_size", report.ExitWarn},
+		{"safe wal size roomy", func(f *Facts) { f.SlotInfo.SafeWALSize = i64(1 << 30) }, "slot", OK, "safe_wal_size 1.0 GiB", "", report.ExitOK},
 		{"slot dropped", func(f *Facts) { f.SlotInfo = &SlotFacts{Registered: true, RegisteredAt: tm(at)} }, "slot", Bad, "was dropped",
-			"DELETE FROM public.outbox_relay_slots WHERE slot_name = 'outbox_relay';`, `outbox-relay migrate`; then republish what it never streamed: `outbox-relay replay --since", ExitBad},
-		{"slot never made", func(f *Facts) { f.SlotInfo = &SlotFacts{} }, "slot", Bad, "does not exist", "outbox-relay migrate", ExitBad},
+			"DELETE FROM public.outbox_relay_slots WHERE slot_name = 'outbox_relay';`, `outbox-relay migrate`; then republish what it never streamed: `outbox-relay replay --since", report.ExitBad},
+		{"slot never made", func(f *Facts) { f.SlotInfo = &SlotFacts{} }, "slot", Bad, "does not exist", "outbox-relay migrate", report.ExitBad},
 		{"slot dropped, no horizon", func(f *Facts) {
 			f.SlotInfo = &SlotFacts{Registered: true, RegisteredAt: tm(at)}
 			f.Delivery.DeliveredAt = nil
 		}, "slot", Bad, "",
-			"replay --since TIME", ExitBad},
-		{"slot inactive", func(f *Facts) { f.SlotInfo.ActivePID = nil }, "slot.active", Bad, "no relay is streaming", "outbox-relay run", ExitBad},
-		{"slot active", func(*Facts) {}, "slot.active", OK, "pid 42", "", ExitOK},
-		{"lag bytes under warn", func(f *Facts) { f.SlotInfo.LagBytes = i64(LagBytesWarn - 1) }, "slot.lag_bytes", OK, "256.0 MiB", "", ExitOK},
-		{"lag bytes warn", func(f *Facts) { f.SlotInfo.LagBytes = i64(LagBytesWarn) }, "slot.lag_bytes", Warn, "256.0 MiB", "behind", ExitWarn},
-		{"lag bytes bad", func(f *Facts) { f.SlotInfo.LagBytes = i64(LagBytesBad) }, "slot.lag_bytes", Bad, "4.0 GiB", "stuck", ExitBad},
-		{"lag seconds ok", func(*Facts) {}, "slot.lag_seconds", OK, "<= 7s (upper bound: now - the delivered horizon's sample, taken every 5s)", "", ExitOK},
-		{"lag seconds at ok limit", func(f *Facts) { f.Delivery.LagSecondsBound = f64(40) }, "slot.lag_seconds", OK, "<= 40s", "", ExitOK},
-		{"lag seconds warn", func(f *Facts) { f.Delivery.LagSecondsBound = f64(41) }, "slot.lag_seconds", Warn, "<= 41s", "30 s alert", ExitWarn},
-		{"lag seconds at bad limit", func(f *Facts) { f.Delivery.LagSecondsBound = f64(300) }, "slot.lag_seconds", Warn, "", "", ExitWarn},
-		{"lag seconds bad", func(f *Facts) { f.Delivery.LagSecondsBound = f64(301) }, "slot.lag_seconds", Bad, "<= 5m1s", "for minutes", ExitBad},
-		{"old horizon, nothing waits", func(f *Facts) { f.Delivery.LagSecondsBound = f64(3000); f.Delivery.Undelivered = i64(0) }, "slot.lag_seconds", OK, "nothing waits", "", ExitOK},
+			"replay --since TIME", report.ExitBad},
+		{"slot inactive", func(f *Facts) { f.SlotInfo.ActivePID = nil }, "slot.active", Bad, "no relay is streaming", "outbox-relay run", report.ExitBad},
+		{"slot active", func(*Facts) {}, "slot.active", OK, "pid 42", "", report.ExitOK},
+		{"lag bytes under warn", func(f *Facts) { f.SlotInfo.LagBytes = i64(LagBytesWarn - 1) }, "slot.lag_bytes", OK, "256.0 MiB", "", report.ExitOK},
+		{"lag bytes warn", func(f *Facts) { f.SlotInfo.LagBytes = i64(LagBytesWarn) }, "slot.lag_bytes", Warn, "256.0 MiB", "behind", report.ExitWarn},
+		{"lag bytes bad", func(f *Facts) { f.SlotInfo.LagBytes = i64(LagBytesBad) }, "slot.lag_bytes", Bad, "4.0 GiB", "stuck", report.ExitBad},
+		{"lag seconds ok", func(*Facts) {}, "slot.lag_seconds", OK, "<= 7s (upper bound: now - the delivered horizon's sample, taken every 5s)", "", report.ExitOK},
+		{"lag seconds at ok limit", func(f *Facts) { f.Delivery.LagSecondsBound = f64(40) }, "slot.lag_seconds", OK, "<= 40s", "", report.ExitOK},
+		{"lag seconds warn", func(f *Facts) { f.Delivery.LagSecondsBound = f64(41) }, "slot.lag_seconds", Warn, "<= 41s", "30 s alert", report.ExitWarn},
+		{"lag seconds at bad limit", func(f *Facts) { f.Delivery.LagSecondsBound = f64(300) }, "slot.lag_seconds", Warn, "", "", report.ExitWarn},
+		{"lag seconds bad", func(f *Facts) { f.Delivery.LagSecondsBound = f64(301) }, "slot.lag_seconds", Bad, "<= 5m1s", "for minutes", report.ExitBad},
+		{"old horizon, nothing waits", func(f *Facts) { f.Delivery.LagSecondsBound = f64(3000); f.Delivery.Undelivered = i64(0) }, "slot.lag_seconds", OK, "nothing waits", "", report.ExitOK},
 		{"old horizon, no rows waiting, message events on", func(f *Facts) {
 			f.Delivery.LagSecondsBound = f64(3000)
 			f.Delivery.Undelivered = i64(0)
 			f.MessagesPrefix = "orders-outbox"
-		}, "slot.lag_seconds", Bad, "<= 50m", "for minutes", ExitBad},
+		}, "slot.lag_seconds", Bad, "<= 50m", "for minutes", report.ExitBad},
 		{"undelivered with message events", func(f *Facts) { f.Delivery.Undelivered = i64(0); f.MessagesPrefix = "orders-outbox" }, "undelivered", OK,
-			`0 rows not proven delivered (bound: over-counts rows delivered since the horizon's sample, about two samples of writes; misses rows of transactions open since before it); message events (messages.prefix "orders-outbox") are in no table and not counted: see slot.lag_bytes and slot.lag_seconds`, "", ExitOK},
-		{"no horizon", func(f *Facts) { f.Delivery.LagSecondsBound = nil }, "slot.lag_seconds", Warn, "no delivered horizon yet", "outbox-relay run", ExitWarn},
-		{"no delivery table", func(f *Facts) { f.Delivery = &DeliveryFacts{TableMissing: true} }, "slot.lag_seconds", Bad, "no delivery table", "migration 0005", ExitBad},
-		{"unregistered", func(f *Facts) { f.SlotInfo.Registered = false }, "slot.registry", Warn, "not in public.outbox_relay_slots", "registers the slot", ExitWarn},
-		{"no registry", func(f *Facts) { f.SlotInfo.Registered, f.SlotInfo.RegistryMissing = false, true }, "slot.registry", Bad, "no slot registry", "migration 0002", ExitBad},
+			`0 rows not proven delivered (bound: over-counts rows delivered since the horizon's sample, about two samples of writes; misses rows of transactions open since before it); message events (messages.prefix "orders-outbox") are in no table and not counted: see slot.lag_bytes and slot.lag_seconds`, "", report.ExitOK},
+		{"no horizon", func(f *Facts) { f.Delivery.LagSecondsBound = nil }, "slot.lag_seconds", Warn, "no delivered horizon yet", "outbox-relay run", report.ExitWarn},
+		{"no delivery table", func(f *Facts) { f.Delivery = &DeliveryFacts{TableMissing: true} }, "slot.lag_seconds", Bad, "no delivery table", "migration 0005", report.ExitBad},
+		{"unregistered", func(f *Facts) { f.SlotInfo.Registered = false }, "slot.registry", Warn, "not in public.outbox_relay_slots", "registers the slot", report.ExitWarn},
+		{"no registry", func(f *Facts) { f.SlotInfo.Registered, f.SlotInfo.RegistryMissing = false, true }, "slot.registry", Bad, "no slot registry", "migration 0002", report.ExitBad},
 
-		{"undelivered in flight", func(*Facts) {}, "undelivered", OK, "3 rows not proven delivered (bound:", "", ExitOK},
-		{"undelivered capped", func(f *Facts) { f.Delivery.Undelivered, f.Delivery.UndeliveredCapped = i64(100000), true }, "undelivered", OK, ">= 100000", "", ExitOK},
-		{"undelivered, nobody streams", func(f *Facts) { f.SlotInfo.ActivePID = nil }, "undelivered", Bad, "3 rows", "nothing delivers them", ExitBad},
-		{"undelivered, slot missing", func(f *Facts) { f.SlotInfo = &SlotFacts{} }, "undelivered", Bad, "", "nothing delivers them", ExitBad},
-		{"undelivered, stale horizon", func(f *Facts) { f.Delivery.LagSecondsBound = f64(60) }, "undelivered", Warn, "", "slot.lag_seconds", ExitWarn},
-		{"nothing undelivered, nobody streams", func(f *Facts) { f.SlotInfo.ActivePID = nil; f.Delivery.Undelivered = i64(0) }, "undelivered", OK, "0 rows", "", ExitBad},
-		{"undelivered without horizon", func(f *Facts) { f.Delivery.LagSecondsBound = nil }, "undelivered", Warn, "3 rows without published_at", "", ExitWarn},
+		{"undelivered in flight", func(*Facts) {}, "undelivered", OK, "3 rows not proven delivered (bound:", "", report.ExitOK},
+		{"undelivered capped", func(f *Facts) { f.Delivery.Undelivered, f.Delivery.UndeliveredCapped = i64(100000), true }, "undelivered", OK, ">= 100000", "", report.ExitOK},
+		{"undelivered, nobody streams", func(f *Facts) { f.SlotInfo.ActivePID = nil }, "undelivered", Bad, "3 rows", "nothing delivers them", report.ExitBad},
+		{"undelivered, slot missing", func(f *Facts) { f.SlotInfo = &SlotFacts{} }, "undelivered", Bad, "", "nothing delivers them", report.ExitBad},
+		{"undelivered, stale horizon", func(f *Facts) { f.Delivery.LagSecondsBound = f64(60) }, "undelivered", Warn, "", "slot.lag_seconds", report.ExitWarn},
+		{"nothing undelivered, nobody streams", func(f *Facts) { f.SlotInfo.ActivePID = nil; f.Delivery.Undelivered = i64(0) }, "undelivered", OK, "0 rows", "", report.ExitBad},
+		{"undelivered without horizon", func(f *Facts) { f.Delivery.LagSecondsBound = nil }, "undelivered", Warn, "3 rows without published_at", "", report.ExitWarn},
 
-		{"dlq empty", func(*Facts) {}, "dlq", OK, "0 dead-lettered", "", ExitOK},
-		{"dlq one", func(f *Facts) { f.DLQ.Unresolved = 1 }, "dlq", Warn, "1 dead-lettered rows unresolved", "outbox-relay dlq list", ExitWarn},
-		{"dlq columns missing", func(f *Facts) { f.DLQ.ColumnsMissing = true }, "dlq", Bad, "no dead-letter columns", "migration 0003", ExitBad},
+		{"dlq empty", func(*Facts) {}, "dlq", OK, "0 dead-lettered", "", report.ExitOK},
+		{"dlq one", func(f *Facts) { f.DLQ.Unresolved = 1 }, "dlq", Warn, "1 dead-lettered rows unresolved", "outbox-relay dlq list", report.ExitWarn},
+		{"dlq columns missing", func(f *Facts) { f.DLQ.ColumnsMissing = true }, "dlq", Bad, "no dead-letter columns", "migration 0003", report.ExitBad},
 
-		{"oldest within keep", func(f *Facts) { f.Oldest.AgeSeconds = 7*24*3600 + OldestSlack.Seconds() }, "oldest_row", OK, "", "", ExitOK},
-		{"oldest past keep", func(f *Facts) { f.Oldest.AgeSeconds = 7*24*3600 + OldestSlack.Seconds() + 1 }, "oldest_row", Warn, "older than retention.keep 168h0m0s", "proven delivered", ExitWarn},
-		{"oldest, keep for ever", func(f *Facts) { f.Oldest.AgeSeconds = 1e9; f.Retention.KeepSeconds = f64(0) }, "oldest_row", OK, "", "", ExitOK},
-		{"oldest, keep unknown", func(f *Facts) { f.Oldest.AgeSeconds = 1e9; f.Retention.KeepSeconds = nil }, "oldest_row", OK, "", "", ExitOK},
-		{"empty outbox", func(f *Facts) { f.Oldest = &OldestFacts{Empty: true} }, "oldest_row", OK, "empty", "", ExitOK},
+		{"oldest within keep", func(f *Facts) { f.Oldest.AgeSeconds = 7*24*3600 + OldestSlack.Seconds() }, "oldest_row", OK, "", "", report.ExitOK},
+		{"oldest past keep", func(f *Facts) { f.Oldest.AgeSeconds = 7*24*3600 + OldestSlack.Seconds() + 1 }, "oldest_row", Warn, "older than retention.keep 168h0m0s", "proven delivered", report.ExitWarn},
+		{"oldest, keep for ever", func(f *Facts) { f.Oldest.AgeSeconds = 1e9; f.Retention.KeepSeconds = f64(0) }, "oldest_row", OK, "", "", report.ExitOK},
+		{"oldest, keep unknown", func(f *Facts) { f.Oldest.AgeSeconds = 1e9; f.Retention.KeepSeconds = nil }, "oldest_row", OK, "", "", report.ExitOK},
+		{"empty outbox", func(f *Facts) { f.Oldest = &OldestFacts{Empty: true} }, "oldest_row", OK, "empty", "", report.ExitOK},
 
-		{"retention ran", func(*Facts) {}, "retention", OK, "keep 168h0m0s, last run 30s ago deleted 12 rows", "", ExitOK},
-		{"retention keep unknown", func(f *Facts) { f.Retention.KeepSeconds = nil; f.Retention.LastRunAt = nil }, "retention", OK, "retention.keep not known to this build, never ran", "", ExitOK},
-		{"retention paused", func(f *Facts) { f.Retention.PausedReason = "the replication slot does not exist" }, "retention", Warn, "paused: the replication slot does not exist", "fix the slot", ExitWarn},
-		{"retention no state", func(f *Facts) { f.Delivery.StateFound = false }, "retention", Warn, "no delivery state", "first sample", ExitWarn},
-		{"pre-slot none", func(*Facts) {}, "retention.pre_slot_rows", OK, "0 rows", "", ExitOK},
+		{"retention ran", func(*Facts) {}, "retention", OK, "keep 168h0m0s, last run 30s ago deleted 12 rows", "", report.ExitOK},
+		{"retention keep unknown", func(f *Facts) { f.Retention.KeepSeconds = nil; f.Retention.LastRunAt = nil }, "retention", OK, "retention.keep not known to this build, never ran", "", report.ExitOK},
+		{"retention paused", func(f *Facts) { f.Retention.PausedReason = "the replication slot does not exist" }, "retention", Warn, "paused: the replication slot does not exist", "fix the slot", report.ExitWarn},
+		{"retention no state", func(f *Facts) { f.Delivery.StateFound = false }, "retention", Warn, "no delivery state", "first sample", report.ExitWarn},
+		{"pre-slot none", func(*Facts) {}, "retention.pre_slot_rows", OK, "0 rows", "", report.ExitOK},
 		{"pre-slot rows", func(f *Facts) {
 			f.Delivery.PreSlotRows, f.Delivery.PreSlotMinID, f.Delivery.PreSlotMaxID = i64(5), 1, 9
 		},
-			"retention.pre_slot_rows", Warn, "5 rows (ids 1..9)", "`outbox-relay replay --from-id 1 --to-id 9`", ExitWarn},
-		{"pre-slot not counted", func(f *Facts) { f.Delivery.PreSlotRows, f.Delivery.PreSlotError = nil, "took longer than 2s" }, "retention.pre_slot_rows", Warn, "not counted", "with $1 = 700", ExitWarn},
+			"retention.pre_slot_rows", Warn, "5 rows (ids 1..9)", "`outbox-relay replay --from-id 1 --to-id 9`", report.ExitWarn},
+		{"pre-slot not counted", func(f *Facts) { f.Delivery.PreSlotRows, f.Delivery.PreSlotError = nil, "took longer than 2s" }, "retention.pre_slot_rows", Warn, "not counted", "with $1 = 700", report.ExitWarn},
 
-		{"postgres down", func(f *Facts) { *f = Facts{Table: "public.outbox", Slot: "s", ConnectError: "connection refused"} }, "postgres", Bad, "connection refused", "postgres.url", ExitBad},
+		{"postgres down", func(f *Facts) { *f = Facts{Table: "public.outbox", Slot: "s", ConnectError: "connection refused"} }, "postgres", Bad, "connection refused", "postgres.url", report.ExitBad},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -136,11 +137,11 @@ func TestEvaluate(t *testing.T) {
 			if !ok {
 				t.Fatalf("no check %q in %+v", tt.check, r.Checks)
 			}
-			if c.Verdict != tt.verdict || !strings.Contains(c.Value, tt.value) || !strings.Contains(c.Do, tt.do) {
+			if c.Verdict != tt.verdict || !strings.Contains(c.Value, tt.value) || !strings.Contains(c.Fix, tt.do) {
 				t.Errorf("got %+v\nwant verdict %s, value ~ %q, do ~ %q", c, tt.verdict, tt.value, tt.do)
 			}
-			if (c.Verdict == OK) != (c.Do == "") {
-				t.Errorf("%s: advice %q with verdict %s: every check not ok says what to do, an ok one nothing", c.Name, c.Do, c.Verdict)
+			if (c.Verdict == OK) != (c.Fix == "") {
+				t.Errorf("%s: advice %q with verdict %s: every check not ok says what to do, an ok one nothing", c.Name, c.Fix, c.Verdict)
 			}
 			if r.ExitCode != tt.exit {
 				t.Errorf("exit %d, want %d; checks %+v", r.ExitCode, tt.exit, r.Checks)
@@ -177,19 +178,19 @@ func TestEventReason(t *testing.T) {
 func TestEventCheck(t *testing.T) {
 	tests := []struct {
 		e       EventFacts
-		verdict Verdict
+		verdict report.Verdict
 		value   string
 		do      string
 		exit    int
 	}{
-		{EventFacts{ID: 7, Found: true, Delivered: true, Reason: ReasonHorizon, XID: 150}, OK, "delivered: proven by the horizon (xid 150", "", ExitOK},
-		{EventFacts{ID: 7, Found: true, Delivered: true, Reason: ReasonHorizon, DeadLetteredAt: tm(at)}, OK, "dead-letter topic", "", ExitOK},
-		{EventFacts{ID: 7, Found: true, Delivered: true, Reason: ReasonPublished, PublishedAt: tm(at)}, OK, "published_at is set", "", ExitOK},
-		{EventFacts{ID: 7, Found: true, Reason: ReasonNewer, XID: 250}, Warn, "not yet: newer than the delivered horizon", "ask again", ExitWarn},
-		{EventFacts{ID: 7, Found: true, Reason: ReasonPredates, XID: 50}, Bad, "predates the slot", "`outbox-relay replay --from-id 7 --to-id 7`", ExitBad},
-		{EventFacts{ID: 7, Found: true, Reason: ReasonNoHorizon}, Warn, "no delivered horizon yet", "outbox-relay run", ExitWarn},
-		{EventFacts{ID: 7, Reason: ReasonNotFound}, Warn, "no row 7 in public.outbox", "", ExitWarn},
-		{EventFacts{ID: 7, Reason: ReasonUnreadable, Error: "the delivery table public.outbox_relay_delivery does not exist: run `outbox-relay migrate`"}, Bad, "does not exist", "outbox-relay migrate", ExitBad},
+		{EventFacts{ID: 7, Found: true, Delivered: true, Reason: ReasonHorizon, XID: 150}, OK, "delivered: proven by the horizon (xid 150", "", report.ExitOK},
+		{EventFacts{ID: 7, Found: true, Delivered: true, Reason: ReasonHorizon, DeadLetteredAt: tm(at)}, OK, "dead-letter topic", "", report.ExitOK},
+		{EventFacts{ID: 7, Found: true, Delivered: true, Reason: ReasonPublished, PublishedAt: tm(at)}, OK, "published_at is set", "", report.ExitOK},
+		{EventFacts{ID: 7, Found: true, Reason: ReasonNewer, XID: 250}, Warn, "not yet: newer than the delivered horizon", "ask again", report.ExitWarn},
+		{EventFacts{ID: 7, Found: true, Reason: ReasonPredates, XID: 50}, Bad, "predates the slot", "`outbox-relay replay --from-id 7 --to-id 7`", report.ExitBad},
+		{EventFacts{ID: 7, Found: true, Reason: ReasonNoHorizon}, Warn, "no delivered horizon yet", "outbox-relay run", report.ExitWarn},
+		{EventFacts{ID: 7, Reason: ReasonNotFound}, Warn, "no row 7 in public.outbox", "", report.ExitWarn},
+		{EventFacts{ID: 7, Reason: ReasonUnreadable, Error: "the delivery table public.outbox_relay_delivery does not exist: run `outbox-relay migrate`"}, Bad, "does not exist", "outbox-relay migrate", report.ExitBad},
 	}
 	for _, tt := range tests {
 		f := Facts{At: at, Table: "public.outbox", Slot: "s", Event: &tt.e}
@@ -198,7 +199,7 @@ func TestEventCheck(t *testing.T) {
 			t.Fatalf("--id reports one check, got %+v", r.Checks)
 		}
 		c := r.Checks[0]
-		if c.Name != "event 7" || c.Verdict != tt.verdict || !strings.Contains(c.Value, tt.value) || !strings.Contains(c.Do, tt.do) || r.ExitCode != tt.exit {
+		if c.Name != "event 7" || c.Verdict != tt.verdict || !strings.Contains(c.Value, tt.value) || !strings.Contains(c.Fix, tt.do) || r.ExitCode != tt.exit {
 			t.Errorf("%s: got %+v exit %d, want %s ~%q ~%q exit %d", tt.e.Reason, c, r.ExitCode, tt.verdict, tt.value, tt.do, tt.exit)
 		}
 	}
@@ -259,7 +260,7 @@ func TestJSON(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
 		t.Fatalf("%v\n%s", err, b.String())
 	}
-	if got.Verdict != "bad" || got.ExitCode != ExitBad || len(got.Checks) != 11 || got.Checks[2].Name != "slot.active" || got.Checks[2].Verdict != "bad" || got.Checks[2].Do == "" {
+	if got.Verdict != "bad" || got.ExitCode != report.ExitBad || len(got.Checks) != 11 || got.Checks[2].Name != "slot.active" || got.Checks[2].Verdict != "bad" || got.Checks[2].Do == "" {
 		t.Errorf("report %+v", got)
 	}
 	for sec, keys := range map[string][]string{
@@ -289,6 +290,30 @@ func TestJSON(t *testing.T) {
 	for _, k := range []string{"at", "table", "slot"} {
 		if _, ok := got.Facts[k]; !ok {
 			t.Errorf("facts.%s missing", k)
+		}
+	}
+}
+
+// A program decoding `status --json` into a Report gets the checks back,
+// each fix from its "do".
+func TestJSONRoundTrip(t *testing.T) {
+	f := healthy()
+	f.SlotInfo.ActivePID = nil
+	r := Evaluate(f)
+	var b bytes.Buffer
+	if err := JSON(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	var got Report
+	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Outcome != r.Outcome || len(got.Checks) != len(r.Checks) || got.Facts.Slot != r.Facts.Slot {
+		t.Fatalf("decoded %+v, want %+v", got, r)
+	}
+	for i := range r.Checks {
+		if got.Checks[i] != r.Checks[i] {
+			t.Errorf("check %d: decoded %+v, want %+v", i, got.Checks[i], r.Checks[i])
 		}
 	}
 }

@@ -1,8 +1,9 @@
 // Package status answers "is the relay healthy, and is event N delivered?"
 // from PostgreSQL alone, so it works while every relay is down: Gather reads
 // the facts (lease, slot, delivery horizon, DLQ, oldest row, retention
-// state), Evaluate turns them into checks with a verdict and what to do, and
-// Text and JSON render the Report. `outbox-relay status` wires it.
+// state), Evaluate turns them into checks (package report's, status's
+// verdicts ok, warn and bad) each with what to do, and Text and JSON render
+// the Report. `outbox-relay status` wires it.
 package status
 
 import (
@@ -19,9 +20,9 @@ import (
 )
 
 // SampleInterval is how often the leader samples the delivery horizon
-// (fixed in package retention's design, not a config key): lag_seconds is
-// an upper bound that overstates by up to two of them.
-const SampleInterval = 5 * time.Second
+// (retention.SampleInterval, not a config key): lag_seconds is an upper
+// bound that overstates by up to two of them.
+const SampleInterval = retention.SampleInterval
 
 // Options is what Gather reads and how.
 type Options struct {
@@ -47,7 +48,7 @@ type Options struct {
 	Mapped bool
 }
 
-// Facts are the raw readings; JSON field names are stable (README).
+// Facts are the raw readings; JSON field names are stable (docs/commands.md).
 type Facts struct {
 	At    time.Time `json:"at"` // the server's clock; every age is against it
 	Table string    `json:"table"`
@@ -63,8 +64,9 @@ type Facts struct {
 	Oldest         *OldestFacts    `json:"oldest_row,omitempty"`
 	Retention      *RetentionFacts `json:"retention,omitempty"`
 	Event          *EventFacts     `json:"event,omitempty"`
-	// ConnectError is set when PostgreSQL could not be reached (no secret
-	// in it: see Report's caller).
+	// ConnectError is set when PostgreSQL could not be reached: the
+	// driver's message, which may hold the password of the URL (the caller
+	// removes it: `outbox-relay status` does).
 	ConnectError string `json:"connect_error,omitempty"`
 }
 

@@ -2,43 +2,40 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
-	"syscall"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/preflight"
 )
 
-const checkUsage = "usage: outbox-relay check [--json] [--print-grants ROLE] [--config FILE] [config flags]"
+// checkCommand is `outbox-relay check`, the preflight before `run`, with
+// the relay's own config. Exit codes as status's: 0 all ok, 4
+// (report.ExitWarn) some warn, 3 (report.ExitBad) some check failed, 2
+// usage, 1 the report could not be written.
+func checkCommand() command {
+	a := &checkArgs{}
+	return command{usage: "usage: outbox-relay check [--json] [--print-grants ROLE] [--config FILE] [config flags]", flags: a.flags, timeout: 60 * time.Second, run: a.run}
+}
 
-// checkMain runs `outbox-relay check`, the preflight before `run`, with the
-// relay's own config. Exit codes as status's: 0 all ok, 4
-// (preflight.ExitWarn) some warn, 3 (preflight.ExitFail) some check failed,
-// 2 usage, 1 the report could not be written.
-func checkMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	var (
-		asJSON bool
-		grants string
-	)
-	own := func(fs *flag.FlagSet) {
-		fs.BoolVar(&asJSON, "json", false, "print the report as JSON (field names in docs/commands.md)")
-		fs.StringVar(&grants, "print-grants", "", "print the GRANT block for role `ROLE` and exit (connects to nothing)")
-	}
-	cfg, err := loadConfig("check", args, getenv, own)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, checkUsage)
-		printFlags(stdout, own)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
-		return exitConfig
-	}
+// checkArgs are check's own flags.
+type checkArgs struct {
+	asJSON bool   // --json: the report as JSON, not text
+	grants string // --print-grants: print the GRANT block for this role, check nothing
+}
+
+func (a *checkArgs) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&a.asJSON, "json", false, "print the report as JSON (field names in docs/commands.md)")
+	fs.StringVar(&a.grants, "print-grants", "", "print the GRANT block for role `ROLE` and exit (connects to nothing)")
+}
+
+// run gathers the facts, judges them and writes the report (with
+// --print-grants, only the GRANT block).
+func (a *checkArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Writer, _ zerolog.Logger) int {
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
 	o := preflight.Options{
 		PostgresURL: cfg.Postgres.URL, Table: tbl, Publication: cfg.Postgres.Publication, Slot: cfg.Postgres.Slot,
@@ -47,22 +44,10 @@ func checkMain(args []string, getenv func(string) string, stdout, stderr io.Writ
 		Kafka: cfg.Kafka, DeadLetterTopic: cfg.DeadLetter.Topic, MessagesPrefix: cfg.Messages.Prefix, Mappings: cfg.Postgres.Mappings,
 	}
 
-	if grants != "" {
-		fmt.Fprint(stdout, preflight.Grants(o, grants))
+	if a.grants != "" {
+		fmt.Fprint(stdout, preflight.Grants(o, a.grants))
 		return exitOK
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 	rep := preflight.Evaluate(preflight.Gather(ctx, o))
-	write := preflight.Text
-	if asJSON {
-		write = preflight.JSON
-	}
-	if err := write(stdout, rep); err != nil {
-		fmt.Fprintln(stderr, "check:", err)
-		return exitFatal
-	}
-	return rep.ExitCode
+	return writeReport("check", a.asJSON, preflight.Text, preflight.JSON, rep, rep.ExitCode, stdout, stderr)
 }

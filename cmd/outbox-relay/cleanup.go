@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
-	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
@@ -57,30 +55,23 @@ func preparePartitioned(ctx context.Context, conn *pgx.Conn, cfg Config, tbl out
 	return nil
 }
 
-// cleanupMain runs `outbox-relay cleanup [--dry-run]`: one horizon sample,
-// then the retention run now (package retention does the work).
-func cleanupMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	var dryRun bool
-	own := func(fs *flag.FlagSet) {
-		fs.BoolVar(&dryRun, "dry-run", false, "count what would be removed and why the other old rows stay; change nothing")
-	}
-	cfg, err := loadConfig("cleanup", args, getenv, own)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, "usage: outbox-relay cleanup [--dry-run] [config flags]")
-		printFlags(stdout, own)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
-		return exitConfig
-	}
-	if why := cfg.ownTableOnly("cleanup"); why != "" {
-		fmt.Fprintln(stderr, why)
-		return exitConfig
-	}
-	log := newLogger(cfg.Log, stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+// cleanupCommand is `outbox-relay cleanup [--dry-run]`: one horizon
+// sample, then the retention run now (package retention does the work).
+func cleanupCommand() command {
+	a := &cleanupArgs{}
+	return command{usage: "usage: outbox-relay cleanup [--dry-run] [config flags]", flags: a.flags, ownTable: true, run: a.run}
+}
+
+// cleanupArgs are cleanup's own flags.
+type cleanupArgs struct{ dryRun bool }
+
+func (a *cleanupArgs) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&a.dryRun, "dry-run", false, "count what would be removed and why the other old rows stay; change nothing")
+}
+
+// run removes (with --dry-run, counts) the delivered rows older than
+// retention.keep and writes what it did.
+func (a *cleanupArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Writer, log zerolog.Logger) int {
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
 	c, err := retention.New(cfg.Retention, retention.Horizon{Table: tbl, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication}, nil, nil, log)
 	if err != nil {
@@ -97,7 +88,7 @@ func cleanupMain(args []string, getenv func(string) string, stdout, stderr io.Wr
 		return exitFatal
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rep, err := c.Once(ctx, conn, dryRun)
+	rep, err := c.Once(ctx, conn, a.dryRun)
 	var paused *retention.PausedError
 	switch {
 	case errors.As(err, &paused):
@@ -107,6 +98,6 @@ func cleanupMain(args []string, getenv func(string) string, stdout, stderr io.Wr
 		fmt.Fprintf(stderr, "cleanup of %s failed: %v\n", tbl, err)
 		return exitFatal
 	}
-	fmt.Fprint(stdout, rep.Summary(tbl, cfg.Retention, dryRun))
+	fmt.Fprint(stdout, rep.Summary(tbl, cfg.Retention, a.dryRun))
 	return exitOK
 }

@@ -97,6 +97,21 @@ func boolean(f func(c *Config) *bool) func(*Config, string) error {
 	}
 }
 
+// commaList sets a list from a comma-separated value: each element
+// trimmed, empty ones dropped.
+func commaList(f func(c *Config) *[]string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		l := f(c)
+		*l = nil
+		for _, e := range strings.Split(v, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				*l = append(*l, e)
+			}
+		}
+		return nil
+	}
+}
+
 var keys = []key{
 	{"postgres.url", "OUTBOX_RELAY_POSTGRES_URL", "postgres-url", "PostgreSQL connection URL (direct, not through a transaction pooler)",
 		str(func(c *Config) *string { return &c.Postgres.URL })},
@@ -125,15 +140,7 @@ var keys = []key{
 	{"postgres.streaming", "OUTBOX_RELAY_STREAMING", "streaming", "stream transactions larger than logical_decoding_work_mem before they commit (PostgreSQL 14+): auto, on or off",
 		str(func(c *Config) *string { return &c.Postgres.Streaming })},
 	{"kafka.brokers", "OUTBOX_RELAY_KAFKA_BROKERS", "kafka-brokers", "comma-separated host:port list",
-		func(c *Config, v string) error {
-			c.Kafka.Brokers = nil
-			for _, b := range strings.Split(v, ",") {
-				if b = strings.TrimSpace(b); b != "" {
-					c.Kafka.Brokers = append(c.Kafka.Brokers, b)
-				}
-			}
-			return nil
-		}},
+		commaList(func(c *Config) *[]string { return &c.Kafka.Brokers })},
 	{"kafka.client_id", "OUTBOX_RELAY_KAFKA_CLIENT_ID", "kafka-client-id", "Kafka client id",
 		str(func(c *Config) *string { return &c.Kafka.ClientID })},
 	{"kafka.topic_template", "OUTBOX_RELAY_TOPIC_TEMPLATE", "topic-template", "topic per event: {aggregate_type}, {event_type}, {schema} and {table} are replaced; no placeholder = fixed topic",
@@ -268,15 +275,7 @@ var keys = []key{
 	{"columns.headers", "OUTBOX_RELAY_COLUMNS_HEADERS", "columns-headers", "JSON object column whose keys become headers, or none (default headers, with compat none)",
 		str(func(c *Config) *string { return &c.Columns.Headers })},
 	{"columns.additional", "OUTBOX_RELAY_COLUMNS_ADDITIONAL", "columns-additional", "comma-separated column:header[:name] placed as headers (table.fields.additional.placement)",
-		func(c *Config, v string) error {
-			c.Columns.Additional = nil
-			for _, e := range strings.Split(v, ",") {
-				if e = strings.TrimSpace(e); e != "" {
-					c.Columns.Additional = append(c.Columns.Additional, e)
-				}
-			}
-			return nil
-		}},
+		commaList(func(c *Config) *[]string { return &c.Columns.Additional })},
 }
 
 // boolKeys are the keys whose flag may stand alone (--kafka-tls).

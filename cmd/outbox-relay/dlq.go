@@ -2,70 +2,69 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
+const dlqUsage = "usage: outbox-relay dlq list [--all] [--limit N] | replay --id N | resolve --id N  [config flags]"
+
 // dlqMain runs `outbox-relay dlq list|replay|resolve` with the relay's own
 // config (file, env, flags), so it finds the same outbox table.
 func dlqMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprintln(stderr, "usage: outbox-relay dlq list [--all] [--limit N] | replay --id N | resolve --id N  [config flags]")
+		fmt.Fprintln(stderr, dlqUsage)
 		return exitConfig
 	}
 	sub, rest := args[0], args[1:]
-	var (
-		id    int64
-		all   bool
-		limit int
-	)
-	opts := func(fs *flag.FlagSet) {
-		switch sub {
-		case "list":
-			fs.BoolVar(&all, "all", false, "include resolved rows")
-			fs.IntVar(&limit, "limit", 100, "most rows to show")
-		case "replay", "resolve":
-			fs.Int64Var(&id, "id", 0, "outbox row id (see dlq list)")
-		}
-	}
 	switch sub {
 	case "list", "replay", "resolve":
 	default:
 		fmt.Fprintf(stderr, "unknown dlq command %q: use list, replay or resolve\n", sub)
 		return exitConfig
 	}
-	cfg, err := loadConfig("dlq "+sub, rest, getenv, opts)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, "usage: outbox-relay dlq list [--all] [--limit N] | replay --id N | resolve --id N  [config flags]")
-		printFlags(stdout, opts)
-		return exitOK
+	a := &dlqArgs{sub: sub}
+	return runCommand("dlq "+sub, command{usage: dlqUsage, flags: a.flags, ownTable: true, timeout: time.Minute, run: a.run},
+		rest, getenv, stdout, stderr)
+}
+
+// dlqArgs are the flags of dlq sub.
+type dlqArgs struct {
+	sub   string
+	id    int64
+	all   bool
+	limit int
+}
+
+func (a *dlqArgs) flags(fs *flag.FlagSet) {
+	switch a.sub {
+	case "list":
+		fs.BoolVar(&a.all, "all", false, "include resolved rows")
+		fs.IntVar(&a.limit, "limit", 100, "most rows to show")
+	case "replay", "resolve":
+		fs.Int64Var(&a.id, "id", 0, "outbox row id (see dlq list)")
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
-		return exitConfig
-	}
-	if why := cfg.ownTableOnly("dlq"); why != "" {
-		fmt.Fprintln(stderr, why)
-		return exitConfig
-	}
+}
+
+func (a *dlqArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Writer, _ zerolog.Logger) int {
+	return runDLQ(ctx, cfg, a.sub, a.id, a.all, a.limit, stdout, stderr)
+}
+
+// runDLQ runs dlq sub (list, replay or resolve) on the configured outbox
+// table.
+func runDLQ(ctx context.Context, cfg Config, sub string, id int64, all bool, limit int, stdout, stderr io.Writer) int {
 	if sub != "list" && id <= 0 {
 		fmt.Fprintf(stderr, "dlq %s: --id is required: the outbox row id, from `outbox-relay dlq list`\n", sub)
 		return exitConfig
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
 	store, err := deadletter.Open(ctx, cfg.Postgres.URL, tbl.Schema, tbl.Name)
 	if err != nil {

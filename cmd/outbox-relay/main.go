@@ -15,13 +15,9 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,7 +34,8 @@ import (
 var version = "dev"
 
 // Exit codes: 0 clean stop (also on SIGTERM/SIGINT), 1 fatal error, 2 bad
-// configuration or usage.
+// configuration or usage. status and check add theirs: 3 a check bad or
+// failed, 4 a warning (report.ExitBad, report.ExitWarn).
 const (
 	exitOK     = 0
 	exitFatal  = 1
@@ -49,6 +46,8 @@ func main() {
 	os.Exit(realMain(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
+// realMain is main with its inputs and outputs given: it runs the command
+// line args (without the program name) and returns the exit code.
 func realMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stderr)
@@ -59,73 +58,22 @@ func realMain(args []string, getenv func(string) string, stdout, stderr io.Write
 	case "version", "--version":
 		fmt.Fprintln(stdout, "outbox-relay", version)
 		return exitOK
-	case "run", "migrate":
-	case "dlq":
-		return dlqMain(rest, getenv, stdout, stderr)
-	case "status":
-		return statusMain(rest, getenv, stdout, stderr)
-	case "replay":
-		return replayMain(rest, getenv, stdout, stderr)
-	case "cleanup":
-		return cleanupMain(rest, getenv, stdout, stderr)
-	case "check":
-		return checkMain(rest, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return exitOK
-	default:
+	case "dlq":
+		return dlqMain(rest, getenv, stdout, stderr)
+	}
+	c, ok := commands[cmd]
+	if !ok {
 		fmt.Fprintf(stderr, "unknown command %q\n", cmd)
 		usage(stderr)
 		return exitConfig
 	}
-	cfg, err := loadConfig(cmd, rest, getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(stdout, "usage: outbox-relay %s [--config FILE] [flags]\n", cmd)
-		printFlags(stdout)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
-		return exitConfig
-	}
-	log := newLogger(cfg.Log, stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if cmd == "migrate" {
-		return migrate(ctx, cfg, log)
-	}
-	return run(ctx, cfg, log)
+	return runCommand(cmd, c(), rest, getenv, stdout, stderr)
 }
 
-func usage(w io.Writer) {
-	fmt.Fprint(w, `usage: outbox-relay <command> [--config FILE] [flags]
-
-commands:
-  run       stream outbox inserts from the replication slot to Kafka
-  migrate   create the outbox table, its index, the publication and the slot
-  dlq       list | replay --id N | resolve --id N: dead-lettered events
-  status    [--json] [--id N]: leader, slot, lag, undelivered, DLQ, retention, each with
-            what to do; reads PostgreSQL only. Exit 0 all ok, 4 a warning, 3 a check is bad
-  replay    --since TIME|--from-id N [--until TIME|--to-id M] [--aggregate-type T]
-            [--event-type E] [--rate N/s]: republish outbox rows from the table with
-            their original event_id (after a lost or dropped slot, rows older than
-            the slot, a new consumer); TIME is RFC 3339 or 2006-01-02 (UTC)
-  cleanup   [--dry-run] remove delivered rows older than retention.keep now
-  check     [--json] [--print-grants ROLE]: preflight before run: server, privileges,
-            publication, slot, Kafka, topics, ACLs, each with the exact fix.
-            Exit 0 all ok, 4 a warning, 3 a check failed
-  version   print the version
-
-Run "outbox-relay <command> -h" for its flags and their defaults; each
-configuration flag has an OUTBOX_RELAY_* env twin. --config FILE (or env
-OUTBOX_RELAY_CONFIG) reads a YAML file first.
-`)
-}
-
-func indent(err error) string {
-	return "  - " + strings.ReplaceAll(err.Error(), "\n", "\n  - ") + "\n"
-}
-
+// newLogger is the logger of c (level, json or console) writing to w.
 func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 	lvl, _ := zerolog.ParseLevel(c.Level)
 	var out io.Writer = w
@@ -139,7 +87,11 @@ func newLogger(c LogConfig, w io.Writer) zerolog.Logger {
 	return zerolog.New(out).Level(lvl).With().Timestamp().Logger()
 }
 
-func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
+// migrate is `outbox-relay migrate`: the outbox table (partitioned when
+// postgres.partition says so and it is new), its index and the relay's
+// helper tables, the publication and the slot; with a column mapping,
+// only the helper tables, the publication and the slot.
+func migrate(ctx context.Context, cfg Config, _, _ io.Writer, log zerolog.Logger) int {
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
 	conn, err := pg.Connect(ctx, cfg.Postgres.URL)
 	if err != nil {
@@ -200,7 +152,10 @@ func migrate(ctx context.Context, cfg Config, log zerolog.Logger) int {
 	return exitOK
 }
 
-func run(ctx context.Context, cfg Config, log zerolog.Logger) int {
+// run is `outbox-relay run`, the relay, until ctx ends (exit 0) or a fatal
+// error (1); 2 when relay.New refuses the config. Past the shutdown
+// deadline it exits the process itself.
+func run(ctx context.Context, cfg Config, _, _ io.Writer, log zerolog.Logger) int {
 	log = log.With().Str("slot", cfg.Postgres.Slot).Logger()
 	log.Info().Str("version", version).Str("config", cfg.redacted()).Msg("starting outbox-relay")
 	gcPercent, memLimit := tuneGC(cfg.InFlight.MaxBytes)

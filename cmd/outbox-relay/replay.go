@@ -2,39 +2,42 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/replay"
 )
 
-// replayMain runs `outbox-relay replay` with the relay's own config (file,
-// env, flags): it finds the same table and publishes like the relay.
-func replayMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	var opts func() (replay.Options, error)
-	cfg, err := loadConfig("replay", args, getenv, func(fs *flag.FlagSet) { opts = replay.Bind(fs) })
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, "usage:", replay.Usage)
-		printFlags(stdout, func(fs *flag.FlagSet) { replay.Bind(fs) })
-		return exitOK
-	}
-	o, oerr := opts() // also after a config error: one run shows every problem
-	if err = errors.Join(oerr, err); err != nil {
-		fmt.Fprintf(stderr, "replay: invalid arguments or configuration:\n%v\nusage: %s\n", indent(err), replay.Usage)
-		return exitConfig
-	}
-	if why := cfg.ownTableOnly("replay"); why != "" {
-		fmt.Fprintln(stderr, why)
-		return exitConfig
-	}
-	log := newLogger(cfg.Log, stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+// replayCommand is `outbox-relay replay` with the relay's own config
+// (file, env, flags): it finds the same table and publishes like the relay.
+func replayCommand() command {
+	a := &replayArgs{}
+	return command{usage: "usage: " + replay.Usage, flags: a.flags, args: a.check, ownTable: true, run: a.run}
+}
+
+// replayArgs are replay's own flags (package replay binds and checks them).
+type replayArgs struct {
+	opts func() (replay.Options, error)
+	o    replay.Options
+}
+
+func (a *replayArgs) flags(fs *flag.FlagSet) { a.opts = replay.Bind(fs) }
+
+func (a *replayArgs) check() (err error) {
+	a.o, err = a.opts()
+	return err
+}
+
+func (a *replayArgs) run(ctx context.Context, cfg Config, _, stderr io.Writer, log zerolog.Logger) int {
+	return runReplay(ctx, cfg, a.o, stderr, log)
+}
+
+// runReplay republishes the rows o selects, its progress on stderr.
+func runReplay(ctx context.Context, cfg Config, o replay.Options, stderr io.Writer, log zerolog.Logger) int {
 	r, err := replay.New(replayConfig(cfg), o, replay.Deps{Log: log, Progress: stderr, Terminal: isTerminal(stderr)})
 	if err != nil {
 		fmt.Fprintln(stderr, "replay:", err)

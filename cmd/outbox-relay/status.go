@@ -2,62 +2,54 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/status"
 )
 
-const statusUsage = "usage: outbox-relay status [--json] [--id N] [--config FILE] [config flags]"
+// statusCommand is `outbox-relay status`: it reads PostgreSQL only, with
+// the relay's own config, so it answers while every relay is down. Exit
+// codes: 0 all ok, 4 (report.ExitWarn) some warn, 3 (report.ExitBad) some
+// bad, 2 usage, 1 the report could not be written.
+func statusCommand() command {
+	a := &statusArgs{}
+	return command{usage: "usage: outbox-relay status [--json] [--id N] [--config FILE] [config flags]", flags: a.flags, timeout: 30 * time.Second, run: a.run}
+}
 
-// statusMain runs `outbox-relay status`: it reads PostgreSQL only, with the
-// relay's own config, so it answers while every relay is down. Exit codes:
-// 0 all ok, 4 (status.ExitWarn) some warn, 3 (status.ExitBad) some bad,
-// 2 usage, 1 the report could not be written.
-func statusMain(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	var (
-		asJSON bool
-		id     int64
-	)
-	own := func(fs *flag.FlagSet) {
-		fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
-		fs.Int64Var(&id, "id", 0, "only answer: is outbox row `N` delivered?")
-	}
-	cfg, err := loadConfig("status", args, getenv, own)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stdout, statusUsage)
-		printFlags(stdout, own)
-		return exitOK
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "invalid configuration:\n%v\n", indent(err))
-		return exitConfig
-	}
-	if id < 0 {
+// statusArgs are status's own flags.
+type statusArgs struct {
+	asJSON bool  // --json: the report as JSON, not text
+	id     int64 // --id: > 0 asks only whether this outbox row is delivered
+}
+
+func (a *statusArgs) flags(fs *flag.FlagSet) {
+	fs.BoolVar(&a.asJSON, "json", false, "print the report as JSON")
+	fs.Int64Var(&a.id, "id", 0, "only answer: is outbox row `N` delivered?")
+}
+
+// run gathers the facts (with --id, only that row's), judges them and
+// writes the report.
+func (a *statusArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Writer, _ zerolog.Logger) int {
+	if a.id < 0 {
 		fmt.Fprintln(stderr, "status: --id must be an outbox row id (a positive integer)")
 		return exitConfig
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	tbl, _ := outboxschema.ParseTable(cfg.Postgres.Table) // valid: loadConfig checked it
 	opts := status.Options{
-		Table: tbl, Slot: cfg.Postgres.Slot, EventID: id,
+		Table: tbl, Slot: cfg.Postgres.Slot, EventID: a.id,
 		LeaderEnabled: cfg.Leader.Enabled, LeaseTTL: cfg.Leader.LeaseTTL,
 		Keep: retentionKeep(cfg), MessagesPrefix: cfg.Messages.Prefix, Mapped: cfg.Postgres.Mappings != nil,
 	}
-	if opts.Mapped && id > 0 {
+	if opts.Mapped && a.id > 0 {
 		fmt.Fprintln(stderr, cfg.ownTableOnly("status --id"))
 		return exitConfig
 	}
@@ -71,15 +63,7 @@ func statusMain(args []string, getenv func(string) string, stdout, stderr io.Wri
 		facts.ConnectError = noSecret(facts.ConnectError, cfg.Postgres.URL)
 	}
 	rep := status.Evaluate(facts)
-	write := status.Text
-	if asJSON {
-		write = status.JSON
-	}
-	if err := write(stdout, rep); err != nil {
-		fmt.Fprintln(stderr, "status:", err)
-		return exitFatal
-	}
-	return rep.ExitCode
+	return writeReport("status", a.asJSON, status.Text, status.JSON, rep, rep.ExitCode, stdout, stderr)
 }
 
 // retentionKeep is retention.keep for the oldest_row and retention checks.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/status"
 )
 
@@ -31,9 +32,9 @@ func TestStatusCommand(t *testing.T) {
 		out  string // substring of stdout
 		err  string // substring of stderr
 	}{
-		{"unreachable, text", []string{"status", "--postgres-url", url, "--kafka-brokers", "k:9092"}, status.ExitBad, "postgres  BAD  cannot read PostgreSQL", ""},
-		{"unreachable, json", []string{"status", "--json", "--postgres-url", url, "--kafka-brokers", "k:9092"}, status.ExitBad, `"verdict": "bad"`, ""},
-		{"unreachable, --id", []string{"status", "--id", "7", "--postgres-url", url, "--kafka-brokers", "k:9092"}, status.ExitBad, "postgres", ""},
+		{"unreachable, text", []string{"status", "--postgres-url", url, "--kafka-brokers", "k:9092"}, report.ExitBad, "postgres  BAD  cannot read PostgreSQL", ""},
+		{"unreachable, json", []string{"status", "--json", "--postgres-url", url, "--kafka-brokers", "k:9092"}, report.ExitBad, `"verdict": "bad"`, ""},
+		{"unreachable, --id", []string{"status", "--id", "7", "--postgres-url", url, "--kafka-brokers", "k:9092"}, report.ExitBad, "postgres", ""},
 		{"negative id", []string{"status", "--id", "-1", "--postgres-url", url, "--kafka-brokers", "k:9092"}, exitConfig, "", "--id must be"},
 		{"unknown flag", []string{"status", "--bogus"}, exitConfig, "", "flag provided but not defined"},
 		{"help", []string{"status", "-h"}, exitOK, "usage: outbox-relay status", ""},

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/preflight"
+	checkreport "github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
@@ -45,7 +46,7 @@ func (e *env) runCheck(t *testing.T, dbURL string, extra ...string) (preflight.R
 	return r, out
 }
 
-func checkNamed(t *testing.T, r preflight.Report, name string) preflight.Check {
+func checkNamed(t *testing.T, r preflight.Report, name string) checkreport.Check {
 	t.Helper()
 	for _, c := range r.Checks {
 		if c.Name == name {
@@ -53,7 +54,7 @@ func checkNamed(t *testing.T, r preflight.Report, name string) preflight.Check {
 		}
 	}
 	t.Fatalf("no check %q in %+v", name, r.Checks)
-	return preflight.Check{}
+	return checkreport.Check{}
 }
 
 func noFailures(t *testing.T, r preflight.Report, except ...string) {
@@ -83,7 +84,7 @@ func TestCheck(t *testing.T) {
 	e := newEnv(t, "check")
 	r, out := e.runCheck(t, "")
 	noFailures(t, r)
-	if r.ExitCode != preflight.ExitOK && r.ExitCode != preflight.ExitWarn {
+	if r.ExitCode != checkreport.ExitOK && r.ExitCode != checkreport.ExitWarn {
 		t.Errorf("exit %d on healthy services:\n%s", r.ExitCode, out)
 	}
 	for _, name := range []string{"server_version", "wal_level", "replication_slots", "wal_senders", "role.replication",
@@ -128,7 +129,7 @@ func TestCheck(t *testing.T) {
 	mustExec(t, e, `ALTER ROLE "`+role+`" NOREPLICATION`)
 	r, out = e.runCheck(t, u.String())
 	c := checkNamed(t, r, "role.replication")
-	if c.Verdict != preflight.Fail || !strings.Contains(c.Fix, `ALTER ROLE "`+role+`" REPLICATION`) || r.ExitCode != preflight.ExitFail {
+	if c.Verdict != preflight.Fail || !strings.Contains(c.Fix, `ALTER ROLE "`+role+`" REPLICATION`) || r.ExitCode != checkreport.ExitBad {
 		t.Errorf("role without REPLICATION: %+v, exit %d\n%s", c, r.ExitCode, out)
 	}
 	noFailures(t, r, "role.replication")
@@ -153,7 +154,7 @@ func TestCheckMissingPublication(t *testing.T) {
 	r, out := e.runCheck(t, "", "--create-publication=false")
 	c := checkNamed(t, r, "publication")
 	if c.Verdict != preflight.Fail || !strings.Contains(c.Fix, `CREATE PUBLICATION "`+e.Pub+`" FOR TABLE `) ||
-		!strings.Contains(c.Fix, "publish = 'insert'") || r.ExitCode != preflight.ExitFail {
+		!strings.Contains(c.Fix, "publish = 'insert'") || r.ExitCode != checkreport.ExitBad {
 		t.Errorf("missing publication, creation off: %+v, exit %d\n%s", c, r.ExitCode, out)
 	}
 	noFailures(t, r, "publication")
@@ -189,7 +190,7 @@ func TestCheckWalLevelReplica(t *testing.T) {
 	r, out := e.runCheck(t, "")
 	c := checkNamed(t, r, "wal_level")
 	if c.Verdict != preflight.Fail || !strings.Contains(c.Value, "replica") ||
-		!strings.Contains(c.Fix, "ALTER SYSTEM SET wal_level = logical") || !strings.Contains(c.Fix, "restart PostgreSQL") || r.ExitCode != preflight.ExitFail {
+		!strings.Contains(c.Fix, "ALTER SYSTEM SET wal_level = logical") || !strings.Contains(c.Fix, "restart PostgreSQL") || r.ExitCode != checkreport.ExitBad {
 		t.Errorf("wal_level replica: %+v, exit %d\n%s", c, r.ExitCode, out)
 	}
 	restore()

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	checkreport "github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/status"
 	"github.com/outbox-relay/outbox-relay/test/testkit"
@@ -36,7 +37,7 @@ func (e *env) statusJSON(t *testing.T, args ...string) status.Report {
 	return r
 }
 
-func statusCheck(t *testing.T, r status.Report, name string) status.Check {
+func statusCheck(t *testing.T, r status.Report, name string) checkreport.Check {
 	t.Helper()
 	for _, c := range r.Checks {
 		if c.Name == name {
@@ -44,7 +45,7 @@ func statusCheck(t *testing.T, r status.Report, name string) status.Check {
 		}
 	}
 	t.Fatalf("no check %q in %+v", name, r.Checks)
-	return status.Check{}
+	return checkreport.Check{}
 }
 
 // `outbox-relay status` reads PostgreSQL only: with no relay running it says
@@ -100,15 +101,15 @@ func TestStatus(t *testing.T) {
 	}
 	advance()
 	r := e.statusJSON(t)
-	if r.ExitCode != status.ExitBad || r.Verdict != status.Bad {
-		t.Errorf("no relay: exit %d verdict %s, want %d bad", r.ExitCode, r.Verdict, status.ExitBad)
+	if r.ExitCode != checkreport.ExitBad || r.Verdict != status.Bad {
+		t.Errorf("no relay: exit %d verdict %s, want %d bad", r.ExitCode, r.Verdict, checkreport.ExitBad)
 	}
-	if c := statusCheck(t, r, "undelivered"); c.Verdict != status.Bad || !strings.Contains(c.Do, "outbox-relay run") ||
+	if c := statusCheck(t, r, "undelivered"); c.Verdict != status.Bad || !strings.Contains(c.Fix, "outbox-relay run") ||
 		r.Facts.Delivery.Undelivered == nil || *r.Facts.Delivery.Undelivered != 5 {
 		t.Errorf("no relay: undelivered %+v, facts %+v", c, r.Facts.Delivery)
 	}
 	for _, name := range []string{"leader", "slot.active"} {
-		if c := statusCheck(t, r, name); c.Verdict != status.Bad || !strings.Contains(c.Do, "outbox-relay run") {
+		if c := statusCheck(t, r, name); c.Verdict != status.Bad || !strings.Contains(c.Fix, "outbox-relay run") {
 			t.Errorf("no relay: %+v, want bad with `outbox-relay run`", c)
 		}
 	}
@@ -123,7 +124,7 @@ func TestStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	pw, _ := u.User.Password()
-	if code != status.ExitBad || !strings.Contains(out, "\nundelivered ") || !strings.Contains(out, "BAD (exit 3)") || (pw != "" && strings.Contains(out, pw)) {
+	if code != checkreport.ExitBad || !strings.Contains(out, "\nundelivered ") || !strings.Contains(out, "BAD (exit 3)") || (pw != "" && strings.Contains(out, pw)) {
 		t.Errorf("text status: exit %d\n%s", code, out)
 	}
 	down := *u
@@ -133,7 +134,7 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code != status.ExitBad || !strings.Contains(out, "postgres  BAD") || strings.Contains(out, "s3cret-status-pw") {
+	if code != checkreport.ExitBad || !strings.Contains(out, "postgres  BAD") || strings.Contains(out, "s3cret-status-pw") {
 		t.Errorf("postgres down: exit %d\n%s", code, out)
 	}
 
@@ -143,7 +144,7 @@ func TestStatus(t *testing.T) {
 	last := insert()
 	freshHorizon(last)
 	r = e.statusJSON(t)
-	if r.ExitCode != status.ExitOK {
+	if r.ExitCode != checkreport.ExitOK {
 		t.Errorf("healthy relay: exit %d, checks %+v", r.ExitCode, r.Checks)
 	}
 	f := r.Facts
@@ -155,11 +156,11 @@ func TestStatus(t *testing.T) {
 		t.Errorf("healthy relay: facts not sane:\n%s", b)
 	}
 	code, out = e.cli("status")
-	if code != status.ExitOK || !strings.Contains(out, "OK (exit 0)") {
+	if code != checkreport.ExitOK || !strings.Contains(out, "OK (exit 0)") {
 		t.Errorf("healthy relay, text: exit %d\n%s", code, out)
 	}
 	r = e.statusJSON(t, "--id", strconv.FormatInt(first, 10))
-	if r.ExitCode != status.ExitOK || r.Facts.Event == nil || !r.Facts.Event.Delivered || r.Facts.Event.Reason != status.ReasonHorizon {
+	if r.ExitCode != checkreport.ExitOK || r.Facts.Event == nil || !r.Facts.Event.Delivered || r.Facts.Event.Reason != status.ReasonHorizon {
 		t.Errorf("--id %d (delivered): exit %d event %+v checks %+v", first, r.ExitCode, r.Facts.Event, r.Checks)
 	}
 
@@ -174,7 +175,7 @@ func TestStatus(t *testing.T) {
 	})
 	freshHorizon(poison)
 	r = e.statusJSON(t)
-	if c := statusCheck(t, r, "dlq"); c.Verdict != status.Warn || r.Facts.DLQ.Unresolved != 1 || !strings.Contains(c.Do, "outbox-relay dlq list") || r.ExitCode != status.ExitWarn {
+	if c := statusCheck(t, r, "dlq"); c.Verdict != status.Warn || r.Facts.DLQ.Unresolved != 1 || !strings.Contains(c.Fix, "outbox-relay dlq list") || r.ExitCode != checkreport.ExitWarn {
 		t.Errorf("dead-lettered row: dlq %+v, facts %+v, exit %d, checks %+v", c, r.Facts.DLQ, r.ExitCode, r.Checks)
 	}
 
@@ -184,11 +185,11 @@ func TestStatus(t *testing.T) {
 	}
 	fresh := insert()
 	r = e.statusJSON(t, "--id", strconv.FormatInt(fresh, 10))
-	if r.ExitCode != status.ExitWarn || r.Facts.Event.Delivered || r.Facts.Event.Reason != status.ReasonNewer {
+	if r.ExitCode != checkreport.ExitWarn || r.Facts.Event.Delivered || r.Facts.Event.Reason != status.ReasonNewer {
 		t.Errorf("--id %d (undelivered): exit %d event %+v", fresh, r.ExitCode, r.Facts.Event)
 	}
 	r = e.statusJSON(t)
-	if c := statusCheck(t, r, "undelivered"); r.ExitCode != status.ExitBad || c.Verdict != status.Bad || *r.Facts.Delivery.Undelivered < 1 {
+	if c := statusCheck(t, r, "undelivered"); r.ExitCode != checkreport.ExitBad || c.Verdict != status.Bad || *r.Facts.Delivery.Undelivered < 1 {
 		t.Errorf("relay stopped: exit %d undelivered %+v facts %+v", r.ExitCode, c, r.Facts.Delivery)
 	}
 
@@ -198,18 +199,18 @@ func TestStatus(t *testing.T) {
 	}
 	r = e.statusJSON(t)
 	since := "outbox-relay replay --since " + r.Facts.Delivery.DeliveredAt.UTC().Format(time.RFC3339)
-	if c := statusCheck(t, r, "slot"); r.ExitCode != status.ExitBad || c.Verdict != status.Bad || !strings.Contains(c.Value, "dropped") || !strings.Contains(c.Do, since) {
+	if c := statusCheck(t, r, "slot"); r.ExitCode != checkreport.ExitBad || c.Verdict != status.Bad || !strings.Contains(c.Value, "dropped") || !strings.Contains(c.Fix, since) {
 		t.Errorf("dropped slot: exit %d slot %+v, want bad with %q", r.ExitCode, c, since)
 	}
 
 	// 6. Without migration 0005's table: a migrate line, not a crash.
 	mustExec(t, e, "DROP TABLE "+tbl.Sibling(outboxschema.DeliveryTable).Quoted())
 	code, out = e.cli("status")
-	if code != status.ExitBad || !strings.Contains(out, "run `outbox-relay migrate` with this config (migration 0005") {
+	if code != checkreport.ExitBad || !strings.Contains(out, "run `outbox-relay migrate` with this config (migration 0005") {
 		t.Errorf("no delivery table: exit %d\n%s", code, out)
 	}
 	r = e.statusJSON(t, "--id", strconv.FormatInt(first, 10))
-	if r.ExitCode != status.ExitBad || !strings.Contains(r.Checks[0].Do, "outbox-relay migrate") {
+	if r.ExitCode != checkreport.ExitBad || !strings.Contains(r.Checks[0].Fix, "outbox-relay migrate") {
 		t.Errorf("no delivery table, --id: exit %d %+v", r.ExitCode, r.Checks)
 	}
 }
