@@ -24,12 +24,12 @@ func checkCommand() command {
 
 // checkArgs are check's own flags.
 type checkArgs struct {
-	asJSON bool   // --json: the report as JSON, not text
+	jsonFlag
 	grants string // --print-grants: print the GRANT block for this role, check nothing
 }
 
 func (a *checkArgs) flags(fs *flag.FlagSet) {
-	fs.BoolVar(&a.asJSON, "json", false, "print the report as JSON (field names in docs/commands.md)")
+	a.bind(fs)
 	fs.StringVar(&a.grants, "print-grants", "", "print the GRANT block for role `ROLE` and exit (connects to nothing)")
 }
 

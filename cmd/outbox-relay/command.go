@@ -133,6 +133,13 @@ func indent(err error) string {
 	return "  - " + strings.ReplaceAll(err.Error(), "\n", "\n  - ") + "\n"
 }
 
+// jsonFlag is --json of the commands that print a report (status, check).
+type jsonFlag struct{ asJSON bool }
+
+func (j *jsonFlag) bind(fs *flag.FlagSet) {
+	fs.BoolVar(&j.asJSON, "json", false, "print the report as JSON (field names in docs/commands.md)")
+}
+
 // writeReport writes rep, the report of status or check, to stdout: as JSON
 // when asJSON, else as text. It returns exit, the report's exit code, or
 // exitFatal (the error on stderr, after name) when it could not write it.

@@ -27,12 +27,12 @@ func statusCommand() command {
 
 // statusArgs are status's own flags.
 type statusArgs struct {
-	asJSON bool  // --json: the report as JSON, not text
-	id     int64 // --id: > 0 asks only whether this outbox row is delivered
+	jsonFlag
+	id int64 // --id: > 0 asks only whether this outbox row is delivered
 }
 
 func (a *statusArgs) flags(fs *flag.FlagSet) {
-	fs.BoolVar(&a.asJSON, "json", false, "print the report as JSON")
+	a.bind(fs)
 	fs.Int64Var(&a.id, "id", 0, "only answer: is outbox row `N` delivered?")
 }
 
