@@ -1,8 +1,11 @@
 // Package relay is outbox-relay itself: the pipeline from the replication
-// slot to Kafka (decode, publish, ack, poison policy, retries), the
-// leadership terms it runs in, its health, and the one shutdown deadline
-// that bounds all of it. cmd/outbox-relay only loads the config and wires
-// a Relay; other programs can embed one the same way.
+// slot to Kafka (decode, build records with package record, hand each
+// transaction to one Delivery, book acks, apply the poison policy, rewind),
+// the leadership terms it runs in, its health, and the one shutdown
+// deadline that bounds all of it. The pipeline knows no delivery mode: a
+// term gives it at-least-once (the producer) or exactlyonce.Delivery.
+// cmd/outbox-relay only loads the config and wires a Relay; other programs
+// can embed one the same way.
 package relay
 
 import (
