@@ -413,6 +413,15 @@ func (e *Delivery) resume(ctx context.Context) error {
 			"its LSNs mean nothing here. If the database was replaced on purpose, set a new exactly_once.transactional_id (or write a tombstone for key %s) and restart",
 			topic, e.id, cp.SystemID, cp.Slot, e.systemID, e.id)}
 	}
+	if cp.Slot != "" && cp.Slot != e.opt.Slot {
+		// Another slot's positions: applied, they would skip this slot's
+		// transactions at or below them, which were never published.
+		return &checkpointError{fmt.Sprintf("exactly_once.transactional_id %s is used by another slot: its checkpoint in %s was written for slot %s, and this relay reads slot %s. "+
+			"Two slots must not share a transactional id (each would skip the other's transactions and fence the other's producer): "+
+			"set exactly_once.transactional_id to an id of this slot's own (the default is outbox-relay-<slot>) and restart; "+
+			"only if slot %s was renamed to %s on purpose, write a tombstone for key %s instead",
+			e.id, topic, cp.Slot, e.opt.Slot, cp.Slot, e.opt.Slot, e.id)}
+	}
 	e.raiseSkip(commit)
 	e.log.Info().Str("commit_lsn", cp.CommitLSN).Str("end_lsn", cp.EndLSN).Str("written_at", cp.WrittenAt).
 		Msg("resuming from the checkpoint: PostgreSQL transactions committed at or before commit_lsn are skipped")

@@ -31,7 +31,9 @@ func (c *checkpointOnly) ReadCheckpoint(_ context.Context, _ string, key []byte)
 }
 
 // A checkpoint written for another PostgreSQL server (another system_id)
-// is refused at start with the fix; a valid one raises the skip filter.
+// or another slot (a transactional id shared by two slots) is refused at
+// start with the fix, and the skip filter stays where it was; a valid one
+// raises it.
 func TestCheckpointOnStart(t *testing.T) {
 	cases := []struct {
 		name, value string
@@ -41,6 +43,7 @@ func TestCheckpointOnStart(t *testing.T) {
 		{"none", "", "", 0},
 		{"ours", `{"slot":"s","system_id":"sys","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "", 0x16B3748},
 		{"another server", `{"slot":"s","system_id":"other","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "system_id other", 0},
+		{"another slot", `{"slot":"billing","system_id":"sys","commit_lsn":"0/16B3748","end_lsn":"0/16B3780"}`, "written for slot billing, and this relay reads slot s", 0},
 		{"not JSON", `{`, "not valid JSON", 0},
 		{"bad LSN", `{"slot":"s","system_id":"sys","commit_lsn":"x","end_lsn":"0/16B3780"}`, "invalid LSNs", 0},
 	}
@@ -59,6 +62,9 @@ func TestCheckpointOnStart(t *testing.T) {
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "exactly_once.") {
 					t.Fatalf("start = %v, want an error with %q naming the key", err, tc.err)
+				}
+				if e.SkipThrough() != 0 {
+					t.Fatalf("a refused checkpoint raised the skip filter to %s", e.SkipThrough())
 				}
 				return
 			}

@@ -286,23 +286,23 @@ func abortedTxns(t *testing.T, r *relay) float64 {
 }
 
 // (d) The checkpoint skip: a relay restarts from a slot position before
-// transactions it already committed to Kafka (the slot was not confirmed:
-// here a second slot made before the load, with the same transactional
-// id). It reads them again and publishes none of them twice.
+// transactions it already committed to Kafka (the slot was not confirmed
+// past them: here the slot is put back to where it was before the load,
+// from a copy made then). It reads them again and publishes none of them
+// twice.
 func TestExactlyOnceCheckpointSkipsCommitted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "eosskip")
 	ctx := context.Background()
-	behind := e.Slot + "_b"
-	if _, err := e.DB.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", behind); err != nil {
+	saved := e.Slot + "_b"
+	if _, err := e.DB.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2)", e.Slot, saved); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := testkit.DropSlot(context.Background(), e.DB, behind); err != nil {
-			t.Logf("drop slot %s: %v", behind, err)
+		if err := testkit.DropSlot(context.Background(), e.DB, saved); err != nil {
+			t.Logf("drop slot %s: %v", saved, err)
 		}
 	})
-	txnID := "outbox-relay-" + e.Slot
 	r := e.startRelay(e.eosFlags()...)
 	w := e.newWriter(144)
 	if err := w.run(ctx, 400, 10, 30, 0, ""); err != nil {
@@ -311,9 +311,15 @@ func TestExactlyOnceCheckpointSkipsCommitted(t *testing.T) {
 	first := len(w.written())
 	consumeCommitted(t, e.topics(), first, 30*time.Second, time.Second)
 	r.stop(syscall.SIGKILL, 10*time.Second)
-	// The same transactional id on the slot that never moved: everything
+	// The slot back before the load, under its own name: everything
 	// committed is read again.
-	r2 := e.startRelay(e.eosFlags("--slot", behind, "--exactly-once-transactional-id", txnID)...)
+	if err := testkit.DropSlot(ctx, e.DB, e.Slot); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.DB.Exec(ctx, "SELECT pg_copy_logical_replication_slot($1, $2)", saved, e.Slot); err != nil {
+		t.Fatal(err)
+	}
+	r2 := e.startRelay(e.eosFlags()...)
 	if err := w.run(ctx, 200, 10, 30, 0, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -326,6 +332,54 @@ func TestExactlyOnceCheckpointSkipsCommitted(t *testing.T) {
 	}
 	t.Logf("%v events re-read and skipped, %d published after the restart, 0 duplicates", skipped, len(ws)-first)
 	r2.stop(syscall.SIGTERM, 30*time.Second)
+}
+
+// A transactional id two slots share (issue 35, case 3): the second relay
+// would read the first one's checkpoint and skip its own transactions at
+// or below it, never published. It refuses to start instead, naming the
+// key, and publishes nothing.
+func TestExactlyOnceSharedTransactionalIDRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "eosshared")
+	ctx := context.Background()
+	other := e.Slot + "_o"
+	if _, err := e.DB.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", other); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := testkit.DropSlot(context.Background(), e.DB, other); err != nil {
+			t.Logf("drop slot %s: %v", other, err)
+		}
+	})
+	before := slotConfirmed(t, e, other)
+	r := e.startRelay(e.eosFlags()...)
+	w := e.newWriter(145)
+	if err := w.run(ctx, 50, 5, 10, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	consumeCommitted(t, e.topics(), len(w.written()), 30*time.Second, time.Second)
+	if code := r.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
+		t.Fatalf("first relay exit %d", code)
+	}
+	// The other slot has every event of the load ahead of it.
+	code, out := e.runRelayToExit(90*time.Second, e.eosFlags("--slot", other, "--exactly-once-transactional-id", "outbox-relay-"+e.Slot)...)
+	if code == 0 || !strings.Contains(out, "exactly_once.transactional_id outbox-relay-"+e.Slot+" is used by another slot") {
+		t.Fatalf("relay on slot %s with slot %s's transactional id: exit %d, want a refusal naming exactly_once.transactional_id:\n%s", other, e.Slot, code, testkit.Tail(out, 3000))
+	}
+	if after := slotConfirmed(t, e, other); after != before {
+		t.Fatalf("slot %s confirmed %s after the refused start, was %s: it skipped events it never published", other, after, before)
+	}
+	t.Logf("refused; slot %s stays at %s", other, before)
+}
+
+// slotConfirmed is the confirmed_flush_lsn of slot.
+func slotConfirmed(t *testing.T, e *env, slot string) string {
+	t.Helper()
+	var lsn string
+	if err := e.DB.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
 }
 
 // A broker stall longer than the transaction timeout, mid-load. When the
