@@ -162,24 +162,7 @@ func newEOSHarness(t *testing.T, prod exactlyonce.Producer, maxBatch int, interv
 	e.OnAcked(p.Acked)
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, p: p, ctx: ctx, in: make(chan walReq), marker: marker}
-	ran, eosRan, streamed := make(chan error, 1), make(chan error, 1), make(chan struct{})
-	go func() { eosRan <- e.Run(ctx) }()
-	<-e.Ready()
-	go func() { ran <- p.Run(ctx) }()
-	go func() {
-		defer close(streamed)
-		h.stream(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-streamed
-		if err := <-ran; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-		if err := <-eosRan; err != nil {
-			t.Errorf("exactlyonce.Delivery.Run = %v", err)
-		}
-	})
+	h.start(cancel, e.Run, e.Ready())
 	return h
 }
 

@@ -157,25 +157,42 @@ func newHarnessWith(t *testing.T, policy record.Policy, answer func(string, int)
 	wireAcks(p, pub)
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, p: p, pub: pub, ctx: ctx, in: make(chan walReq)}
-	ran, streamed := make(chan error, 1), make(chan struct{})
-	go func() { ran <- p.Run(ctx) }()
-	go func() {
-		defer close(streamed)
-		h.stream(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-streamed
-		if err := <-ran; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-	})
+	h.start(cancel, nil, nil)
 	return h
 }
 
 // txn hands one transaction of outbox rows to Handle through the stream
 // emulator: committed at commit, ending at end, each insert at commit-10+i.
 // It returns what Handle returned.
+// start runs the pipeline and feeds it (stream) until the test ends.
+// delivery, when not nil, is a delivery's Run: it starts first, and the
+// pipeline once ready is closed.
+func (h *harness) start(cancel context.CancelFunc, delivery func(context.Context) error, ready <-chan struct{}) {
+	ctx := h.ctx // a test may replace h.ctx for its own calls afterwards
+	ran, delivered, streamed := make(chan error, 1), make(chan error, 1), make(chan struct{})
+	if delivery != nil {
+		go func() { delivered <- delivery(ctx) }()
+		<-ready
+	} else {
+		delivered <- nil
+	}
+	go func() { ran <- h.p.Run(ctx) }()
+	go func() {
+		defer close(streamed)
+		h.stream(ctx)
+	}()
+	h.t.Cleanup(func() {
+		cancel()
+		<-streamed
+		if err := <-ran; err != nil {
+			h.t.Errorf("Run = %v", err)
+		}
+		if err := <-delivered; err != nil {
+			h.t.Errorf("the delivery's Run = %v", err)
+		}
+	})
+}
+
 func (h *harness) txn(commit, end pglogrepl.LSN, rows ...[]pg.Col) error {
 	return h.txnCtx(h.ctx, commit, end, rows...)
 }
