@@ -29,18 +29,23 @@ type Options struct {
 	AggregateType, EventType string
 	// Rate is the most rows per second to publish; 0 is unlimited.
 	Rate float64
+	// IncludeDeadLetters also selects dead-lettered rows not yet resolved.
+	// Resolved ones are never selected: dlq replay republished the event
+	// under a new row, or dlq resolve closed it on purpose.
+	IncludeDeadLetters bool
 }
 
 // Usage is the replay command line, for usage texts.
-const Usage = "outbox-relay replay --since TIME|--from-id N [--until TIME|--to-id M] [--aggregate-type T] [--event-type E] [--rate N/s] [config flags]\n" +
+const Usage = "outbox-relay replay --since TIME|--from-id N [--until TIME|--to-id M] [--aggregate-type T] [--event-type E] [--rate N/s] [--include-dead-letters] [config flags]\n" +
 	"  TIME is RFC 3339 (2026-01-02T15:04:05Z) or a date (2026-01-02, UTC midnight); --since and --from-id are inclusive,\n" +
-	"  --until is exclusive, --to-id inclusive"
+	"  --until is exclusive, --to-id inclusive; dead-lettered rows are left out unless --include-dead-letters, resolved ones always"
 
 // Bind registers the replay flags on fs. After fs.Parse, the returned func
 // checks them and returns the Options; its errors name the flag.
 func Bind(fs *flag.FlagSet) func() (Options, error) {
 	var since, until, fromID, toID, aggType, evType, rate string
 	var set = map[string]bool{}
+	var dead bool
 	str := func(name, usage string, p *string) {
 		fs.Func(name, usage, func(v string) error { *p, set[name] = v, true; return nil })
 	}
@@ -51,8 +56,9 @@ func Bind(fs *flag.FlagSet) func() (Options, error) {
 	str("aggregate-type", "replay only rows with this aggregate_type", &aggType)
 	str("event-type", "replay only rows with this event_type", &evType)
 	str("rate", "most rows per second, as N/s (default unlimited)", &rate)
+	fs.BoolVar(&dead, "include-dead-letters", false, "also replay dead-lettered rows not yet resolved (resolved ones never: dlq replay republished them as new rows, dlq resolve closed them)")
 	return func() (Options, error) {
-		var o Options
+		o := Options{IncludeDeadLetters: dead}
 		var errs []error
 		bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 		switch {
@@ -157,6 +163,11 @@ func (o Options) Describe() string {
 	}
 	if o.EventType != "" {
 		b = append(b, "event_type = "+strconv.Quote(o.EventType))
+	}
+	if o.IncludeDeadLetters {
+		b = append(b, "dead letters not yet resolved included")
+	} else {
+		b = append(b, "not dead-lettered")
 	}
 	return strings.Join(b, " AND ")
 }

@@ -17,11 +17,19 @@ type row struct {
 	created time.Time
 }
 
-// filter is the part of the WHERE clause beside the id bounds: the
-// created_at range and the type filters, with its arguments numbered from
-// $first. created_at ranges can use the <table>_created_at_idx index.
+// filter is the part of the WHERE clause beside the id bounds: which dead
+// letters, the created_at range and the type filters, with its arguments
+// numbered from $first. created_at ranges can use the
+// <table>_created_at_idx index.
 func (o Options) filter(first int) (string, []any) {
-	var sql []string
+	// A dead-lettered row is left out unless asked for, and a resolved one
+	// always: dlq replay published its event again as a new row (the old
+	// one under its old event_id would be the same event under two ids),
+	// and dlq resolve closed it on purpose.
+	sql := []string{"dead_lettered_at IS NULL"}
+	if o.IncludeDeadLetters {
+		sql[0] = "dlq_resolved_at IS NULL"
+	}
 	var args []any
 	add := func(cond string, v any) {
 		args = append(args, v)
@@ -38,9 +46,6 @@ func (o Options) filter(first int) (string, []any) {
 	}
 	if o.EventType != "" {
 		add("event_type = %s", o.EventType)
-	}
-	if len(sql) == 0 {
-		return "", nil
 	}
 	return " AND " + strings.Join(sql, " AND "), args
 }

@@ -37,6 +37,7 @@ func TestFlags(t *testing.T) {
 			Options{Since: day, Until: day.Add(24 * time.Hour), AggregateType: "order", EventType: "order.paid", Rate: 20}, nil},
 		{"since and to-id", []string{"--since", "2026-01-02", "--to-id", "3"}, Options{Since: day, ToID: 3}, nil},
 		{"fractional rate", []string{"--from-id", "1", "--rate", "0.5/s"}, Options{FromID: 1, Rate: 0.5}, nil},
+		{"dead letters", []string{"--from-id", "1", "--include-dead-letters"}, Options{FromID: 1, IncludeDeadLetters: true}, nil},
 		{"neither", nil, Options{}, []string{"one of --since TIME or --from-id N is required"}},
 		{"both starts", []string{"--since", "2026-01-02", "--from-id", "1"}, Options{}, []string{"--since and --from-id exclude each other"}},
 		{"both ends", []string{"--from-id", "1", "--until", "2026-01-02", "--to-id", "4"}, Options{}, []string{"--until and --to-id exclude each other"}},
@@ -86,14 +87,16 @@ func TestQueries(t *testing.T) {
 		args           []any
 		pageHasHeaders bool
 	}{
-		{"ids", Options{FromID: 3, ToID: 9}, true, "", "", "", "", nil, true},
-		{"from id to the end", Options{FromID: 3}, false, "", "SELECT max(id) FROM t", "", "", nil, false},
+		{"ids", Options{FromID: 3, ToID: 9}, true, "", "", " AND dead_lettered_at IS NULL", " AND dead_lettered_at IS NULL", nil, true},
+		{"ids with dead letters", Options{FromID: 3, ToID: 9, IncludeDeadLetters: true}, true, "", "",
+			" AND dlq_resolved_at IS NULL", " AND dlq_resolved_at IS NULL", nil, true},
+		{"from id to the end", Options{FromID: 3}, false, "", "SELECT max(id) FROM t", " AND dead_lettered_at IS NULL", " AND dead_lettered_at IS NULL", nil, false},
 		{"since", Options{Since: since}, true, "SELECT min(id) FROM t WHERE created_at >= $1", "SELECT max(id) FROM t",
-			" AND created_at >= $3", " AND created_at >= $4", []any{since}, true},
+			" AND dead_lettered_at IS NULL AND created_at >= $3", " AND dead_lettered_at IS NULL AND created_at >= $4", []any{since}, true},
 		{"since until types", Options{Since: since, Until: since.Add(time.Hour), AggregateType: "a", EventType: "e"}, true,
 			"SELECT min(id) FROM t WHERE created_at >= $1", "SELECT max(id) FROM t WHERE created_at < $1",
-			" AND created_at >= $3 AND created_at < $4 AND aggregate_type = $5 AND event_type = $6",
-			" AND created_at >= $4 AND created_at < $5 AND aggregate_type = $6 AND event_type = $7",
+			" AND dead_lettered_at IS NULL AND created_at >= $3 AND created_at < $4 AND aggregate_type = $5 AND event_type = $6",
+			" AND dead_lettered_at IS NULL AND created_at >= $4 AND created_at < $5 AND aggregate_type = $6 AND event_type = $7",
 			[]any{since, since.Add(time.Hour), "a", "e"}, true},
 	}
 	for _, tt := range tests {
