@@ -256,13 +256,7 @@ func (e *Delivery) activity() uint64 {
 func (e *Delivery) Run(ctx context.Context) error {
 	e.ctx.Store(&ctx)
 	if err := e.start(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, context.Canceled) {
-			e.log.Warn().Err(err).Msg("term ends")
-		}
-		return err
+		return e.ended(ctx, err)
 	}
 	close(e.ready)
 	tick := time.NewTicker(max(time.Millisecond, e.cfg.MaxBatchInterval/4))
@@ -276,13 +270,7 @@ func (e *Delivery) Run(ctx context.Context) error {
 			return nil
 		case <-e.rebuild:
 			if err := e.reopenProducer(ctx); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				if errors.Is(err, context.Canceled) {
-					e.log.Warn().Err(err).Msg("term ends")
-				}
-				return err
+				return e.ended(ctx, err)
 			}
 		case now := <-tick.C:
 			e.mu.Lock()
@@ -292,6 +280,19 @@ func (e *Delivery) Run(ctx context.Context) error {
 			e.mu.Unlock()
 		}
 	}
+}
+
+// ended is what Run returns when opening a producer failed with err: nil
+// once ctx ended (a stop, not a failure), else err; a lost lease
+// (context.Canceled) is logged as the term's end.
+func (e *Delivery) ended(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) {
+		e.log.Warn().Err(err).Msg("term ends")
+	}
+	return err
 }
 
 // reopenProducer opens a new producer and reads the checkpoint again
