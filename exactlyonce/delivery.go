@@ -34,6 +34,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -104,10 +105,18 @@ type Delivery struct {
 	rebuild   chan struct{} // asks Run for a new producer (failLocked)
 	ctx       atomic.Pointer[context.Context]
 
-	skip     atomic.Uint64 // commit LSN of the last committed PostgreSQL transaction (checkpoint)
 	systemID string
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// kept is the last PostgreSQL transaction committed to Kafka (the
+	// checkpoint read at start, then each commit's); keptOK false: none.
+	// mark is the history of the session the pipeline streams now, which
+	// the next checkpoints are written for; last is the batch's last whole
+	// transaction (its checkpoint, once the batch commits).
+	kept    history.Point
+	keptOK  bool
+	mark    history.Mark
+	last    history.Point
 	b       batcher
 	msgs    []*sink.Message // records of the open Kafka transaction, checkpoint excluded
 	discard bool            // aborted: refuse records until the pipeline restarted
@@ -142,12 +151,62 @@ type Delivery struct {
 
 // Checkpoint is the value of a checkpoint record; its key is the
 // transactional id.
+//
+// Besides the position it records the history it was taken on and the
+// transaction at it (package history): a checkpoint is applied only on the
+// same history, and only provisionally until the stream shows that
+// transaction again. Records written before those fields existed have them
+// empty; they are compared by their LSNs.
 type Checkpoint struct {
-	Slot      string `json:"slot"`
-	SystemID  string `json:"system_id"`
-	CommitLSN string `json:"commit_lsn"`
-	EndLSN    string `json:"end_lsn"`
-	WrittenAt string `json:"written_at"`
+	Slot       string `json:"slot"`
+	SystemID   string `json:"system_id"`
+	Timeline   int32  `json:"timeline,omitempty"`
+	SlotLSN    string `json:"slot_lsn,omitempty"`   // the slot's creation (slot registry)
+	SlotXid    uint64 `json:"slot_xid,omitempty"`   // the slot's creation xid (slot registry)
+	Generation int64  `json:"generation,omitempty"` // the slot registry's generation
+	CommitLSN  string `json:"commit_lsn"`
+	EndLSN     string `json:"end_lsn"`
+	Xid        uint32 `json:"xid,omitempty"`         // of the transaction at commit_lsn
+	CommitTime string `json:"commit_time,omitempty"` // of the transaction at commit_lsn, RFC 3339 with nanoseconds
+	WrittenAt  string `json:"written_at"`
+}
+
+// checkpointOf is the record of p.
+func checkpointOf(p history.Point) Checkpoint {
+	c := Checkpoint{Slot: p.Mark.Slot, SystemID: p.Mark.SystemID, Timeline: p.Mark.Timeline, SlotXid: p.Mark.SlotXid,
+		Generation: p.Mark.Generation, CommitLSN: p.CommitLSN.String(), EndLSN: p.EndLSN.String(), Xid: p.Xid,
+		WrittenAt: time.Now().UTC().Format(time.RFC3339Nano)}
+	if p.Mark.SlotLSN != 0 {
+		c.SlotLSN = p.Mark.SlotLSN.String()
+	}
+	if !p.CommitTime.IsZero() {
+		c.CommitTime = p.CommitTime.UTC().Format(time.RFC3339Nano)
+	}
+	return c
+}
+
+// point is c's position; an error names the field that is not valid.
+func (c Checkpoint) point() (history.Point, error) {
+	p := history.Point{Mark: history.Mark{SystemID: c.SystemID, Timeline: c.Timeline, Slot: c.Slot, SlotXid: c.SlotXid,
+		Generation: c.Generation}, Xid: c.Xid}
+	var err error
+	if p.CommitLSN, err = pglogrepl.ParseLSN(c.CommitLSN); err != nil {
+		return p, fmt.Errorf("commit_lsn %q: %w", c.CommitLSN, err)
+	}
+	if p.EndLSN, err = pglogrepl.ParseLSN(c.EndLSN); err != nil {
+		return p, fmt.Errorf("end_lsn %q: %w", c.EndLSN, err)
+	}
+	if c.SlotLSN != "" {
+		if p.Mark.SlotLSN, err = pglogrepl.ParseLSN(c.SlotLSN); err != nil {
+			return p, fmt.Errorf("slot_lsn %q: %w", c.SlotLSN, err)
+		}
+	}
+	if c.CommitTime != "" {
+		if p.CommitTime, err = time.Parse(time.RFC3339Nano, c.CommitTime); err != nil {
+			return p, fmt.Errorf("commit_time %q: %w", c.CommitTime, err)
+		}
+	}
+	return p, nil
 }
 
 type metrics struct {
@@ -224,12 +283,43 @@ func (e *Delivery) Connected() bool { return e.prod.Connected() }
 // unacked; the slot keeps them). Idempotent; does not block.
 func (e *Delivery) Close() { e.closeOnce.Do(func() { close(e.closing) }) }
 
-// SkipThrough is the commit LSN at or below which PostgreSQL transactions
-// are already in Kafka (the checkpoint). Any goroutine.
-func (e *Delivery) SkipThrough() pglogrepl.LSN { return pglogrepl.LSN(e.skip.Load()) }
+// Kept implements relay.Keeper: the next checkpoints are written for m,
+// and the last PostgreSQL transaction committed to Kafka is returned, once
+// the checkpoint was read (again, after a producer rebuild). The pipeline
+// decides whether it applies (package history); the delivery itself never
+// skips anything.
+func (e *Delivery) Kept(ctx context.Context, m history.Mark) (history.Point, bool, error) {
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		return history.Point{}, false, ctx.Err()
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.reopen {
+		ch := e.reopened
+		e.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			e.mu.Lock()
+			return history.Point{}, false, ctx.Err()
+		}
+		e.mu.Lock()
+	}
+	e.mark = m
+	return e.kept, e.keptOK, nil
+}
 
-func (e *Delivery) raiseSkip(lsn pglogrepl.LSN) {
-	for cur := e.skip.Load(); uint64(lsn) > cur && !e.skip.CompareAndSwap(cur, uint64(lsn)); cur = e.skip.Load() {
+// Skipped counts events the pipeline read again and did not publish: at or
+// before a kept position (this checkpoint, or its own acks) verified on the
+// same history.
+func (e *Delivery) Skipped(events int) { e.m.skipped.Add(float64(events)) }
+
+// keepLocked records p as committed to Kafka. Caller holds mu.
+func (e *Delivery) keepLocked(p history.Point) {
+	if !e.keptOK || p.EndLSN >= e.kept.EndLSN {
+		e.kept, e.keptOK = p, true
 	}
 }
 
@@ -401,13 +491,14 @@ func (e *Delivery) resume(ctx context.Context) error {
 		return nil
 	}
 	var cp Checkpoint
-	if err := json.Unmarshal(v, &cp); err != nil {
-		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of %s is not valid JSON (%v); delete it (a tombstone for key %s) only if the slot was recreated, or choose another exactly_once.transactional_id",
-			topic, e.id, err, e.id)}
+	err = json.Unmarshal(v, &cp)
+	var pt history.Point
+	if err == nil {
+		pt, err = cp.point()
 	}
-	commit, err1 := pglogrepl.ParseLSN(cp.CommitLSN)
-	if _, err2 := pglogrepl.ParseLSN(cp.EndLSN); err1 != nil || err2 != nil {
-		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of %s has invalid LSNs %q/%q", topic, e.id, cp.CommitLSN, cp.EndLSN)}
+	if err != nil {
+		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of %s is not valid (%v); delete it (a tombstone for key %s) only if the slot was recreated, or choose another exactly_once.transactional_id",
+			topic, e.id, err, e.id)}
 	}
 	if cp.SystemID != e.systemID {
 		return &checkpointError{fmt.Sprintf("exactly_once.checkpoint_topic %s: the checkpoint of transactional id %s was written for PostgreSQL system_id %s (slot %s), but this server is system_id %s: "+
@@ -423,9 +514,12 @@ func (e *Delivery) resume(ctx context.Context) error {
 			"only if slot %s was renamed to %s on purpose, write a tombstone for key %s instead",
 			e.id, topic, cp.Slot, e.opt.Slot, cp.Slot, e.opt.Slot, e.id)}
 	}
-	e.raiseSkip(commit)
+	e.mu.Lock()
+	e.keepLocked(pt)
+	e.mu.Unlock()
 	e.log.Info().Str("commit_lsn", cp.CommitLSN).Str("end_lsn", cp.EndLSN).Str("written_at", cp.WrittenAt).
-		Msg("resuming from the checkpoint: PostgreSQL transactions committed at or before commit_lsn are skipped")
+		Str("history", pt.Mark.String()).
+		Msg("read the checkpoint: transactions up to it are skipped only if the server is on its history and the stream shows its transaction again")
 	return nil
 }
 
@@ -499,10 +593,7 @@ func (e *Delivery) Publish(ctx context.Context, m *sink.Message) error {
 // fit in it (never splitting a PostgreSQL transaction). It blocks while the
 // producer is rebuilt (until ctx ends). replication.ErrRestart: an abort
 // happened, the session must rewind.
-func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) (skip bool, err error) {
-	if e.skipped(txn) {
-		return true, nil
-	}
+func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) error {
 	var bytes int64 // as the pipeline's tracker counts them
 	for i := range txn.Events {
 		bytes += int64(len(txn.Events[i].Payload))
@@ -516,25 +607,22 @@ func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) (skip bool, err 
 		case <-ch:
 		case <-ctx.Done():
 			e.mu.Lock()
-			return false, ctx.Err()
+			return ctx.Err()
 		}
 		e.mu.Lock()
 	}
-	switch {
-	case e.skipped(txn): // the rebuild read the checkpoint again
-		return true, nil
-	case e.discard:
-		return false, replication.ErrRestart
+	if e.discard {
+		return replication.ErrRestart
 	}
 	n := len(txn.Events)
 	commitFirst, err := e.b.check(txn.CommitLSN, n, bytes, txn.Partial)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if commitFirst {
 		e.waitCommitLocked() // a commit in flight first: it sends what is pending
 		if e.discard {
-			return false, replication.ErrRestart
+			return replication.ErrRestart
 		}
 		e.startCommitLocked()
 	}
@@ -542,7 +630,7 @@ func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) (skip bool, err 
 	// pipeline stop before publishing any (a halt while building its
 	// records), the transactions before it still commit.
 	e.next = nextPG{n: n, bytes: bytes, set: true}
-	return false, nil
+	return nil
 }
 
 // nextPG is (a chunk of) a PostgreSQL transaction Begin let in and the
@@ -562,15 +650,6 @@ func (e *Delivery) applyLocked() {
 	}
 }
 
-// skipped reports (and counts) txn as committed to Kafka already.
-func (e *Delivery) skipped(txn *decoder.Txn) bool {
-	if txn.CommitLSN > e.SkipThrough() {
-		return false
-	}
-	e.m.skipped.Add(float64(len(txn.Events)))
-	return true
-}
-
 // End is called once every record of txn (or of this chunk of it) was
 // handed to Publish: after the last chunk, a full Kafka transaction is
 // committed now. The replication loop goroutine; does not block.
@@ -587,6 +666,7 @@ func (e *Delivery) End(txn *decoder.Txn) {
 	// The age check here too, not only on the timer: under load the loop
 	// goes from one PostgreSQL transaction to the next and the timer would
 	// rarely find the boundary.
+	e.last = history.Point{Mark: e.mark, CommitLSN: txn.CommitLSN, EndLSN: txn.EndLSN, Xid: txn.Xid, CommitTime: txn.CommitTime}
 	if full := e.b.after(txn.CommitLSN, txn.EndLSN); (full || e.b.due(time.Now())) && !e.committing {
 		e.startCommitLocked()
 		return
@@ -686,27 +766,32 @@ func (e *Delivery) startCommitLocked() {
 	if !e.b.open || e.committing || e.reopen {
 		return
 	}
-	batch, commitLSN, endLSN := e.msgs, e.b.commitLSN, e.b.endLSN
+	batch, last := e.msgs, history.Point{}
+	if e.b.endLSN != 0 { // the batch ends a PostgreSQL transaction: last is it
+		last = e.last
+	}
 	e.msgs, e.begun = nil, false
 	e.b.closed(false)
 	e.committing = true
 	done := make(chan struct{})
 	e.commitDone = done
-	go e.finishCommit(batch, commitLSN, endLSN, done)
+	go e.finishCommit(batch, last, done)
 }
 
 // finishCommit writes the checkpoint record (the last commit LSN of the
 // batch) and commits. Success acks the batch (Done(nil): the tracker, and
 // with it the slot, moves) and sends the records that waited; failure
 // aborts, and fails both. It closes done once settled.
-func (e *Delivery) finishCommit(batch []*sink.Message, commitLSN, endLSN pglogrepl.LSN, done chan struct{}) {
+func (e *Delivery) finishCommit(batch []*sink.Message, last history.Point, done chan struct{}) {
 	ctx := e.context()
 	var err error
 	var recs map[*sink.Message]error
 	attempted := false
-	if endLSN != 0 {
-		v, _ := json.Marshal(Checkpoint{Slot: e.opt.Slot, SystemID: e.systemID, CommitLSN: commitLSN.String(),
-			EndLSN: endLSN.String(), WrittenAt: time.Now().UTC().Format(time.RFC3339Nano)})
+	if last.EndLSN != 0 {
+		if last.Mark.SystemID == "" { // no session told its history (tests driving the pipeline alone)
+			last.Mark.SystemID, last.Mark.Slot = e.systemID, e.opt.Slot
+		}
+		v, _ := json.Marshal(checkpointOf(last))
 		cp := &sink.Message{Topic: e.cfg.CheckpointTopic, Key: []byte(e.id), Value: v, Timestamp: time.Now()}
 		if serr := e.prod.Send(ctx, cp); serr != nil {
 			err = fmt.Errorf("write checkpoint record: %w", serr)
@@ -726,8 +811,8 @@ func (e *Delivery) finishCommit(batch []*sink.Message, commitLSN, endLSN pglogre
 		e.m.committed.Inc()
 		e.prod.SetConnected(true)
 		e.m.events.Observe(float64(len(batch)))
-		if commitLSN != 0 {
-			e.raiseSkip(commitLSN)
+		if last.EndLSN != 0 {
+			e.keepLocked(last)
 		}
 		if e.acked != nil {
 			e.acked(batch, time.Now())

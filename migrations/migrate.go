@@ -127,7 +127,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names, log zerolog.Logger) ([]
 
 // helperMigrations create only the relay's helper tables (slot registry,
 // leader lease), none of which touches the outbox table.
-var helperMigrations = []string{"0002_slot_registry.sql", "0004_leader_lease.sql"}
+var helperMigrations = []string{"0002_slot_registry.sql", "0004_leader_lease.sql", "0007_history.sql"}
 
 // ApplyHelpers creates the relay's helper tables beside n's table (the slot
 // registry and the leader lease) and nothing else: for outbox tables the

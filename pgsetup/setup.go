@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
@@ -30,6 +32,23 @@ type SlotInfo struct {
 	// Warnings are problems with the failover setup seen from this server
 	// (postgres.slot_failover on): the caller logs them.
 	Warnings []string
+	// Registry is the slot's row in the slot registry, its generation
+	// raised by this call (history.Mark); zero without a registry.
+	Registry Registry
+}
+
+// Registry is what the slot registry says of the slot's history: its
+// creation, and the generation counter each Prepare raises (migration
+// 0007), which a restore winds back with the data.
+type Registry struct {
+	SlotLSN pglogrepl.LSN
+	SlotXid uint64 // created_xid; 0 unknown
+	// Raised is the generation before this call raised it, Generation
+	// after; both 0 when the registry has no generation column or the
+	// relay's role may not update it.
+	Raised, Generation int64
+	// Warning says why the generation is unknown, for the caller's log.
+	Warning string
 }
 
 // ErrSlotVanished is wrapped by Prepare's error (marked fault.Fatal) when a
@@ -135,7 +154,50 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity)
 			return SlotInfo{}, err
 		}
 	}
+	if hasRegistry {
+		if info.Registry, err = raiseGeneration(ctx, conn, registry, cfg.Slot); err != nil {
+			return SlotInfo{}, err
+		}
+	}
 	return info, nil
+}
+
+// raiseGeneration raises the slot's generation in the registry and reads
+// the slot's creation. The generation moves at every session start, so a
+// database restored from a snapshot taken before the last start has a lower
+// one than the relay (or its exactly-once checkpoint) remembers: a history
+// that went back (package history). Without the column (migration 0007 not
+// applied) or the privilege the generation stays unknown, with a warning:
+// the relay still verifies a kept position by its transaction.
+func raiseGeneration(ctx context.Context, conn *pgx.Conn, registry, slot string) (Registry, error) {
+	var r Registry
+	var lsn, xid *string
+	err := conn.QueryRow(ctx, "UPDATE "+registry+" SET generation = generation + 1 WHERE slot_name = $1 RETURNING generation - 1, generation, created_lsn::text, created_xid::text",
+		slot).Scan(&r.Raised, &r.Generation, &lsn, &xid)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return r, nil // registered by another relay's race, or not at all: nothing to raise
+	case errors.As(err, &pgErr) && pgErr.Code == "42703": // undefined_column
+		r.Warning = fmt.Sprintf("slot registry %s has no generation column: a restore of the database is found only by the transaction at a kept position; run `outbox-relay migrate` (migration 0007)", registry)
+		return r, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		r.Warning = fmt.Sprintf("cannot raise the generation in slot registry %s (%s): a restore of the database is found only by the transaction at a kept position; GRANT UPDATE ON %s TO the relay's role", registry, pgErr.Message, registry)
+		return r, nil
+	case err != nil:
+		return r, fmt.Errorf("raise the generation of slot %q in %s: %w", slot, registry, err)
+	}
+	if lsn != nil {
+		if r.SlotLSN, err = pglogrepl.ParseLSN(*lsn); err != nil {
+			return r, fmt.Errorf("slot registry %s: created_lsn %q of slot %q: %w", registry, *lsn, slot, err)
+		}
+	}
+	if xid != nil {
+		if r.SlotXid, err = strconv.ParseUint(*xid, 10, 64); err != nil {
+			return r, fmt.Errorf("slot registry %s: created_xid %q of slot %q: %w", registry, *xid, slot, err)
+		}
+	}
+	return r, nil
 }
 
 // vanishedCause says why a registered slot is missing, as far as the

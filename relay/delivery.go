@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -17,10 +18,9 @@ import (
 // (exactlyonce.Delivery, Kafka transactions and a checkpoint).
 type Delivery interface {
 	// Begin is called before txn enters the tracker (where backpressure
-	// blocks). skip: txn is in Kafka already, so its records are not built
-	// and the watermark passes it. An error ends the session
-	// (replication.ErrRestart rewinds). It may block until ctx ends.
-	Begin(ctx context.Context, txn *decoder.Txn) (skip bool, err error)
+	// blocks). An error ends the session (replication.ErrRestart rewinds).
+	// It may block until ctx ends.
+	Begin(ctx context.Context, txn *decoder.Txn) error
 	// Publish hands m over and returns; its verdict comes later. Also
 	// called from the pipeline's retry goroutine for a dead letter resent
 	// alone. It must return once the delivery is stopped, whatever ctx.
@@ -45,7 +45,19 @@ type publisher interface {
 	Publish(ctx context.Context, m *sink.Message) error
 }
 
-func (atLeastOnce) Begin(context.Context, *decoder.Txn) (bool, error) { return false, nil }
-func (atLeastOnce) End(*decoder.Txn)                                  {}
-func (atLeastOnce) Flush()                                            {} // the producer flushes on its own
-func (atLeastOnce) Restart()                                          {}
+func (atLeastOnce) Begin(context.Context, *decoder.Txn) error { return nil }
+func (atLeastOnce) End(*decoder.Txn)                          {}
+func (atLeastOnce) Flush()                                    {} // the producer flushes on its own
+func (atLeastOnce) Restart()                                  {}
+
+// Keeper is a Delivery that keeps a position of its own across sessions and
+// processes: exactly-once's checkpoint, the last PostgreSQL transaction
+// committed to Kafka. The pipeline asks for it at every session start and
+// applies it only on the history it was taken on (package history).
+type Keeper interface {
+	// Kept tells the delivery the history of the session about to start
+	// (the history its next positions belong to) and returns its position,
+	// ok false when it has none. It blocks until the position is known
+	// (the checkpoint read) or ctx ends.
+	Kept(ctx context.Context, m history.Mark) (p history.Point, ok bool, err error)
+}

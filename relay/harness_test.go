@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	pg "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -176,6 +177,10 @@ func (h *harness) start(cancel context.CancelFunc, delivery func(context.Context
 	} else {
 		delivered <- nil
 	}
+	// Before the goroutines: a test may call Handle on its own.
+	if err := h.session(ctx); err != nil {
+		h.t.Fatalf("Session = %v", err)
+	}
 	go func() { ran <- h.p.Run(ctx) }()
 	go func() {
 		defer close(streamed)
@@ -193,18 +198,30 @@ func (h *harness) start(cancel context.CancelFunc, delivery func(context.Context
 	})
 }
 
+// session tells the pipeline its session's history, as replication.Stream
+// does before any WAL of a session: the same one every time.
+func (h *harness) session(ctx context.Context) error {
+	return h.p.Session(ctx, history.Now{Mark: history.Mark{SystemID: "sys", Timeline: 1, Slot: "s"},
+		Confirmed: h.p.Flushed(), ServerEnd: 1 << 40})
+}
+
 func (h *harness) txn(commit, end pglogrepl.LSN, rows ...[]pg.Col) error {
 	return h.txnCtx(h.ctx, commit, end, rows...)
 }
 
 func (h *harness) txnCtx(ctx context.Context, commit, end pglogrepl.LSN, rows ...[]pg.Col) error {
-	t := walTxn{commit: commit, end: end, msgs: [][]byte{pg.Begin(commit, 7)}}
+	return h.txnXid(ctx, commit, end, 7, rows...)
+}
+
+// txnXid is txn with the transaction's xid.
+func (h *harness) txnXid(ctx context.Context, commit, end pglogrepl.LSN, xid uint32, rows ...[]pg.Col) error {
+	t := walTxn{commit: commit, end: end, msgs: [][]byte{pg.Begin(commit, xid)}}
 	for _, r := range rows {
 		t.msgs = append(t.msgs, pg.Insert(pg.OutboxID, r...))
 	}
 	t.msgs = append(t.msgs, pg.Commit(commit, end))
 	done := make(chan error, 1)
-	h.in <- walReq{ctx, t, done}
+	h.in <- walReq{ctx: ctx, txn: t, done: done}
 	return <-done
 }
 
@@ -218,6 +235,18 @@ type walReq struct {
 	ctx  context.Context
 	txn  walTxn
 	done chan error
+	// reconnect, when set, ends the session as replication.Stream does
+	// before a new one: Drain, Reset to the slot's confirmed position, and
+	// Session with now; the transactions after it are the test's to send.
+	reconnect *history.Now
+}
+
+// reconnect starts a new session on now's history (now.Confirmed is the
+// slot's position).
+func (h *harness) reconnect(now history.Now) error {
+	done := make(chan error, 1)
+	h.in <- walReq{ctx: h.ctx, done: done, reconnect: &now}
+	return <-done
 }
 
 // stream emulates replication.Stream for the pipeline: the one goroutine
@@ -239,7 +268,7 @@ func (h *harness) stream(ctx context.Context) {
 				at = t.at[i]
 			}
 			if err := h.p.Handle(ctx, at, m); err != nil {
-				if errors.Is(err, replication.ErrRestart) {
+				if errors.Is(err, replication.ErrRestart) && h.p.Restarting() {
 					return nil // the rest comes again after the restart
 				}
 				return err
@@ -247,6 +276,7 @@ func (h *harness) stream(ctx context.Context) {
 		}
 		return nil
 	}
+	session := func() error { return h.session(ctx) }
 	tick := time.NewTicker(time.Millisecond) // the real loop checks once per message or status interval
 	defer tick.Stop()
 	for {
@@ -254,6 +284,18 @@ func (h *harness) stream(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case r := <-h.in:
+			if now := r.reconnect; now != nil {
+				err := h.p.Drain(ctx)
+				if err == nil {
+					err = h.p.Reset(now.Confirmed)
+				}
+				if err == nil {
+					err = h.p.Session(ctx, *now)
+				}
+				log, sawRel = nil, false
+				r.done <- err
+				continue
+			}
 			log = append(log, r.txn)
 			r.done <- feed(r.ctx, r.txn)
 		case <-tick.C:
@@ -261,6 +303,10 @@ func (h *harness) stream(ctx context.Context) {
 				continue
 			}
 			if err := h.p.Drain(ctx); err != nil {
+				return
+			}
+			if err := session(); err != nil {
+				h.t.Errorf("Session = %v", err)
 				return
 			}
 			h.restarts.Add(1)

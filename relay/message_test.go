@@ -39,7 +39,7 @@ func (h *harness) msgTxn(commit, end pglogrepl.LSN, msgs ...[]byte) error {
 	t := walTxn{commit: commit, end: end, msgs: [][]byte{pg.Begin(commit, 7)}}
 	t.msgs = append(append(t.msgs, msgs...), pg.Commit(commit, end))
 	done := make(chan error, 1)
-	h.in <- walReq{h.ctx, t, done}
+	h.in <- walReq{ctx: h.ctx, txn: t, done: done}
 	return <-done
 }
 
@@ -80,7 +80,7 @@ func TestMessageEventDeadLetters(t *testing.T) {
 	}
 	// A non-transactional one arrives alone, outside any transaction.
 	done := make(chan error, 1)
-	h.in <- walReq{h.ctx, walTxn{commit: 120, end: 120, msgs: [][]byte{pg.Message(false, 120, testPrefix, envelope("m-nt", "o-1"))}}, done}
+	h.in <- walReq{ctx: h.ctx, txn: walTxn{commit: 120, end: 120, msgs: [][]byte{pg.Message(false, 120, testPrefix, envelope("m-nt", "o-1"))}}, done: done}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -242,12 +242,12 @@ func TestMessageAndNextRowShareAnLSN(t *testing.T) {
 	}
 	h := newHarnessWith(t, fastPolicy, answer, &downMarker{}, func(c *PipelineConfig) { c.MessagePrefix = testPrefix })
 	done := make(chan error, 1)
-	h.in <- walReq{h.ctx, walTxn{commit: 100, end: 110, at: []pglogrepl.LSN{80, 90, 90, 100}, msgs: [][]byte{
+	h.in <- walReq{ctx: h.ctx, done: done, txn: walTxn{commit: 100, end: 110, at: []pglogrepl.LSN{80, 90, 90, 100}, msgs: [][]byte{
 		pg.Begin(100, 7),
 		pg.Message(true, 90, testPrefix, `{"not": "an envelope"}`), // dead-lettered at once
 		pg.Insert(pg.OutboxID, order("5", "o-1")...),               // the same LSN, fails once
 		pg.Commit(100, 110),
-	}}, done}
+	}}}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

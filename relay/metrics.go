@@ -11,6 +11,9 @@ type pipelineMetrics struct {
 	deadLettered *prometheus.CounterVec
 	halted       prometheus.Gauge
 	rewinds      prometheus.Counter
+	// history: kept positions against the server's history (resume.go).
+	history       *prometheus.CounterVec
+	resumeSkipped prometheus.Counter
 }
 
 // newPipelineMetrics builds p's metrics and registers them with reg (nil
@@ -27,6 +30,11 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 		halted: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_halted",
 			Help: "1 when publishing stopped on a poison event (on_poison: halt, or the dead-letter write failed)."}),
 	}
+	m.history = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_history_decisions_total",
+		Help: "Kept positions (source: watermark, checkpoint) judged against the server's history at a session start (verdict: apply, behind, republish, refuse), and kept positions the stream disproved (source stream, verdict mismatch)."},
+		[]string{"source", "verdict"})
+	m.resumeSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_resume_skipped_events_total",
+		Help: "Events read again from the slot after a reconnect or restart and not published: at or before a kept position verified on the same history."})
 	m.rewinds = prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_rewinds_total",
 		Help: "Times a publish error made the relay republish from the ack watermark to keep per-aggregate order."})
 	for _, r := range []string{deadletter.ReasonBadRow, deadletter.ReasonReservedHeader, deadletter.ReasonInvalidTopic,
@@ -45,7 +53,7 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 			func() float64 { return float64(p.decodedBy[i].Load()) }))
 	}
 	t := p.tracker
-	reg.MustRegister(m.commitToAck, m.deadLettered, m.halted, m.rewinds,
+	reg.MustRegister(m.commitToAck, m.deadLettered, m.halted, m.rewinds, m.history, m.resumeSkipped,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "outbox_relay_reordered_events_total",
 			Help: "Events written to Kafka after a later event of their partition (an error came back while later events were inside the producer)."},
 			func() float64 { return float64(p.order.reorders.Load()) }),

@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -89,6 +90,10 @@ type Pipeline struct {
 	rewind  rewind            // failed events: the stream restarts from the watermark
 	order   orderWatch
 	mem     txnPool // transactions' deliveries and headers, reused
+	// Where sessions resume (resume.go); loop goroutine.
+	pts     points
+	filter  history.Filter
+	refuted history.Point // a kept position the stream disproved: never applied again
 
 	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
 	handled   atomic.Uint64         // WAL messages handled (Handled)
@@ -207,18 +212,13 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		}
 		return nil
 	}
-	skip, err := p.out.Begin(ctx, txn)
-	if err != nil {
-		return err
-	}
-	if skip {
-		// In Kafka already (the delivery knows it, e.g. from a checkpoint),
-		// not yet confirmed to the slot. The watermark passes it like a
-		// heartbeat, so the slot is confirmed past it.
-		if !txn.Partial {
-			p.tracker.Mark(txn.EndLSN)
+	if p.filter.Active() {
+		if done, err := p.resumeTxn(txn); done || err != nil {
+			return err
 		}
-		return nil
+	}
+	if err := p.out.Begin(ctx, txn); err != nil {
+		return err
 	}
 	var bytes int64
 	commitLSN := record.LSNText(txn.CommitLSN)
@@ -296,6 +296,10 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(ds), bytes)
 	if err != nil {
 		return err
+	}
+	if !txn.Partial {
+		p.pts.passed(uint64(p.tracker.Flushed()))
+		p.pts.add(history.Point{CommitLSN: txn.CommitLSN, EndLSN: txn.EndLSN, Xid: txn.Xid, CommitTime: txn.CommitTime})
 	}
 	// Once a transaction is registered every event of it must reach the
 	// publisher, or the drain waits for acks that cannot come: a shutdown

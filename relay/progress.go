@@ -129,7 +129,12 @@ func (p *Pipeline) AdvanceIdle(walEnd pglogrepl.LSN) {
 // Reset implements replication.Progress: the watermark goes to lsn, down as
 // well as up, when nothing is in flight (checkpoint.Tracker.Reset). Called
 // on the loop goroutine after Drain, so the decoder is fresh.
-func (p *Pipeline) Reset(lsn pglogrepl.LSN) error { return p.tracker.Reset(lsn) }
+func (p *Pipeline) Reset(lsn pglogrepl.LSN) error {
+	// The kept position is read off the watermark before it moves down.
+	p.pts.passed(uint64(p.tracker.Flushed()))
+	p.pts.drop()
+	return p.tracker.Reset(lsn)
+}
 
 // Drain implements replication.Progress: wait for acks (until ctx ends),
 // then start a fresh decoder for the next session (relations are resent by

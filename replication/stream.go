@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/rs/zerolog"
@@ -40,6 +41,12 @@ type Progress interface {
 	// The stream calls it only after Drain, when nothing is in flight; the
 	// implementation refuses otherwise.
 	Reset(lsn pglogrepl.LSN) error
+	// Session tells the progress the history of the session about to
+	// stream (package history), after Reset or AdvanceIdle and before any
+	// WAL of it is handled, on the loop goroutine: it decides which kept
+	// position, if any, the session skips up to. An error ends the session
+	// (fault.Fatal stops the relay).
+	Session(ctx context.Context, now history.Now) error
 	// Drain blocks until every event handed over so far is acked (or ctx
 	// ends) and forgets any partially received transaction. The stream calls
 	// it before reconnecting and at shutdown.
@@ -103,9 +110,10 @@ type Stream struct {
 	// up (far behind the server's WAL end: catchUpReader), from the loop
 	// goroutine: the relay's producer batches harder meanwhile. Set before Run.
 	OnCatchUp  func(catchingUp bool)
-	catchingUp bool            // what OnCatchUp last heard; the loop goroutine's
-	oldWarned  bool            // the server is too old for Messages; said once
-	warned     map[string]bool // the failover warnings (pgsetup.SlotInfo.Warnings) logged so far
+	catchingUp bool             // what OnCatchUp last heard; the loop goroutine's
+	oldWarned  bool             // the server is too old for Messages; said once
+	warned     map[string]bool  // the failover warnings (pgsetup.SlotInfo.Warnings) logged so far
+	registry   pgsetup.Registry // the slot's registry row, as this session's prepare raised it
 }
 
 // Fence is what the stream needs from leader election.
@@ -255,6 +263,11 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 		return err
 	}
 	s.slotSeen = true
+	s.registry = info.Registry
+	if w := info.Registry.Warning; w != "" && !s.warned[w] {
+		s.warned[w] = true
+		s.log.Warn().Msg(w)
+	}
 	if info.Created {
 		s.log.Warn().Bool("failover", info.Failover).Msg("created replication slot; outbox rows committed before now are not streamed (republish them from the table if needed)")
 	}
@@ -385,6 +398,12 @@ func (s *Stream) resume(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN
 		// arrived) or a PostgreSQL crash; also a slot put back by an operator.
 		s.log.Info().Str("watermark", watermark.String()).Str("confirmed_flush_lsn", confirmed.String()).
 			Msg("slot's confirmed position is behind the acked watermark: resuming from the slot, events acked after it are published again")
+	}
+	now := history.Now{Mark: history.Mark{SystemID: cur.SystemID, Timeline: cur.Timeline, Slot: s.cfg.Slot,
+		SlotLSN: s.registry.SlotLSN, SlotXid: s.registry.SlotXid, Generation: s.registry.Generation},
+		Raised: s.registry.Raised, Confirmed: confirmed, ServerEnd: end}
+	if err := s.progress.Session(ctx, now); err != nil {
+		return 0, fmt.Errorf("resume slot %q: %w", s.cfg.Slot, err)
 	}
 	s.identity = cur
 	return start, nil

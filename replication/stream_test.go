@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/pgsetup"
 )
@@ -313,6 +314,7 @@ type fakeProgress struct {
 	drains   int
 	restart  atomic.Bool
 	advanced chan struct{}
+	sessions []history.Now // Session's arguments, apart from calls
 }
 
 func newFakeProgress(flushed pglogrepl.LSN, idle bool) *fakeProgress {
@@ -343,6 +345,13 @@ func (p *fakeProgress) Reset(lsn pglogrepl.LSN) error {
 	defer p.mu.Unlock()
 	p.record("Reset %s", lsn)
 	p.flushed = lsn
+	return nil
+}
+
+func (p *fakeProgress) Session(_ context.Context, now history.Now) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sessions = append(p.sessions, now)
 	return nil
 }
 
