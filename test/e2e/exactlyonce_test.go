@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"syscall"
@@ -100,9 +101,13 @@ func lastCheckpoint(t *testing.T, topic, key string) map[string]string {
 	var cp map[string]string
 	for _, r := range consumeCommitted(t, []string{topic}, 1, 20*time.Second, time.Second) {
 		if r.Key == key {
-			cp = map[string]string{}
-			if err := json.Unmarshal(r.Value, &cp); err != nil {
+			var raw map[string]any
+			if err := json.Unmarshal(r.Value, &raw); err != nil {
 				t.Fatalf("checkpoint %s: %v", r.Value, err)
+			}
+			cp = map[string]string{}
+			for k, v := range raw {
+				cp[k] = fmt.Sprint(v) // numbers (timeline, generation, xid) as text
 			}
 		}
 	}
@@ -152,6 +157,12 @@ func TestExactlyOnceCleanRun(t *testing.T) {
 	}
 	if cp["slot"] != e.Slot || cp["system_id"] == "" || cp["end_lsn"] == "" {
 		t.Errorf("checkpoint record %v lacks slot, system_id or end_lsn", cp)
+	}
+	// The history it belongs to and the transaction at it (package history).
+	for _, k := range []string{"timeline", "slot_lsn", "slot_xid", "generation", "xid", "commit_time"} {
+		if cp[k] == "" || cp[k] == "0" {
+			t.Errorf("checkpoint record %v lacks %s", cp, k)
+		}
 	}
 	configs := describeTopic(t, e.Prefix+".checkpoints")
 	if configs["cleanup.policy"] != "compact" {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -21,9 +22,17 @@ import (
 // progress is a replication.Progress with nothing ever in flight that
 // records the resets the stream asks for.
 type progress struct {
-	mu      sync.Mutex
-	flushed pglogrepl.LSN
-	resets  []pglogrepl.LSN
+	mu       sync.Mutex
+	flushed  pglogrepl.LSN
+	resets   []pglogrepl.LSN
+	sessions []history.Now
+}
+
+func (p *progress) Session(_ context.Context, now history.Now) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sessions = append(p.sessions, now)
+	return nil
 }
 
 func (p *progress) Flushed() pglogrepl.LSN {
@@ -122,6 +131,24 @@ func TestStreamResumesFromSlotOnChangedHistory(t *testing.T) {
 	}
 	if len(p.resets) != 0 || changes != 0 || p.Flushed() < confirmed {
 		t.Fatalf("first session: resets %v, changes %v, flushed %s (slot at %s); want no reset, raised to the slot", p.resets, changes, p.Flushed(), confirmed)
+	}
+	// The session told the progress the server's history: its identity,
+	// the slot's registry row, its generation raised by one per session.
+	if len(p.sessions) != 1 {
+		t.Fatalf("%d Session calls, want 1", len(p.sessions))
+	}
+	first := p.sessions[0]
+	if m := first.Mark; m.SystemID != server.SystemID || m.Timeline != server.Timeline || m.Slot != e.Slot ||
+		m.SlotLSN == 0 || m.Generation != first.Raised+1 || first.Confirmed != confirmed || first.ServerEnd < confirmed {
+		t.Fatalf("first session's history %+v (raised %d, confirmed %s, end %s); want the server's, the slot's registry row and a raised generation",
+			m, first.Raised, first.Confirmed, first.ServerEnd)
+	}
+	var gen int64
+	if err := e.DB.QueryRow(ctx, "SELECT generation FROM "+e.Schema+".outbox_relay_slots WHERE slot_name = $1", e.Slot).Scan(&gen); err != nil {
+		t.Fatal(err)
+	}
+	if gen != first.Mark.Generation {
+		t.Fatalf("registry generation %d, the session said %d", gen, first.Mark.Generation)
 	}
 	ahead := func(t *testing.T) pglogrepl.LSN { return slotPos(t) + 1<<20 }
 	for _, tc := range []struct {
