@@ -39,6 +39,9 @@ type PGPairOptions struct {
 	// Dir is the parent of the clusters' temp dir; "" is $OUTBOX_TEST_TMP,
 	// else os.TempDir(). It must be traversable by the postgres OS user.
 	Dir string
+	// PrimaryOnly starts the primary alone: no base backup, no standby (a
+	// throwaway single server; Standby is set but never started).
+	PrimaryOnly bool
 }
 
 // PGServer is one server of a PGPair.
@@ -134,6 +137,9 @@ func StartPGPair(ctx context.Context, opts PGPairOptions) (*PGPair, error) {
 	}
 	if err := p.initPrimary(ctx); err != nil {
 		return p, err
+	}
+	if opts.PrimaryOnly {
+		return p, nil
 	}
 	if err := p.makeStandby(ctx); err != nil {
 		return p, err
