@@ -40,6 +40,10 @@ type PipelineConfig struct {
 	// position before streaming (raised, or reset when the slot is behind
 	// it or the server's history changed: replication.startFrom).
 	Start pglogrepl.LSN
+	// Kept is the last transaction earlier terms of this process got acked
+	// (Pipeline.Kept; zero at first): a session on its history skips up to
+	// it, verified (resume.go).
+	Kept history.Point
 	// MaxTopics and Allowlist bound the topics events are routed to
 	// (kafka.max_topics, at least 1; kafka.topic_allowlist).
 	MaxTopics int
@@ -136,6 +140,7 @@ func NewPipeline(cfg PipelineConfig, out Delivery, marker RowMarker, log zerolog
 	for _, o := range p.outboxes {
 		p.tables = append(p.tables, o.Mapping.Table.String())
 	}
+	p.pts.last = cfg.Kept
 	p.decodedBy = make([]atomic.Uint64, len(p.outboxes))
 	if err := p.resetDecoder(); err != nil {
 		return nil, err

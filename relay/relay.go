@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
@@ -70,6 +71,7 @@ type Relay struct {
 	current atomic.Pointer[term] // the running leadership term, for Health
 	acked   pglogrepl.LSN        // carried from term to term; the leadership goroutine's
 	history pg.Identity          // the server history acked is on; carried like acked
+	kept    history.Point        // the last transaction acked (Pipeline.Kept); carried like acked
 
 	closing   chan struct{}
 	closeOnce sync.Once

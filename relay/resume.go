@@ -50,6 +50,14 @@ func (ps *points) passed(w uint64) {
 // drop forgets the points not passed: their transactions come again.
 func (ps *points) drop() { ps.q, ps.head = ps.q[:0], 0 }
 
+// Kept is the last transaction the watermark passed, on the history it was
+// acked on; for the next term of the process (PipelineConfig.Kept). Call it
+// once the replication loop ended.
+func (p *Pipeline) Kept() history.Point {
+	p.pts.passed(uint64(p.tracker.Flushed()))
+	return p.pts.last
+}
+
 // Session implements replication.Progress: the session about to stream is
 // on now's history. Called on the loop goroutine after Drain and Reset (or
 // AdvanceIdle), so nothing is in flight. It picks the kept position to skip

@@ -119,7 +119,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		catchingUp = p.CatchingUp
 		t.producer, out = p, atLeastOnce{p}
 	}
-	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Outboxes: r.outboxes, Format: cfg.Compat, Start: r.acked,
+	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Outboxes: r.outboxes, Format: cfg.Compat, Start: r.acked, Kept: r.kept,
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
 		MessagePrefix: cfg.Messages.Prefix,
 		Limits:        checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
@@ -161,7 +161,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		r.termReg.Store(nil)
 		// Not max(): the pipeline started at r.acked and only a reset (a
 		// changed history, a slot behind the watermark) took it lower.
-		r.acked, r.history = t.pipe.Flushed(), t.stream.Identity()
+		r.acked, r.history, r.kept = t.pipe.Flushed(), t.stream.Identity(), t.pipe.Kept()
 		t.log.Info().Str("lsn", t.pipe.Flushed().String()).Bool("fenced", t.fenced()).Err(err).Msg("leader term ended")
 	}()
 
