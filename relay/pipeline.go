@@ -304,7 +304,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	}
 	if !txn.Partial {
 		p.pts.passed(uint64(p.tracker.Flushed()))
-		p.pts.add(history.Point{CommitLSN: txn.CommitLSN, EndLSN: txn.EndLSN, Xid: txn.Xid, CommitTime: txn.CommitTime})
+		p.pts.add(txn)
 	}
 	// Once a transaction is registered every event of it must reach the
 	// publisher, or the drain waits for acks that cannot come: a shutdown

@@ -3,6 +3,9 @@ package relay
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
@@ -26,19 +29,29 @@ import (
 // until the watermark passes them: the newest passed is the pipeline's kept
 // position. Loop goroutine only.
 type points struct {
-	mark history.Mark    // the session's history, which every point in q is on
-	q    []history.Point // Mark unset: it is mark
+	mark history.Mark // the session's history, which every point in q is on
+	q    []point
 	head int
 	last history.Point // the newest the watermark passed; EndLSN 0: none
 }
 
-func (ps *points) add(p history.Point) { ps.q = append(ps.q, p) }
+// point is a transaction of q; without the Mark (one per session), so
+// registering a transaction copies 48 bytes, not a history.Point.
+type point struct {
+	commit, end pglogrepl.LSN
+	xid         uint32
+	at          time.Time
+}
+
+func (ps *points) add(t *decoder.Txn) {
+	ps.q = append(ps.q, point{commit: t.CommitLSN, end: t.EndLSN, xid: t.Xid, at: t.CommitTime})
+}
 
 // passed moves the points at or below the watermark w into last.
 func (ps *points) passed(w uint64) {
-	for ps.head < len(ps.q) && uint64(ps.q[ps.head].EndLSN) <= w {
-		ps.last = ps.q[ps.head]
-		ps.last.Mark = ps.mark
+	for ps.head < len(ps.q) && uint64(ps.q[ps.head].end) <= w {
+		q := &ps.q[ps.head]
+		ps.last = history.Point{Mark: ps.mark, CommitLSN: q.commit, EndLSN: q.end, Xid: q.xid, CommitTime: q.at}
 		ps.head++
 	}
 	if ps.head == len(ps.q) || ps.head > 1024 && ps.head*2 > len(ps.q) {
