@@ -103,6 +103,8 @@ type Pipeline struct {
 	decodedBy    []atomic.Uint64 // events decoded per outbox table
 	resent       atomic.Uint64
 	m            pipelineMetrics
+
+	standby standbyGate // nil unless postgres.standby_slots (standby.go)
 }
 
 // NewPipeline validates and allocates; it starts nothing. reg may be nil.
@@ -206,6 +208,11 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			p.resent.Add(1)
 		}
 		return nil
+	}
+	if p.standby != nil { // before Begin: a wait must not hold a Kafka transaction open
+		if err := p.standby.WaitTxn(ctx, txn); err != nil {
+			return err
+		}
 	}
 	skip, err := p.out.Begin(ctx, txn)
 	if err != nil {
