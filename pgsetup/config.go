@@ -36,6 +36,13 @@ type Config struct {
 	// the relay continues from after a promotion (docs/failover.md). The
 	// relay refuses to start with it on an older server.
 	SlotFailover bool `yaml:"slot_failover"`
+	// StandbySlots are physical replication slots of standbys that may be
+	// promoted: the relay publishes a transaction only once each of them
+	// has flushed it (restart_lsn at or past its end), the rule PostgreSQL
+	// 17+ applies itself with synchronized_standby_slots, so no event in
+	// Kafka is missing from a promoted standby's history (package standby,
+	// docs/failover.md). Empty: off.
+	StandbySlots []string `yaml:"standby_slots"`
 }
 
 // Tables returns the outbox tables of cfg: those of Mappings, or Table

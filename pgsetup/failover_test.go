@@ -64,16 +64,19 @@ func TestFailoverWarnings(t *testing.T) {
 		name     string
 		setting  string
 		physical []string
+		gated    bool     // postgres.standby_slots set
 		want     []string // one substring per expected warning
 	}{
 		{name: "empty", setting: "", physical: []string{"standby_slot"}, want: []string{"synchronized_standby_slots is empty"}},
 		{name: "blank", setting: " , ", want: []string{"synchronized_standby_slots is empty"}},
+		{name: "empty, postgres.standby_slots set", setting: "", physical: []string{"standby_slot"}, gated: true},
+		{name: "names a missing slot, postgres.standby_slots set", setting: "nope", gated: true, want: []string{`"nope", which is not a physical slot`}},
 		{name: "names an existing physical slot", setting: "standby_slot", physical: []string{"standby_slot"}},
 		{name: "two, both exist", setting: "a, b", physical: []string{"b", "a"}},
 		{name: "names a missing slot", setting: "a,nope", physical: []string{"a"}, want: []string{`"nope", which is not a physical slot`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := failoverWarnings(tc.setting, tc.physical)
+			got := failoverWarnings(tc.setting, tc.physical, tc.gated)
 			if len(got) != len(tc.want) {
 				t.Fatalf("failoverWarnings(%q, %v) = %q, want %d warning(s)", tc.setting, tc.physical, got, len(tc.want))
 			}

@@ -30,7 +30,8 @@ type SlotInfo struct {
 	// (postgres.slot_failover).
 	FailoverSet bool
 	// Warnings are problems with the failover setup seen from this server
-	// (postgres.slot_failover on): the caller logs them.
+	// (postgres.slot_failover on, postgres.standby_slots): the caller logs
+	// them.
 	Warnings []string
 	// Registry is the slot's row in the slot registry, its generation
 	// raised by this call (history.Mark); zero without a registry.
@@ -145,9 +146,20 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity)
 		info.Failover, info.FailoverSet = true, true
 	}
 	if cfg.SlotFailover {
-		if info.Warnings, err = standbyWarnings(ctx, conn); err != nil {
+		if info.Warnings, err = standbyWarnings(ctx, conn, len(cfg.StandbySlots) > 0); err != nil {
 			return SlotInfo{}, err
 		}
+	}
+	if len(cfg.StandbySlots) > 0 {
+		slots, err := ReadStandbySlots(ctx, conn, cfg.StandbySlots)
+		if err != nil {
+			return SlotInfo{}, err
+		}
+		warns, err := checkStandbySlots(slots)
+		if err != nil {
+			return SlotInfo{}, err
+		}
+		info.Warnings = append(info.Warnings, warns...)
 	}
 	if hasRegistry && !registered {
 		if err := register(ctx, conn, registry, cfg.Slot, info.ConfirmedFlush); err != nil {

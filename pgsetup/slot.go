@@ -59,7 +59,9 @@ func alterSlotFailover(ctx context.Context, cfg Config) error {
 // needs there: synchronized_standby_slots naming existing physical slots.
 // What the standby needs (sync_replication_slots, hot_standby_feedback,
 // primary_slot_name, dbname in primary_conninfo) is not visible from here.
-func standbyWarnings(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+// gated: postgres.standby_slots holds publishing back instead, so an empty
+// setting is no risk.
+func standbyWarnings(ctx context.Context, conn *pgx.Conn, gated bool) ([]string, error) {
 	var setting string
 	if err := conn.QueryRow(ctx, "SELECT current_setting('synchronized_standby_slots')").Scan(&setting); err != nil {
 		return nil, fmt.Errorf("read synchronized_standby_slots: %w", err)
@@ -72,17 +74,20 @@ func standbyWarnings(ctx context.Context, conn *pgx.Conn) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the physical slots: %w", err)
 	}
-	return failoverWarnings(setting, physical), nil
+	return failoverWarnings(setting, physical, gated), nil
 }
 
 // failoverWarnings judges synchronized_standby_slots (setting) against the
-// server's physical slots.
-func failoverWarnings(setting string, physical []string) []string {
+// server's physical slots; gated as for standbyWarnings.
+func failoverWarnings(setting string, physical []string, gated bool) []string {
 	var names []string
 	for _, n := range strings.Split(setting, ",") {
 		if n = strings.TrimSpace(n); n != "" {
 			names = append(names, n)
 		}
+	}
+	if len(names) == 0 && gated {
+		return nil
 	}
 	if len(names) == 0 {
 		return []string{"postgres.slot_failover is on but synchronized_standby_slots is empty on this server: the relay can receive and publish transactions a standby has not received yet; after a failover to that standby they are not in its history, its synced slot may be behind them, and new rows may reuse their ids (event_id). Set synchronized_standby_slots to the physical slots of the standbys that may be promoted (docs/failover.md)"}

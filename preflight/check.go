@@ -8,6 +8,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/report"
 )
 
@@ -192,6 +193,9 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 	}
 	pubCheck(p, o, add)
 	slotCheck(p, o, add)
+	for _, c := range pgsetup.FailoverChecks(p.Failover, pgsetup.FailoverOptions{Slot: o.Slot, SlotFailover: o.SlotFailover, StandbySlots: o.StandbySlots, Advise: true}, Fail) {
+		add(c.Name, c.Verdict, c.Value, c.Fix)
+	}
 }
 
 // privChecks reports each privilege check: the missing privileges of each

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -152,6 +153,20 @@ func TestEvaluate(t *testing.T) {
 				Resource: sarama.Resource{ResourceType: sarama.AclResourceTopic, ResourceName: "outbox.event.", ResourcePatternType: sarama.AclPatternPrefixed},
 				Acls:     []*sarama.Acl{{Principal: "User:relay", Host: "*", Operation: sarama.AclOperationWrite, PermissionType: sarama.AclPermissionAllow}}}}}
 		}, "kafka.acls", Fail, report.ExitBad, []string{"--allow-principal User:relay --operation Write"}},
+		{"17, no protection, a standby", func(f *Facts) {
+			f.PG.VersionNum = 170008
+			f.PG.Failover = pgsetup.FailoverFacts{VersionNum: 170008, SlotExists: true, PhysicalSlots: []string{"standby_1"}, Standbys: 1}
+		}, pgsetup.CheckFailover, Warn, report.ExitWarn, []string{"postgres.slot_failover: true", "synchronized_standby_slots = 'standby_1'", "postgres.standby_slots: [standby_1]"}},
+		{"no standby: no warning", func(f *Facts) { f.PG.Failover = pgsetup.FailoverFacts{VersionNum: 170008} }, pgsetup.CheckFailover, OK, report.ExitOK, nil},
+		{"standby slot missing", func(f *Facts) {
+			f.Options.StandbySlots = []string{"standby_1"}
+			f.PG.Failover = pgsetup.FailoverFacts{VersionNum: 150004, StandbySlots: []pgsetup.StandbySlot{{Name: "standby_1"}}}
+		}, pgsetup.CheckFailoverStandbySlots, Fail, report.ExitBad, []string{"pg_create_physical_replication_slot('standby_1')"}},
+		{"failover slot, setting empty", func(f *Facts) {
+			f.Options.SlotFailover = true
+			empty := ""
+			f.PG.Failover = pgsetup.FailoverFacts{VersionNum: 170008, SlotExists: true, SlotFailover: true, SynchronizedStandbySlots: &empty, PhysicalSlots: []string{"standby_1"}}
+		}, pgsetup.CheckFailoverSyncSlots, Warn, report.ExitWarn, []string{"ALTER SYSTEM SET synchronized_standby_slots = 'standby_1'; SELECT pg_reload_conf();"}},
 		{"ACLs not describable", func(f *Facts) { f.Kafka.ACL = ACLFacts{Skipped: "not authorized to describe ACLs"} }, "kafka.acls", Skip, report.ExitOK, nil},
 	}
 	for _, tt := range tests {

@@ -63,6 +63,10 @@ type PGFacts struct {
 	AggregateTopics   []string
 	AggregateTopicErr string
 
+	// Failover is what the server says about phantom events
+	// (pgsetup.ReadFailover).
+	Failover pgsetup.FailoverFacts
+
 	// MappingErrs say why mapped tables (Options.Mappings) do not fit
 	// their mapping; PubMissing are mapped tables the publication lacks.
 	MappingErrs []string
@@ -268,6 +272,8 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 		s.Exists = true
 		s.Plugin, s.SlotType, s.Database, s.WALStatus = deref(plugin), deref(slotType), deref(database), deref(walStatus)
 	}
+	f.Failover = pgsetup.ReadFailover(ctx, conn, o.Slot, o.StandbySlots)
+	f.Failover.Error = noSecret(f.Failover.Error, password)
 	reg := t.Sibling(outboxschema.SlotRegistry).Quoted()
 	var hasReg bool
 	if conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", reg).Scan(&hasReg) == nil && hasReg {

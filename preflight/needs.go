@@ -36,6 +36,11 @@ type Options struct {
 	// alone, the relay's own. Their column types are checked instead of the
 	// relay's columns, and they need no row-mark or retention privileges.
 	Mappings []outboxschema.Mapping
+	// SlotFailover and StandbySlots are postgres.slot_failover and
+	// postgres.standby_slots: the protections against phantom events
+	// checked (pgsetup.FailoverChecks).
+	SlotFailover bool
+	StandbySlots []string
 }
 
 // Need is one privilege the relay's role needs on a table.

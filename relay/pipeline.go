@@ -112,6 +112,8 @@ type Pipeline struct {
 	decodedBy    []atomic.Uint64 // events decoded per outbox table
 	resent       atomic.Uint64
 	m            pipelineMetrics
+
+	standby standbyGate // nil unless postgres.standby_slots (standby.go)
 }
 
 // NewPipeline validates and allocates; it starts nothing. reg may be nil.
@@ -219,6 +221,11 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 	}
 	if p.filter.Active() {
 		if done, err := p.resumeTxn(txn); done || err != nil {
+			return err
+		}
+	}
+	if p.standby != nil { // before Begin: a wait must not hold a Kafka transaction open
+		if err := p.standby.WaitTxn(ctx, txn); err != nil {
 			return err
 		}
 	}

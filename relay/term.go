@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
 	"github.com/outbox-relay/outbox-relay/sink"
+	"github.com/outbox-relay/outbox-relay/standby"
 )
 
 // term is one leadership term: a producer, a pipeline (with its tracker)
@@ -35,6 +36,7 @@ type term struct {
 	stream   *replication.Stream
 	lag      *replication.LagPoller
 	cleaner  *retention.Cleaner
+	gate     *standby.Gate // nil unless postgres.standby_slots
 	// maxUnackedAge: older unacked events make the term not ready.
 	maxUnackedAge time.Duration
 }
@@ -55,6 +57,11 @@ type termProducer interface {
 func (t *term) ready() (bool, string) {
 	if err := t.pipe.Halted(); err != nil {
 		return false, "halted: " + err.Error()
+	}
+	if t.gate != nil {
+		if ok, why := t.gate.Ready(); !ok {
+			return false, why
+		}
 	}
 	// Before the connection checks: whatever holds the acks back (a silent
 	// broker, a topic sarama waits for, a row mark), the age says so.
@@ -129,6 +136,10 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		return err
 	}
 	t.producer.OnAcked(t.pipe.Acked)
+	if len(cfg.Postgres.StandbySlots) > 0 {
+		t.gate = standby.New(cfg.Postgres.URL, cfg.Postgres.StandbySlots, t.log, standby.NewMetrics(reg))
+		t.pipe.SetStandby(t.gate)
+	}
 	repMetrics := replication.NewMetrics(reg)
 	if t.stream, err = replication.NewStream(cfg.Postgres, t.pipe, t.log, repMetrics); err != nil {
 		return err
@@ -178,6 +189,9 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	g.Go(func() error { return t.producer.Run(gctx) })
 	g.Go(func() error { return t.pipe.Run(after) })
 	g.Go(func() error { return t.lag.Run(after) })
+	if t.gate != nil {
+		g.Go(func() error { return t.gate.Run(after) })
+	}
 	if cfg.Heartbeat.Interval > 0 {
 		// Leader only: a standby's heartbeats would time nothing.
 		emitted := func(end pglogrepl.LSN, sent time.Time) {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,7 +26,8 @@ import (
 type Config struct {
 	// The server, the slot, the publication and the outbox tables
 	// (postgres.url, slot, publication, table, create_publication,
-	// slot_failover): what pgsetup.Prepare checks before each session.
+	// slot_failover, standby_slots): what pgsetup.Prepare checks before
+	// each session.
 	pgsetup.Config `yaml:",inline"`
 	// StatusInterval is how often standby status updates are sent. It must
 	// stay below wal_sender_timeout/2, which is checked at start.
@@ -106,6 +108,16 @@ func (c Config) Validate(prefix string) error {
 			bad("table", "%q: %s", te.Input, te.Reason)
 		} else {
 			bad("table", "%v", err)
+		}
+	}
+	for i, n := range c.StandbySlots {
+		switch reason := outboxschema.CheckSlotName(n); {
+		case reason != "":
+			bad("standby_slots", "%q %s: name the physical replication slots of the standbys (primary_slot_name on each), e.g. standby_1", n, reason)
+		case n == c.Slot:
+			bad("standby_slots", "%q is postgres.slot, the relay's own logical slot: name the physical slots of the standbys", n)
+		case slices.Contains(c.StandbySlots[:i], n):
+			bad("standby_slots", "%q is listed twice", n)
 		}
 	}
 	switch c.Partition {

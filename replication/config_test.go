@@ -58,6 +58,11 @@ func TestValidate(t *testing.T) {
 		{"partition monthly", func(c *Config) { c.Partition = "monthly" }, nil},
 		{"lag poll too short", func(c *Config) { c.LagPollInterval = 99 * time.Millisecond }, []string{"postgres.lag_poll_interval"}},
 		{"streaming unknown", func(c *Config) { c.Streaming = "yes" }, []string{"postgres.streaming"}},
+		{"standby slots", func(c *Config) { c.StandbySlots = []string{"standby_1", "standby_2"} }, nil},
+		{"standby slot upper-case", func(c *Config) { c.StandbySlots = []string{"Standby"} }, []string{"postgres.standby_slots"}},
+		{"standby slot empty", func(c *Config) { c.StandbySlots = []string{""} }, []string{"postgres.standby_slots"}},
+		{"standby slot twice", func(c *Config) { c.StandbySlots = []string{"a", "b", "a"} }, []string{"postgres.standby_slots"}},
+		{"standby slot is the relay's slot", func(c *Config) { c.StandbySlots = []string{c.Slot} }, []string{"postgres.standby_slots"}},
 		{"streaming off", func(c *Config) { c.Streaming = StreamingOff }, nil},
 		{"everything wrong", func(c *Config) { *c = Config{} }, []string{
 			"postgres.url", "postgres.slot", "postgres.publication", "postgres.table", "postgres.partition",

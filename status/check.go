@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/report"
 )
 
@@ -60,6 +61,9 @@ func Evaluate(f Facts) Report {
 	default:
 		cs = append(cs, leaderCheck(f.Leader, t, migrate))
 		cs = append(cs, slotChecks(f, t, migrate)...)
+		if f.Failover != nil {
+			cs = append(cs, pgsetup.FailoverChecks(*f.Failover, pgsetup.FailoverOptions{Slot: f.Slot, SlotFailover: f.SlotFailover, StandbySlots: f.StandbySlots}, Bad)...)
+		}
 		if f.Mapped {
 			cs = append(cs, report.Check{Name: "delivery", Verdict: OK,
 				Value: "not checked: the outbox tables are read through a column mapping (compat, columns or tables) and have no delivery horizon, dead-letter columns or created_at; see slot.lag_bytes and the relay's outbox_relay_lag_seconds"})

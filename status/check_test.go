@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/retention"
 )
@@ -127,6 +128,20 @@ func TestEvaluate(t *testing.T) {
 		{"pre-slot not counted", func(f *Facts) { f.Delivery.PreSlotRows, f.Delivery.PreSlotError = nil, "took longer than 2s" }, "retention.pre_slot_rows", Warn, "not counted", "with $1 = 700", report.ExitWarn},
 
 		{"postgres down", func(f *Facts) { *f = Facts{Table: "public.outbox", Slot: "s", ConnectError: "connection refused"} }, "postgres", Bad, "connection refused", "postgres.url", report.ExitBad},
+
+		{"standby slots streaming", func(f *Facts) {
+			f.StandbySlots = []string{"standby_1"}
+			f.Failover = &pgsetup.FailoverFacts{VersionNum: 160004, StandbySlots: []pgsetup.StandbySlot{{Name: "standby_1", Exists: true, Type: "physical", Active: true, RestartLSN: "0/100", LagBytes: i64(0)}}}
+		}, pgsetup.CheckFailoverStandbySlots, OK, `slot "standby_1" active, restart_lsn 0/100, 0 bytes behind`, "", report.ExitOK},
+		{"standby down", func(f *Facts) {
+			f.StandbySlots = []string{"standby_1"}
+			f.Failover = &pgsetup.FailoverFacts{VersionNum: 160004, StandbySlots: []pgsetup.StandbySlot{{Name: "standby_1", Exists: true, Type: "physical"}}}
+		}, pgsetup.CheckFailoverStandbySlots, Warn, "inactive", "primary_slot_name = 'standby_1'", report.ExitWarn},
+		{"failover slot, setting names a missing slot", func(f *Facts) {
+			f.SlotFailover = true
+			set := "gone"
+			f.Failover = &pgsetup.FailoverFacts{VersionNum: 170008, SlotExists: true, SlotFailover: true, SynchronizedStandbySlots: &set, SyncSlots: []pgsetup.StandbySlot{{Name: "gone"}}}
+		}, pgsetup.CheckFailoverSyncSlots, Bad, `slot "gone" does not exist`, "pg_create_physical_replication_slot('gone')", report.ExitBad},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/retention"
 )
 
@@ -42,6 +43,11 @@ type Options struct {
 	// MessagesPrefix is messages.prefix ("" when off): message events are
 	// in no table, so the row counts do not see them.
 	MessagesPrefix string
+	// SlotFailover and StandbySlots are postgres.slot_failover and
+	// postgres.standby_slots: when either is on, the failover checks say
+	// whether it protects against phantom events now.
+	SlotFailover bool
+	StandbySlots []string
 	// Mapped: the relay reads its tables through a column mapping
 	// (compat, columns, tables): they have no delivery horizon, dead-letter
 	// columns or created_at, so only the leader and the slot are read.
@@ -64,6 +70,11 @@ type Facts struct {
 	Oldest         *OldestFacts    `json:"oldest_row,omitempty"`
 	Retention      *RetentionFacts `json:"retention,omitempty"`
 	Event          *EventFacts     `json:"event,omitempty"`
+	// Failover is read when postgres.slot_failover or standby_slots is on.
+	Failover *pgsetup.FailoverFacts `json:"failover,omitempty"`
+	// Options.SlotFailover and StandbySlots, for Evaluate.
+	SlotFailover bool     `json:"slot_failover,omitempty"`
+	StandbySlots []string `json:"standby_slots,omitempty"`
 	// ConnectError is set when PostgreSQL could not be reached: the
 	// driver's message, which may hold the password of the URL (the caller
 	// removes it: `outbox-relay status` does).
@@ -172,6 +183,7 @@ const (
 // Querier is the part of *pgx.Conn Gather uses.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
@@ -185,10 +197,14 @@ func Gather(ctx context.Context, q Querier, o Options) Facts {
 	if o.ScanTimeout <= 0 {
 		o.ScanTimeout = defaultScanTimout
 	}
-	f := Facts{Table: o.Table.String(), Slot: o.Slot, MessagesPrefix: o.MessagesPrefix}
+	f := Facts{Table: o.Table.String(), Slot: o.Slot, MessagesPrefix: o.MessagesPrefix, SlotFailover: o.SlotFailover, StandbySlots: o.StandbySlots}
 	if err := q.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&f.At); err != nil {
 		f.ConnectError = err.Error()
 		return f
+	}
+	if o.EventID <= 0 && (o.SlotFailover || len(o.StandbySlots) > 0) {
+		ff := pgsetup.ReadFailover(ctx, q, o.Slot, o.StandbySlots)
+		f.Failover = &ff
 	}
 	if o.Mapped {
 		f.Mapped = true

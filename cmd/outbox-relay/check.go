@@ -42,6 +42,7 @@ func (a *checkArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Write
 		CreatePublication: cfg.Postgres.CreatePublication, LeaderEnabled: cfg.Leader.Enabled,
 		HeartbeatInterval: cfg.Heartbeat.Interval, RetentionKeep: cfg.Retention.Keep, RetentionArchive: cfg.Retention.Archive,
 		Kafka: cfg.Kafka, DeadLetterTopic: cfg.DeadLetter.Topic, MessagesPrefix: cfg.Messages.Prefix, Mappings: cfg.Postgres.Mappings,
+		SlotFailover: cfg.Postgres.SlotFailover, StandbySlots: cfg.Postgres.StandbySlots,
 	}
 
 	if a.grants != "" {

@@ -125,6 +125,8 @@ var keys = []key{
 		boolean(func(c *Config) *bool { return &c.Postgres.CreatePublication })},
 	{"postgres.slot_failover", "OUTBOX_RELAY_SLOT_FAILOVER", "slot-failover", "make the slot a failover slot, synced to standbys (PostgreSQL 17+; docs/failover.md)",
 		boolean(func(c *Config) *bool { return &c.Postgres.SlotFailover })},
+	{"postgres.standby_slots", "OUTBOX_RELAY_STANDBY_SLOTS", "standby-slots", "comma-separated physical slots of standbys: publish a transaction only once each has flushed it (no phantom events after a failover; docs/failover.md)",
+		commaList(func(c *Config) *[]string { return &c.Postgres.StandbySlots })},
 	{"postgres.status_interval", "OUTBOX_RELAY_STATUS_INTERVAL", "status-interval", "standby status update interval (< wal_sender_timeout/2)",
 		dur(func(c *Config) *time.Duration { return &c.Postgres.StatusInterval })},
 	{"postgres.receive_timeout", "OUTBOX_RELAY_RECEIVE_TIMEOUT", "receive-timeout", "reconnect when the server sends nothing this long (dead connection)",

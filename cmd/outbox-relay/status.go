@@ -48,6 +48,7 @@ func (a *statusArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Writ
 		Table: tbl, Slot: cfg.Postgres.Slot, EventID: a.id,
 		LeaderEnabled: cfg.Leader.Enabled, LeaseTTL: cfg.Leader.LeaseTTL,
 		Keep: retentionKeep(cfg), MessagesPrefix: cfg.Messages.Prefix, Mapped: cfg.Postgres.Mappings != nil,
+		SlotFailover: cfg.Postgres.SlotFailover, StandbySlots: cfg.Postgres.StandbySlots,
 	}
 	if opts.Mapped && a.id > 0 {
 		fmt.Fprintln(stderr, cfg.ownTableOnly("status --id"))
