@@ -166,7 +166,14 @@ func (h *histRun) insert(phase string, n, perTxn int) pglogrepl.LSN {
 	defer cancel()
 	c := h.conn(ctx)
 	defer c.Close(context.Background())
+	return h.insertOn(ctx, c, phase, n, perTxn)
+}
+
+// insertOn is insert on connection c.
+func (h *histRun) insertOn(ctx context.Context, c *pgx.Conn, phase string, n, perTxn int) pglogrepl.LSN {
+	h.t.Helper()
 	var last pglogrepl.LSN
+	done0 := len(h.events[phase]) // markers go on across calls for one phase
 	for done := 0; done < n; {
 		k := min(perTxn, n-done)
 		rows, err := c.Query(ctx, `INSERT INTO `+h.e.Table+` (aggregate_type, aggregate_id, event_type, payload, headers)
@@ -174,7 +181,7 @@ func (h *histRun) insert(phase string, n, perTxn int) pglogrepl.LSN {
 			       jsonb_build_object('marker', $1::text || '-' || (s + g), 'phase', $1::text),
 			       jsonb_build_object('tenant_id', 'acme')
 			FROM (SELECT $2::int AS s) x, generate_series(0, $3::int - 1) AS g ORDER BY g
-			RETURNING id::text, payload->>'marker', pg_current_wal_insert_lsn()::text`, phase, done, k)
+			RETURNING id::text, payload->>'marker', pg_current_wal_insert_lsn()::text`, phase, done0+done, k)
 		if err != nil {
 			h.t.Fatalf("insert %d %s events: %v", k, phase, err)
 		}
@@ -590,40 +597,74 @@ func TestHistoryFailoverLaggingStandby(t *testing.T) {
 }
 
 // B. Snapshot restore. A single server with the relay running; a
-// crash-consistent snapshot of its data dir (pg_ctl stop -m immediate,
-// cp -a, start again: what a VM or filesystem snapshot holds, replication
-// slots included); the relay publishes and checkpoints more events past
-// the snapshot; the server is stopped, the snapshot restored and started
-// (same system id, same timeline, its WAL and slot back where they were).
-// The relay either keeps running across the restore (it reconnects) or is
-// restarted after it. Then the application writes new events.
+// crash-consistent snapshot of its data dir (what a VM or filesystem
+// snapshot holds, replication slots included); the relay publishes and
+// checkpoints more events past the snapshot; the server is stopped, the
+// snapshot restored and started (same system id, same timeline, its WAL
+// and slot back where they were). Then the application writes new events.
+//
+// The cold snapshots (pg_ctl stop -m immediate, cp -a, start again) make
+// the relay reconnect, so the snapshot holds the generation the relay's
+// last session raised before it, and the restore winds it back: the relay,
+// kept running across the restore (it reconnects) or restarted after it,
+// finds the generation gone back.
+//
+// The hot snapshot is taken with the relay streaming and never
+// reconnecting (the server frozen, SIGSTOP, for the copy): the restored
+// generation is the relay's own session's and does not tell. Were the relay
+// let in at once, the restored server's WAL would end before the relay's
+// position and that would tell ("the server's WAL ends at ..., before the
+// position"). So the relay (kept running) is held off the restored server
+// (the proxy refuses) while the application writes half the new events
+// and another table's rows take the server's WAL past the position the
+// relay kept; then it reconnects, applies that position provisionally and
+// must find, in the stream, that the transaction at it is another one (a
+// mismatch): it restarts from the slot and publishes everything. The other
+// half of the new events is written once it streams again (for 3 s: the
+// keepalives of the idle stream come first).
+type snapVariant struct {
+	name    string // for the HISTORY line
+	sub     string // subtest name
+	restart bool   // the relay is stopped before the restore and started after it
+	hot     bool   // HotSnapshot, the relay held off until the WAL passed its position
+}
+
+var snapVariants = []snapVariant{
+	{"relay kept running", "relay_kept_running", false, false},
+	{"relay restarted", "relay_restarted", true, false},
+	{"hot snapshot, relay kept running", "hot_snapshot", false, true},
+}
+
 func TestHistorySnapshotRestore(t *testing.T) {
 	t.Parallel() // own servers, outbox, relays, topics and proxy
 	for _, mode := range histModes {
-		for _, restart := range []bool{false, true} {
-			variant := "relay kept running"
-			if restart {
-				variant = "relay restarted"
-			}
-			t.Run(mode.name+"/"+strings.ReplaceAll(variant, " ", "_"), func(t *testing.T) {
+		for _, v := range snapVariants {
+			t.Run(mode.name+"/"+v.sub, func(t *testing.T) {
 				began := time.Now()
-				name := "hsr" + strconv.FormatBool(mode.eos)[:1] + strconv.FormatBool(restart)[:1]
-				h := startHistRun(t, mode, "B snapshot restore, "+variant, name, testkit.PGPairOptions{PrimaryOnly: true})
+				name := "hsr" + strconv.FormatBool(mode.eos)[:1] + strconv.FormatBool(v.restart)[:1] + strconv.FormatBool(v.hot)[:1]
+				h := startHistRun(t, mode, "B snapshot restore, "+v.name, name, testkit.PGPairOptions{PrimaryOnly: true})
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 				defer cancel()
 				srv := h.pair.Primary
 				r := h.start()
 				h.handled(r, h.insert("pre", histPre, 5), "the first events")
-				// The snapshot: crash-consistent, the relay running.
-				if err := h.pair.StopServer(ctx, srv, "immediate"); err != nil {
-					t.Fatal(err)
+				var snap, snapSlot string
+				var err error
+				var hot hotSnap
+				if v.hot {
+					hot = h.hotSnapshot(r, srv)
+					snap, snapSlot = hot.dir, hot.slot
+				} else {
+					// Crash-consistent, the relay running (it reconnects).
+					if err := h.pair.StopServer(ctx, srv, "immediate"); err != nil {
+						t.Fatal(err)
+					}
+					if snap, err = h.pair.Snapshot(ctx, srv, "snapshot"); err != nil {
+						t.Fatal(err)
+					}
+					h.restartServer(ctx, srv)
+					snapSlot, _ = h.slotState()
 				}
-				snap, err := h.pair.Snapshot(ctx, srv, "snapshot")
-				if err != nil {
-					t.Fatal(err)
-				}
-				h.restartServer(ctx, srv)
-				snapSlot, _ := h.slotState()
 				lastLost := h.insert("lost", histLost, 5)
 				h.handled(r, lastLost, "the events after the snapshot")
 				before := h.read()
@@ -632,19 +673,38 @@ func TestHistorySnapshotRestore(t *testing.T) {
 					t.Fatalf("staging: %d of the %d events after the snapshot were published before the restore", n, histLost)
 				}
 				oldEnd := h.currentLSN()
-				if restart {
+				reconnected := ""
+				if v.hot {
+					reconnected = h.reconnected(r, hot)
+				}
+				if v.restart {
 					if code := r.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
 						t.Errorf("SIGTERM before the restore: exit code %d, want 0", code)
 					}
 				}
 				// The restore.
+				if v.hot {
+					// The relay cannot reach the restored server until it
+					// has taken writes past the relay's position.
+					if err := h.px.Refuse(); err != nil {
+						t.Fatal(err)
+					}
+					h.px.Reset()
+				}
 				if err := h.pair.StopServer(ctx, srv, "immediate"); err != nil {
 					t.Fatal(err)
 				}
 				if err := h.pair.Restore(ctx, srv, snap); err != nil {
 					t.Fatal(err)
 				}
-				h.restartServer(ctx, srv)
+				var newEnd pglogrepl.LSN
+				if v.hot {
+					newEnd = h.writeHeldOff(ctx, r, srv, oldEnd)
+				} else {
+					h.restartServer(ctx, srv)
+					newEnd = h.currentLSN()
+				}
+				h.changed = newEnd
 				tl, err := h.pair.Timeline(ctx, srv)
 				if err != nil || tl != 1 {
 					t.Fatalf("staging: the restored server is on timeline %d (%v), want 1", tl, err)
@@ -652,14 +712,12 @@ func TestHistorySnapshotRestore(t *testing.T) {
 				if pre, lost := h.rows("pre"), h.rows("lost"); pre != histPre || lost != 0 {
 					t.Fatalf("staging: the restored server has %d of the %d events before the snapshot and %d of the %d after it", pre, histPre, lost, histLost)
 				}
-				newEnd := h.currentLSN()
-				h.changed = newEnd
 				slot, reg := h.slotState()
 				t.Logf("restored: timeline %d, WAL at %s (it had reached %s); slot %s (just after the snapshot: %s), registry rows %d", tl, newEnd, oldEnd, slot, snapSlot, reg)
 				if newEnd >= oldEnd {
 					t.Fatalf("staging: the restored server's WAL (%s) is not behind where it had been (%s)", newEnd, oldEnd)
 				}
-				if restart {
+				if v.restart {
 					r = h.launch()
 				}
 				if h.settle(r) {
@@ -667,19 +725,171 @@ func TestHistorySnapshotRestore(t *testing.T) {
 				} else {
 					t.Logf("the relay streams on the restored server without a recovery")
 				}
-				lastNew := h.insert("new", histNew, 3)
+				lastNew := h.insert("new", histNew-len(h.events["new"]), 3)
 				h.handled(r, lastNew, "the new events")
 				after := h.read()
 				cpAfter := h.checkpoint()
-				h.figures(before, after, fmt.Sprintf("events published past the snapshot %d (ids %s, LSNs %s); checkpoint before the restore %s, after %s; new events ids %s, LSNs %s%s; %s",
+				mismatches := h.decisions(r, "stream", "mismatch")
+				h.figures(before, after, fmt.Sprintf("events published past the snapshot %d (ids %s, LSNs %s); checkpoint before the restore %s, after %s; new events ids %s, LSNs %s%s; kept positions against the history: %s; %s",
 					published(before, "lost"), h.idRange("lost"), h.lsnRange("lost"), cpString(cp), cpString(cpAfter), h.idRange("new"), h.lsnRange("new"),
-					h.skipped(r), time.Since(began).Round(100*time.Millisecond)))
+					h.skipped(r), h.decisionString(r), time.Since(began).Round(100*time.Millisecond)))
+				if v.hot {
+					// The point of the variant: the stream, not the
+					// generation, told the relay the history changed.
+					logged := strings.Contains(r.Log(), mismatchLog)
+					t.Logf("HISTORY path %s/%s: stream mismatches %v, log line %v%s", mode.name, v.sub, mismatches, logged, reconnected)
+					if mismatches < 1 || !logged {
+						t.Errorf("the relay did not take the stream-mismatch path (outbox_relay_history_decisions_total{source=\"stream\",verdict=\"mismatch\"} %v, log line %q found: %v); its decisions: %s%s",
+							mismatches, mismatchLog, logged, h.decisionString(r), reconnected)
+					}
+				}
 				if code := r.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
 					t.Errorf("SIGTERM exit code %d, want 0", code)
 				}
 			})
 		}
 	}
+}
+
+// mismatchLog is the relay's warning when the stream refutes its kept position.
+const mismatchLog = "the WAL at the kept position holds another transaction"
+
+// hotSnap is a hot snapshot and what the relay was doing when it was taken.
+type hotSnap struct {
+	dir        string
+	slot       string // the slot on the server right after the snapshot
+	sessions   int    // the relay's replication sessions so far
+	generation int64  // the registry's generation (the relay's session's)
+}
+
+// hotSnapshot takes a crash-consistent snapshot of the running srv
+// without the relay noticing: the server frozen (every process SIGSTOPped)
+// for the copy only, far shorter than the relay's receive timeout (30 s),
+// so the relay's replication connection lives on.
+func (h *histRun) hotSnapshot(r *relay, srv *testkit.PGServer) hotSnap {
+	t := h.t
+	t.Helper()
+	s := hotSnap{sessions: h.sessions(r)}
+	h.mustQuery("SELECT generation FROM "+h.e.Schema+".outbox_relay_slots WHERE slot_name = '"+h.e.Slot+"'", &s.generation)
+	// Never leave the server stopped, whatever fails: a stopped postmaster
+	// ignores pg_ctl stop. Thaw does nothing to a server not frozen.
+	t.Cleanup(func() {
+		if err := h.pair.Thaw(srv); err != nil {
+			t.Errorf("thaw the server: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir, frozen, procs, err := h.pair.HotSnapshot(ctx, srv, "snapshot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dir = dir
+	s.slot, _ = h.slotState()
+	t.Logf("hot snapshot: %d server processes frozen (SIGSTOP) for %s, the data dir copied; generation %d, relay sessions %d", procs, frozen.Round(time.Millisecond), s.generation, s.sessions)
+	if frozen > 2*time.Second {
+		t.Logf("the freeze took %s (over 2 s): the relay may have given up on its connection", frozen.Round(time.Millisecond))
+	}
+	return s
+}
+
+// reconnected says whether relay r started a replication session since the
+// hot snapshot s (a new "replication started", or the generation raised):
+// then the snapshot's generation is behind the relay's and the restore is
+// caught by the generation, not by the stream. "" when it did not.
+func (h *histRun) reconnected(r *relay, s hotSnap) string {
+	var gen int64
+	h.mustQuery("SELECT generation FROM "+h.e.Schema+".outbox_relay_slots WHERE slot_name = '"+h.e.Slot+"'", &gen)
+	n := h.sessions(r)
+	if n == s.sessions && gen == s.generation {
+		h.t.Logf("the relay did not reconnect across the hot snapshot (sessions %d, generation %d)", n, gen)
+		return ""
+	}
+	msg := fmt.Sprintf("; the relay reconnected after the hot snapshot (replication sessions %d -> %d, generation %d -> %d): the restore winds the generation back, so the generation check decides, not the stream", s.sessions, n, s.generation, gen)
+	h.t.Errorf("%s", msg[2:])
+	return msg
+}
+
+// writeHeldOff starts the restored srv with the relay held off (the proxy
+// refusing), writes half the new events on it (directly, at WAL positions
+// the lost history had used) and then other tables' rows until its WAL is
+// past until, the position the relay kept; then lets the relay in (the
+// proxy re-pointed at srv) and waits for its new session. It returns the
+// restored server's WAL end before the writes.
+func (h *histRun) writeHeldOff(ctx context.Context, r *relay, srv *testkit.PGServer, until pglogrepl.LSN) pglogrepl.LSN {
+	t := h.t
+	t.Helper()
+	sessions := h.sessions(r)
+	if err := h.pair.StartServer(ctx, srv); err != nil {
+		t.Fatal(err)
+	}
+	c, err := h.pair.Conn(ctx, srv, "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	lsn := func() pglogrepl.LSN {
+		var s string
+		if err := c.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := pglogrepl.ParseLSN(s)
+		return l
+	}
+	end := lsn()
+	h.insertOn(ctx, c, "new", histNew/2, 3)
+	filler := h.e.Schema + ".hot_filler"
+	if _, err := c.Exec(ctx, "CREATE TABLE "+filler+" (id bigserial PRIMARY KEY, b text)"); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for lsn() <= until {
+		if _, err := c.Exec(ctx, "INSERT INTO "+filler+" (b) SELECT repeat('x', 500) FROM generate_series(1, 100)"); err != nil {
+			t.Fatal(err)
+		}
+		rows += 100
+	}
+	t.Logf("held off the relay: %d new events, a table and %d rows of it written on the restored server, its WAL from %s to %s (past the relay's position, at most %s)", len(h.events["new"]), rows, end, lsn(), until)
+	h.px.Retarget(srv.Addr())
+	if err := h.px.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the relay's session on the restored server", func() bool { return h.sessions(r) > sessions })
+	return end
+}
+
+// sessions counts relay r's replication sessions ("replication started").
+func (h *histRun) sessions(r *relay) int {
+	return strings.Count(r.Log(), `"message":"replication started"`)
+}
+
+// decisions is outbox_relay_history_decisions_total{source, verdict} of r.
+func (h *histRun) decisions(r *relay, source, verdict string) float64 {
+	ss, err := r.Scrape()
+	if err != nil {
+		h.t.Fatalf("scrape the relay: %v", err)
+	}
+	v, _ := testkit.SumMetric(ss, "outbox_relay_history_decisions_total", map[string]string{"source": source, "verdict": verdict})
+	return v
+}
+
+// decisionString lists r's outbox_relay_history_decisions_total series.
+func (h *histRun) decisionString(r *relay) string {
+	ss, err := r.Scrape()
+	if err != nil {
+		return "(no metrics: " + err.Error() + ")"
+	}
+	var out []string
+	for _, s := range ss {
+		if s.Name == "outbox_relay_history_decisions_total" && s.Value > 0 {
+			out = append(out, fmt.Sprintf("%s/%s %v", s.Labels["source"], s.Labels["verdict"], s.Value))
+		}
+	}
+	slices.Sort(out)
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
 }
 
 // restartServer starts srv (on a new port) and re-points the proxy at it,

@@ -67,7 +67,8 @@ type PGPair struct {
 	BaseBackup       string // how the standby was made: "pg_basebackup" or "pg_backup_start"
 	dir              string
 	opts             PGPairOptions
-	pgUser           *user.User // postgres OS user when running as root, else nil
+	pgUser           *user.User          // postgres OS user when running as root, else nil
+	frozen           map[*PGServer][]int // Freeze's stopped processes, postmaster first
 }
 
 // PairSlot is the primary's physical slot the standby streams from.
