@@ -239,6 +239,16 @@ type walReq struct {
 	// before a new one: Drain, Reset to the slot's confirmed position, and
 	// Session with now; the transactions after it are the test's to send.
 	reconnect *history.Now
+	// idle, when set, is a keepalive's WAL end: AdvanceIdle, as the
+	// stream calls it between transactions.
+	idle pglogrepl.LSN
+}
+
+// keepalive hands the pipeline a keepalive's WAL end on the loop goroutine.
+func (h *harness) keepalive(walEnd pglogrepl.LSN) {
+	done := make(chan error, 1)
+	h.in <- walReq{ctx: h.ctx, done: done, idle: walEnd}
+	<-done
 }
 
 // reconnect starts a new session on now's history (now.Confirmed is the
@@ -284,6 +294,11 @@ func (h *harness) stream(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case r := <-h.in:
+			if r.idle != 0 {
+				h.p.AdvanceIdle(r.idle)
+				r.done <- nil
+				continue
+			}
 			if now := r.reconnect; now != nil {
 				err := h.p.Drain(ctx)
 				if err == nil {

@@ -98,6 +98,10 @@ type Pipeline struct {
 	pts     points
 	filter  history.Filter
 	refuted history.Point // a kept position the stream disproved: never applied again
+	// unverified counts the events skipped before the filter's point was
+	// verified, counted as skipped once it is.
+	unverified int
+	refuting   atomic.Bool // a keepalive refuted the session's resume: restart (Restarting)
 
 	halted    atomic.Pointer[error] // why publishing stopped; nil while it goes on
 	handled   atomic.Uint64         // WAL messages handled (Handled)
@@ -172,7 +176,7 @@ func (p *Pipeline) Handle(ctx context.Context, walStart pglogrepl.LSN, walData [
 	if err := p.waitIfHalted(ctx); err != nil {
 		return err
 	}
-	if p.rewind.active.Load() {
+	if p.rewind.active.Load() || p.refuting.Load() {
 		return replication.ErrRestart
 	}
 	p.handled.Add(1)

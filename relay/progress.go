@@ -18,7 +18,9 @@ import (
 // keepalive): a heartbeat never holds the slot back. The lag clock learns
 // where it sits.
 func (p *Pipeline) heartbeat(hb decoder.Heartbeat) {
-	p.tracker.Mark(hb.LSN)
+	if !p.filter.Active() { // a resume not verified yet: nothing skipped may be confirmed
+		p.tracker.Mark(hb.LSN)
+	}
 	p.beats.decoded(hb)
 }
 
@@ -116,12 +118,17 @@ func (p *Pipeline) InFlight() (events int, bytes int64) { return p.tracker.InFli
 
 // Restarting implements replication.Progress: a rewind has begun. Any
 // goroutine.
-func (p *Pipeline) Restarting() bool { return p.rewind.active.Load() }
+func (p *Pipeline) Restarting() bool { return p.rewind.active.Load() || p.refuting.Load() }
 
 // AdvanceIdle implements replication.Progress; called on the loop goroutine,
 // so the decoder's state is consistent with everything handled so far.
 func (p *Pipeline) AdvanceIdle(walEnd pglogrepl.LSN) {
-	if !p.dec.InTxn() && p.halted.Load() == nil { // a halt may sit before walEnd with nothing in flight
+	if p.filter.Active() {
+		p.resumeIdle(walEnd)
+		return
+	}
+	// A halt may sit before walEnd with nothing in flight.
+	if !p.dec.InTxn() && p.halted.Load() == nil {
 		p.tracker.AdvanceIdle(walEnd)
 	}
 }
@@ -143,6 +150,7 @@ func (p *Pipeline) Reset(lsn pglogrepl.LSN) error {
 // tracker: the next session publishes them again. Called on the loop
 // goroutine.
 func (p *Pipeline) Drain(ctx context.Context) error {
+	p.endResume()
 	p.out.Flush() // a delivery may hold acks back until it commits
 	if p.halted.Load() != nil {
 		// The halted event never acks; wait briefly for the others only.

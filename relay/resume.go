@@ -80,6 +80,7 @@ func (p *Pipeline) Session(ctx context.Context, now history.Now) error {
 	p.pts.passed(uint64(p.tracker.Flushed()))
 	p.pts.drop()
 	p.filter.Clear()
+	p.unverified = 0
 	p.pts.mark = now.Mark
 	type cand struct {
 		source string
@@ -142,12 +143,13 @@ func (p *Pipeline) resumeTxn(txn *decoder.Txn) (done bool, err error) {
 	case history.Pass:
 		return false, nil
 	case history.Skip:
-		p.skipped(len(txn.Events))
+		p.unverified += len(txn.Events)
 		return true, nil
 	case history.Verified:
 		// Everything up to here was delivered before: the watermark
 		// passes it like a heartbeat, so the slot is confirmed past it.
-		p.skipped(len(txn.Events))
+		p.skipped(p.unverified + len(txn.Events))
+		p.unverified = 0
 		pt.Mark = p.pts.mark // on this history now
 		p.pts.last = pt
 		p.tracker.Mark(pt.EndLSN)
@@ -155,17 +157,51 @@ func (p *Pipeline) resumeTxn(txn *decoder.Txn) (done bool, err error) {
 			Msg("resumed at the kept position: the stream showed its transaction again; transactions up to it were delivered and are not published again")
 		return true, nil
 	}
-	// Mismatch: nothing was registered since the session started (every
-	// transaction so far was skipped), so the restart loses nothing.
+	p.refute(pt)
+	p.log.Warn().Str("kept_commit_lsn", pt.CommitLSN.String()).Str("kept_end_lsn", pt.EndLSN.String()).Uint32("kept_xid", pt.Xid).
+		Str("commit_lsn", txn.CommitLSN.String()).Str("end_lsn", txn.EndLSN.String()).Uint32("xid", txn.Xid).
+		Msg("the WAL at the kept position holds another transaction (the database was restored or failed over): restarting from the slot and publishing everything after it")
+	return true, replication.ErrRestart
+}
+
+// resumeIdle is a keepalive while the session's resume is not verified: the
+// watermark stays (nothing skipped may be confirmed yet), and a keepalive
+// past the kept transaction's end, with no transaction open, means the
+// server sent everything up to there without it (the WAL there holds only
+// other tables' changes): the session restarts without the point.
+func (p *Pipeline) resumeIdle(walEnd pglogrepl.LSN) {
+	pt := p.filter.Point()
+	if p.dec.InTxn() || walEnd < pt.EndLSN {
+		return
+	}
+	p.filter.Clear()
+	p.refute(pt)
+	p.refuting.Store(true)
+	p.log.Warn().Str("kept_commit_lsn", pt.CommitLSN.String()).Str("kept_end_lsn", pt.EndLSN.String()).Uint32("kept_xid", pt.Xid).
+		Str("wal_end", walEnd.String()).
+		Msg("the server streamed past the kept position without its transaction (the database was restored or failed over): restarting from the slot and publishing everything after it")
+}
+
+// refute records that the stream disproved pt. Nothing was registered since
+// the session started (every transaction so far was skipped), and neither
+// keepalives nor heartbeats moved the watermark while the filter was active
+// (AdvanceIdle, heartbeat): the session restarts from the slot's position,
+// and everything skipped comes again.
+func (p *Pipeline) refute(pt history.Point) {
+	p.unverified = 0
 	p.refuted = pt
 	if p.pts.last == pt {
 		p.pts.last = history.Point{}
 	}
 	p.m.history.WithLabelValues("stream", "mismatch").Inc()
-	p.log.Warn().Str("kept_commit_lsn", pt.CommitLSN.String()).Str("kept_end_lsn", pt.EndLSN.String()).Uint32("kept_xid", pt.Xid).
-		Str("commit_lsn", txn.CommitLSN.String()).Str("end_lsn", txn.EndLSN.String()).Uint32("xid", txn.Xid).
-		Msg("the WAL at the kept position holds another transaction (the database was restored or failed over): restarting from the slot and publishing everything after it")
-	return true, replication.ErrRestart
+}
+
+// endResume ends the session's resume (Drain: the session is over); a
+// point not verified by now is applied again only by the next Session.
+func (p *Pipeline) endResume() {
+	p.filter.Clear()
+	p.unverified = 0
+	p.refuting.Store(false)
 }
 
 // skipCounter is a Delivery that counts the events a resume skipped
