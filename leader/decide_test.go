@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 )
 
@@ -108,22 +110,69 @@ func TestCheckVerdict(t *testing.T) {
 	}
 }
 
-// A term is valid strictly before its deadline; 0 is no term.
-func TestValidAt(t *testing.T) {
+// A term is valid strictly before its deadline; nil is no term.
+func TestLeaseValidAt(t *testing.T) {
 	tests := []struct {
-		until int64
-		now   time.Duration
-		want  bool
+		l    *lease
+		now  time.Duration
+		want bool
 	}{
-		{0, 0, false},
-		{0, time.Hour, false},
-		{int64(3 * time.Second), 2 * time.Second, true},
-		{int64(3 * time.Second), 3 * time.Second, false},
-		{int64(3 * time.Second), 4 * time.Second, false},
+		{nil, 0, false},
+		{nil, time.Hour, false},
+		{&lease{epoch: 1, until: 3 * time.Second}, 2 * time.Second, true},
+		{&lease{epoch: 1, until: 3 * time.Second}, 3 * time.Second, false},
+		{&lease{epoch: 1, until: 3 * time.Second}, 4 * time.Second, false},
 	}
 	for _, tt := range tests {
-		if got := validAt(tt.until, tt.now); got != tt.want {
-			t.Errorf("validAt(%d, %s) = %v, want %v", tt.until, tt.now, got, tt.want)
+		if got := tt.l.validAt(tt.now); got != tt.want {
+			t.Errorf("%+v.validAt(%s) = %v, want %v", tt.l, tt.now, got, tt.want)
+		}
+	}
+}
+
+// A lease runs from the send of the statement that confirmed it, for the
+// TTL less a tenth: the database stamped renewed_at no earlier, and its
+// clock may run faster.
+func TestNewLease(t *testing.T) {
+	tests := []struct {
+		sent, ttl, until time.Duration
+	}{
+		{0, 10 * time.Second, 9 * time.Second},
+		{5 * time.Second, 3 * time.Second, 7700 * time.Millisecond},
+		{time.Hour, 200 * time.Millisecond, time.Hour + 180*time.Millisecond},
+	}
+	for _, tt := range tests {
+		l := newLease(4, tt.sent, tt.ttl)
+		if l.epoch != 4 || l.until != tt.until {
+			t.Errorf("newLease(4, %s, %s) = %+v, want epoch 4 until %s", tt.sent, tt.ttl, l, tt.until)
+		}
+		if tt.until > tt.sent+tt.ttl {
+			t.Errorf("lease of TTL %s sent at %s outlives the database's expiry", tt.ttl, tt.sent)
+		}
+	}
+}
+
+// The server drops a silent lease connection 3*idle after its last packet
+// (idle, then two probes idle apart): never before the TTL.
+func TestKeepaliveIdle(t *testing.T) {
+	tests := []struct {
+		ttl  time.Duration
+		want int
+	}{
+		{200 * time.Millisecond, 1},
+		{3 * time.Second, 1},
+		{5 * time.Second, 2}, // rounded down it was 1: dropped after 3s, inside a 5s lease
+		{9 * time.Second, 3},
+		{10 * time.Second, 4}, // rounded down it was 3: dropped after 9s
+		{5 * time.Minute, 100},
+	}
+	for _, tt := range tests {
+		got := keepaliveIdle(tt.ttl)
+		if got != tt.want {
+			t.Errorf("keepaliveIdle(%s) = %d, want %d", tt.ttl, got, tt.want)
+		}
+		if drop := 3 * time.Duration(got) * time.Second; drop < tt.ttl {
+			t.Errorf("TTL %s: a silent peer is dropped after %s, before the lease ends", tt.ttl, drop)
 		}
 	}
 }
@@ -141,8 +190,7 @@ func TestCheckWithoutValidTerm(t *testing.T) {
 	if err := e.Check(ctx); !errors.Is(err, ErrNotLeader) {
 		t.Errorf("standby: Check = %v, want ErrNotLeader", err)
 	}
-	e.held.Store(&heldLease{epoch: 7})
-	e.validUntil.Store(int64(time.Since(e.start) + time.Hour))
+	e.held.Store(&lease{epoch: 7, until: e.now() + time.Hour})
 	if !e.Valid() {
 		t.Fatal("a term with an hour left is not valid")
 	}
@@ -151,7 +199,7 @@ func TestCheckWithoutValidTerm(t *testing.T) {
 	if err := e.Check(ctx); !errors.Is(err, ErrNotLeader) || !strings.Contains(err.Error(), "no lease connection") {
 		t.Errorf("no connection: Check = %v, want ErrNotLeader naming the missing connection", err)
 	}
-	e.validUntil.Store(1) // expired: the deadline is in the past
+	e.held.Store(&lease{epoch: 7, until: 1}) // expired: the deadline is in the past
 	if e.Valid() {
 		t.Error("an expired term is valid")
 	}
@@ -161,12 +209,35 @@ func TestCheckWithoutValidTerm(t *testing.T) {
 	if st := e.Status(); st.Role != Standby {
 		t.Errorf("expired term: Status().Role = %s, want standby", st.Role)
 	}
-	e.validUntil.Store(int64(time.Since(e.start) + time.Hour))
+	e.held.Store(&lease{epoch: 7, until: e.now() + time.Hour})
 	e.fence()
 	if e.Valid() || e.held.Load() != nil {
 		t.Error("fence left the term valid")
 	}
-	if err := e.renew(ctx, 7); err == nil || !strings.Contains(err.Error(), "lease expired") {
+	// The lease session ending ends the term: the lock goes with it.
+	e.held.Store(&lease{epoch: 7, until: e.now() + time.Hour})
+	e.closeConn()
+	if e.Valid() {
+		t.Error("closing the lease connection left the term valid")
+	}
+	if got := gauge(t, e.metrics.leader); got != 0 {
+		t.Errorf("outbox_relay_leader = %v after the term ended, want 0", got)
+	}
+	e.held.Store(&lease{epoch: 7, until: e.now() + time.Hour})
+	if got := gauge(t, e.metrics.leader); got != 1 {
+		t.Errorf("outbox_relay_leader = %v with a valid lease, want 1", got)
+	}
+	e.fence()
+	if err := e.renew(ctx); err == nil || !strings.Contains(err.Error(), "lease expired") {
 		t.Errorf("renew after fence = %v, want the expiry", err)
 	}
+}
+
+func gauge(t *testing.T, g prometheus.Metric) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

@@ -23,14 +23,18 @@
 // so at once when it is missing (log, /role's can_fence,
 // outbox_relay_leader_can_fence), not at takeover.
 //
-// The leader fences itself too: its term ends when a renewal fails (the
-// lease connection lost or timed out), when the row shows another holder or
-// epoch, or when its last successful renewal is older than the TTL by its
-// monotonic clock, which keeps running while the process is stopped (Valid
-// turns false at that moment, before the term has wound down). The
-// replication stream asks Valid before every status update and Check (a
-// round trip) before every session, so a leader that lost the lease
-// confirms nothing.
+// The leader fences itself too: its term ends when its lease connection
+// ends (before the lock can go with it), when a renewal fails or finds the
+// row with another holder or epoch or stale by the database's clock, or
+// when its last successful renewal was sent longer ago than the TTL less a
+// tenth, by its monotonic clock, which keeps running while the process is
+// stopped (Valid turns false at that moment, before the term has wound
+// down). So its term always ends before a standby can take over: by the
+// lock, freed only with its session, or by fencing, only once the row is
+// stale. The replication stream asks Valid before every status update and
+// Check (a round trip) before every session, so a leader that lost the
+// lease confirms nothing. TestLeaseModel checks all this on a model with
+// pauses, slow round trips, cuts and clock drift.
 package leader
 
 import (
@@ -123,21 +127,54 @@ type Elector struct {
 	lastFenceError string // the last refused fence, logged once
 	roleSQL        string // quote_ident(current_user) of the lease connection
 
-	// validUntil is the monotonic deadline of the current term, as
-	// nanoseconds since start; 0 when not leader.
-	start      time.Time
-	validUntil atomic.Int64
-	conn       *pgx.Conn // owned by Run's goroutine
-	connMu     sync.Mutex
-	held       atomic.Pointer[heldLease] // the epoch this instance leads, nil when standby
+	start  time.Time             // origin of the monotonic clock leases are measured on
+	held   atomic.Pointer[lease] // the term this instance leads, nil when standby
+	conn   *pgx.Conn             // owned by Run's goroutine
+	connMu sync.Mutex
 
 	stopMu sync.Mutex
 	stop   context.CancelFunc // ends Run's campaign and term gracefully; set by Run
 	closed bool               // Close was called
 }
 
-type heldLease struct {
+// lease is the term this instance holds, on its own monotonic clock (time
+// since the elector's start). Immutable: the elector swaps whole leases, so
+// Valid, Check and a renewal never pair one term's epoch with another's
+// deadline.
+type lease struct {
 	epoch int64
+	until time.Duration // valid strictly before
+}
+
+// leaseMargin: a lease ends locally a tenth of the TTL early. The database
+// judges staleness by its clock, the leader its lease by its own; if the
+// leader's clock runs slower (NTP slews it by at most 0.05%, chrony by
+// default by up to 8.3%), its term must still end before a standby may
+// fence it.
+const leaseMargin = 10
+
+// newLease is the lease of epoch confirmed by a statement sent at sent (the
+// campaign or a renewal): the database stamped renewed_at no earlier, so it
+// cannot see the lease stale before until, even if this clock runs up to a
+// tenth slower than the database's.
+func newLease(epoch int64, sent, ttl time.Duration) *lease {
+	return &lease{epoch: epoch, until: sent + ttl - ttl/leaseMargin}
+}
+
+// validAt reports whether l (nil: no term) is still valid at now, on the
+// clock it was made on.
+func (l *lease) validAt(now time.Duration) bool {
+	return l != nil && now < l.until
+}
+
+// keepaliveIdle is the lease connection's tcp_keepalives_idle and _interval
+// in seconds. With two probes the server drops a silent peer (a host gone
+// without a FIN, or cut off) 3*idle after the last packet it received, and
+// the lock with it; that must not come before the TTL, for which a cut-off
+// leader's term runs after its last renewal reached the server: rounded up.
+func keepaliveIdle(ttl time.Duration) int {
+	const third = 3 * time.Second
+	return max(1, int((ttl+third-1)/third))
 }
 
 // New checks cfg (TTL at least twice Renew, an InstanceID) and allocates;
@@ -157,6 +194,7 @@ func New(cfg Config, log zerolog.Logger, m *Metrics) (*Elector, error) {
 		table:   outboxschema.QuoteIdent(cfg.Schema, outboxschema.LeaseTable),
 		lockKey: "outbox-relay:" + cfg.Slot, addr: dbAddr(cfg.URL)}
 	e.status = Status{Role: Standby, Instance: cfg.InstanceID, Since: time.Now()}
+	m.valid.Store(e)
 	return e, nil
 }
 
@@ -192,14 +230,11 @@ func (e *Elector) Status() Status {
 // Valid reports whether this instance holds an unexpired lease, by its own
 // monotonic clock. Any goroutine; does not block.
 func (e *Elector) Valid() bool {
-	return validAt(e.validUntil.Load(), time.Since(e.start))
+	return e.held.Load().validAt(e.now())
 }
 
-// validAt reports whether a term valid until until (nanoseconds since the
-// elector's start; 0: no term) is still valid at now, on the same clock.
-func validAt(until int64, now time.Duration) bool {
-	return until != 0 && int64(now) < until
-}
+// now is the elector's monotonic clock, which leases are measured on.
+func (e *Elector) now() time.Duration { return time.Since(e.start) }
 
 // Check verifies the lease with a round trip: the row still names this
 // instance and epoch. The replication stream calls it before each session.
@@ -209,15 +244,14 @@ func validAt(until int64, now time.Duration) bool {
 // the row has a newer holder or epoch, or the round trip failed; a timed
 // out round trip ends the lease connection, and with it the advisory lock.
 func (e *Elector) Check(ctx context.Context) error {
-	t := e.held.Load()
-	if t == nil || !e.Valid() {
+	l, now := e.held.Load(), e.now()
+	if !l.validAt(now) {
 		return ErrNotLeader
 	}
-	remaining := time.Duration(e.validUntil.Load()) - time.Since(e.start)
 	var ok bool
-	err := e.query(ctx, remaining, func(ctx context.Context, c *pgx.Conn) error {
+	err := e.query(ctx, l.until-now, func(ctx context.Context, c *pgx.Conn) error {
 		return c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+e.table+` WHERE slot_name = $1 AND holder = $2 AND epoch = $3)`,
-			e.cfg.Slot, e.cfg.InstanceID, t.epoch).Scan(&ok)
+			e.cfg.Slot, e.cfg.InstanceID, l.epoch).Scan(&ok)
 	})
 	return checkVerdict(e.cfg.Slot, ok, err)
 }
@@ -285,7 +319,7 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 			continue
 		}
 		reconnect.Reset()
-		epoch, err := e.campaign(ctx)
+		l, err := e.campaign(ctx)
 		if fault.IsPrivilege(err) {
 			return fmt.Errorf("%w; the relay's role needs SELECT, INSERT, UPDATE on %s (GRANT SELECT, INSERT, UPDATE ON %s TO <role>)",
 				err, e.table, e.table)
@@ -301,11 +335,11 @@ func (e *Elector) Run(ctx context.Context, lead Lead) error {
 			continue
 		}
 		e.setConnected(true, nil)
-		if epoch == 0 {
+		if l == nil {
 			_ = backoff.Sleep(ctx, e.cfg.Poll)
 			continue
 		}
-		if err := e.serve(ctx, epoch, lead); err != nil {
+		if err := e.serve(ctx, l, lead); err != nil {
 			return err
 		}
 	}
@@ -338,8 +372,8 @@ func (e *Elector) ensureConn(ctx context.Context) error {
 	}
 	cc.RuntimeParams["application_name"] = AppName
 	// Server-side keepalives end the backend (and free the lock) of a
-	// holder whose host vanished without a FIN, within about the TTL.
-	idle := max(1, int(e.cfg.TTL/time.Second/3))
+	// holder whose host vanished without a FIN, no sooner than the TTL.
+	idle := keepaliveIdle(e.cfg.TTL)
 	cc.RuntimeParams["tcp_keepalives_idle"] = fmt.Sprint(idle)
 	cc.RuntimeParams["tcp_keepalives_interval"] = fmt.Sprint(idle)
 	cc.RuntimeParams["tcp_keepalives_count"] = "2"
@@ -453,9 +487,12 @@ func (e *Elector) setCanFence(ok bool, problem string) {
 	}
 }
 
+// closeConn ends the lease session, and with it any term: the advisory
+// lock goes with the session, so the term ends first.
 func (e *Elector) closeConn() {
 	e.connMu.Lock()
 	defer e.connMu.Unlock()
+	e.fence()
 	if e.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		e.conn.Close(ctx)
@@ -467,7 +504,10 @@ func (e *Elector) closeConn() {
 // query runs f on the lease connection, bounded by timeout: a blackholed
 // connection must not stall the election. A timeout ends the connection
 // (pgx cannot reuse it) and with it the advisory lock, so it is never
-// shorter than the time the caller can afford to wait.
+// shorter than the time the caller can afford to wait. A connection that
+// ends ends the term at once: a standby may take the freed lock at its next
+// poll, and this instance must not be valid then (Check's caller cancelling
+// its context closes the connection too).
 func (e *Elector) query(ctx context.Context, timeout time.Duration, f func(ctx context.Context, c *pgx.Conn) error) error {
 	e.connMu.Lock()
 	defer e.connMu.Unlock()
@@ -479,7 +519,8 @@ func (e *Elector) query(ctx context.Context, timeout time.Duration, f func(ctx c
 	err := f(qctx, e.conn)
 	if err != nil && (e.conn.IsClosed() || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)) {
 		// A timed-out query leaves the connection unusable; the advisory
-		// lock goes with it.
+		// lock goes with it, so the term ends before.
+		e.fence()
 		ctx2, c2 := context.WithTimeout(context.Background(), time.Second)
 		e.conn.Close(ctx2)
 		c2()
@@ -490,10 +531,10 @@ func (e *Elector) query(ctx context.Context, timeout time.Duration, f func(ctx c
 
 // campaign is one standby round: take the advisory lock if free, else
 // fence a holder whose renewal is older than the TTL. It returns the new
-// epoch when this instance became leader, 0 otherwise.
-func (e *Elector) campaign(ctx context.Context) (int64, error) {
+// lease when this instance became leader, nil otherwise.
+func (e *Elector) campaign(ctx context.Context) (*lease, error) {
 	var epoch int64
-	sent := time.Since(e.start)
+	sent := e.now()
 	err := e.query(ctx, e.cfg.TTL, func(ctx context.Context, c *pgx.Conn) error {
 		var got bool
 		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`, e.lockKey).Scan(&got); err != nil {
@@ -527,13 +568,10 @@ func (e *Elector) campaign(ctx context.Context) (int64, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return 0, err
+	if err != nil || epoch == 0 {
+		return nil, err
 	}
-	if epoch != 0 {
-		e.validUntil.Store(int64(sent + e.cfg.TTL))
-	}
-	return epoch, nil
+	return newLease(epoch, sent, e.cfg.TTL), nil
 }
 
 // walsenderSQL selects the pid of the slot's walsender; $1 is the slot.
@@ -549,6 +587,15 @@ const walsenderSQL = `SELECT active_pid AS pid FROM pg_replication_slots WHERE s
 // backend). The row's holder_pid is only reported: a pid can be reused, and
 // every lease connection has the same application_name.
 //
+// The row is read FOR UPDATE, so the read and the terminations are one
+// step for whoever writes the row: a renewal, or a new holder's INSERT,
+// running at that moment either commits first (the newest row is read:
+// fresh, nothing terminated) or waits for the row lock, and its session is
+// terminated while it waits. Read without the lock, a stale row could be
+// acted on after a renewal had committed (its leader counting on a lease
+// whose session then ends), or after the old holder had gone and come back
+// with a new epoch (its fresh lease terminated). TestLeaseModel finds both.
+//
 // The lock may change hands between the row's renewal and this statement:
 // a standby that has just taken the lock and not yet written the row would
 // be terminated. That costs it the term it was starting, never safety: it
@@ -561,7 +608,7 @@ func (e *Elector) fenceStale(ctx context.Context, c *pgx.Conn) error {
 	var lease, sender []int32
 	err := c.QueryRow(ctx, `WITH lease AS MATERIALIZED (
 			SELECT holder, epoch, holder_pid, renewed_at < now() - make_interval(secs => $2) AS stale
-			FROM `+e.table+` WHERE slot_name = $1),
+			FROM `+e.table+` WHERE slot_name = $1 FOR UPDATE),
 		lock_holder AS MATERIALIZED (`+fmt.Sprintf(lockHolderSQL, "$3")+` AND (SELECT stale FROM lease)),
 		ws AS MATERIALIZED (`+walsenderSQL+` AND (SELECT stale FROM lease))
 		SELECT holder, epoch, holder_pid, stale,
@@ -666,8 +713,9 @@ func (e *Elector) fenceFailed(problem string) {
 // confirmed from then on), or at shutdown, where the lease is kept and
 // renewed until lead has drained and sent its last status update, then
 // handed over.
-func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
-	e.held.Store(&heldLease{epoch: epoch})
+func (e *Elector) serve(ctx context.Context, l *lease, lead Lead) error {
+	epoch := l.epoch
+	e.held.Store(l)
 	e.transition(Leader, epoch, "took the lease")
 	tctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -690,7 +738,7 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 			stop = nil
 			cancel() // lead drains; the lease stays valid meanwhile
 		case <-t.C:
-			if err := e.renew(context.WithoutCancel(ctx), epoch); err != nil {
+			if err := e.renew(context.WithoutCancel(ctx)); err != nil {
 				reason = err.Error()
 				e.fence()
 				cancel()
@@ -714,31 +762,35 @@ func (e *Elector) serve(ctx context.Context, epoch int64, lead Lead) error {
 
 // fence ends the term locally: Valid and Check fail from now on.
 func (e *Elector) fence() {
-	e.validUntil.Store(0)
 	e.held.Store(nil)
 }
 
-func (e *Elector) renew(ctx context.Context, epoch int64) error {
-	if !e.Valid() {
+// renew extends the current term. An expired lease is never renewed, by
+// either clock: locally it is over (a standby may be fencing it), and the
+// UPDATE matches no row the database's clock says is stale.
+func (e *Elector) renew(ctx context.Context) error {
+	l, sent := e.held.Load(), e.now()
+	if !l.validAt(sent) {
 		return errors.New("lease expired before it could be renewed (process stalled or database unreachable)")
 	}
-	sent := time.Since(e.start)
 	// A slow renewal is fine while the lease is still valid: the deadline
 	// is the lease's own, not the renew interval (a busy database or CPU
 	// must not depose a healthy leader).
-	remaining := time.Duration(e.validUntil.Load()) - sent
 	var n int64
-	err := e.query(ctx, remaining, func(ctx context.Context, c *pgx.Conn) error {
-		tag, err := c.Exec(ctx, `UPDATE `+e.table+` SET renewed_at = now() WHERE slot_name = $1 AND holder = $2 AND epoch = $3`,
-			e.cfg.Slot, e.cfg.InstanceID, epoch)
+	err := e.query(ctx, l.until-sent, func(ctx context.Context, c *pgx.Conn) error {
+		tag, err := c.Exec(ctx, `UPDATE `+e.table+` SET renewed_at = now()
+			WHERE slot_name = $1 AND holder = $2 AND epoch = $3 AND renewed_at >= now() - make_interval(secs => $4)`,
+			e.cfg.Slot, e.cfg.InstanceID, l.epoch, e.cfg.TTL.Seconds())
 		n = tag.RowsAffected()
 		return err
 	})
 	if err := renewVerdict(n, err); err != nil {
 		return err
 	}
-	if e.validUntil.Load() != 0 {
-		e.validUntil.Store(int64(sent + e.cfg.TTL))
+	// Only the term that was renewed: a lost lease connection may have
+	// ended it meanwhile, and must not be undone.
+	if !e.held.CompareAndSwap(l, newLease(l.epoch, sent, e.cfg.TTL)) {
+		return errors.New("lease connection lost during the renewal")
 	}
 	return nil
 }
@@ -752,7 +804,7 @@ func renewVerdict(rows int64, err error) error {
 	case err != nil:
 		return fmt.Errorf("renew lease: %w", err)
 	case rows == 0:
-		return errors.New("lease taken over (newer epoch or another holder)")
+		return errors.New("lease taken over or expired (newer epoch, another holder, or renewed_at older than the TTL by the database's clock)")
 	}
 	return nil
 }
@@ -779,11 +831,6 @@ func (e *Elector) transition(r Role, epoch int64, reason string) {
 	e.mu.Unlock()
 	e.metrics.transitions.Inc()
 	e.metrics.epoch.Set(float64(epoch))
-	if r == Leader {
-		e.metrics.leader.Set(1)
-	} else {
-		e.metrics.leader.Set(0)
-	}
 	ev := e.log.Warn()
 	if r == Leader || reason == reasonShutdown { // a relay's normal life: no warning
 		ev = e.log.Info()

@@ -263,3 +263,21 @@ func TestStandbyThatCannotFenceSaysSoAtStart(t *testing.T) {
 	<-a.Done()
 	waitFor(t, 30*time.Second, "w to take over from the dead leader", func() bool { role, _ := w.role(); return role == "leader" })
 }
+
+// A lease the database's clock already calls stale is not renewed, even by
+// its holder (a standby may be fencing it at that moment): the leader steps
+// down, and, alone, takes the lease again with the next epoch.
+func TestLeaderStaleLeaseIsNotRenewed(t *testing.T) {
+	e := newEnv(t, "stalerenew")
+	a := e.startInstance("a")
+	waitLeader(t, 30*time.Second, a)
+	_, epoch := a.role()
+	mustExec(t, e, "UPDATE "+e.Schema+"."+outboxschema.LeaseTable+" SET renewed_at = now() - interval '1 hour' WHERE slot_name = $1", e.Slot)
+	waitFor(t, 15*time.Second, "a leading the next epoch", func() bool {
+		role, now := a.role()
+		return role == "leader" && now > epoch
+	})
+	if log := a.log(); !strings.Contains(log, "renewed_at older than the TTL") {
+		t.Errorf("a did not step down for the stale row:\n%s", tail([]byte(log), 3000))
+	}
+}

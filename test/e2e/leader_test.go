@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/test/proxy"
 )
 
@@ -30,92 +33,194 @@ var roleClient = &http.Client{Timeout: time.Second}
 // role returns what /role says, or "" when the relay does not answer
 // (stopped, dead, or slower than roleClient's timeout).
 func (r *relay) role() (string, int64) {
+	a := r.roleAnswer()
+	return a.role, a.epoch
+}
+
+// roleAnswer is one relay's /role answer. A relay computes it at some
+// instant between sent and got (on the sampler's clock): answers to one
+// sample come from different instants, so a relay killed just after
+// answering "leader" and its successor taking over before answering both
+// say leader in one sample, one after the other.
+type roleAnswer struct {
+	pid       int    // the process asked
+	instance  string // what it says it is
+	role      string // "" when it did not answer; "exited" when the process had exited
+	epoch     int64
+	sent, got time.Duration
+}
+
+func (r *relay) roleAnswer() roleAnswer {
+	a := roleAnswer{pid: r.PID()}
 	resp, err := roleClient.Get("http://" + r.Metrics + "/role")
 	if err != nil {
-		return "", 0
+		return a
 	}
 	defer resp.Body.Close()
 	var st struct {
-		Role  string `json:"role"`
-		Epoch int64  `json:"epoch"`
+		Role     string `json:"role"`
+		Instance string `json:"instance"`
+		Epoch    int64  `json:"epoch"`
 	}
 	if json.NewDecoder(resp.Body).Decode(&st) != nil {
-		return "", 0
+		return a
 	}
-	return st.Role, st.Epoch
+	a.role, a.instance, a.epoch = st.Role, st.Instance, st.Epoch
+	return a
 }
 
-// sampler watches, every 100 ms, how many relays say they lead and how many
-// walsenders serve the slot.
+// roleSample is one round of the sampler: every relay's answer, and the
+// lease row and the slot's walsender read meanwhile.
+type roleSample struct {
+	n       int
+	answers []roleAnswer
+	row     leaseRead
+}
+
+// leaseRead is the lease row and the slot's walsender as read between sent
+// and got; err when the read failed.
+type leaseRead struct {
+	holder    string
+	epoch     int64
+	renewed   string // age of renewed_at
+	walsender int32  // 0: none
+	dbNow     time.Time
+	sent, got time.Duration
+	err       error
+}
+
+func (s roleSample) String() string {
+	var b strings.Builder
+	r := s.row
+	fmt.Fprintf(&b, "#%d", s.n)
+	if r.err != nil {
+		fmt.Fprintf(&b, " row unread (%v)", r.err)
+	} else {
+		fmt.Fprintf(&b, " [%s..%s] db %s row %s/e%d renewed %s ago, walsender %d", ms(r.sent), ms(r.got),
+			r.dbNow.Format("15:04:05.000"), r.holder, r.epoch, r.renewed, r.walsender)
+	}
+	for _, a := range s.answers {
+		switch a.role {
+		case "exited":
+			fmt.Fprintf(&b, " | pid %d exited", a.pid)
+		case "":
+			fmt.Fprintf(&b, " | pid %d no answer [%s..%s]", a.pid, ms(a.sent), ms(a.got))
+		default:
+			fmt.Fprintf(&b, " | %s pid %d %s e%d [%s..%s]", a.instance, a.pid, a.role, a.epoch, ms(a.sent), ms(a.got))
+		}
+	}
+	return b.String()
+}
+
+// ms formats a sampler time in seconds with milliseconds.
+func ms(d time.Duration) string { return fmt.Sprintf("%.3f", d.Seconds()) }
+
+// sampler asks every relay's /role and reads the lease row every 100 ms,
+// logs every sample (instance, pid, role, epoch, when) to a file next to the
+// relay logs, and checks what the samples prove: see overlaps.
 type sampler struct {
-	mu         sync.Mutex
-	relays     []*relay
-	samples    int
-	maxLeaders int
-	maxSenders int
-	notOne     int // answered samples without exactly one leader and one walsender
-	unanswered int // samples where some relay did not answer /role
-	stop       chan struct{}
-	done       chan struct{}
+	mu      sync.Mutex
+	relays  []*relay
+	samples []roleSample
+	start   time.Time
+	path    string // the sample log
+	notes   chan string
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 func (e *env) watch(relays ...*relay) *sampler {
-	s := &sampler{relays: relays, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &sampler{relays: relays, start: time.Now(), notes: make(chan string, 16), stop: make(chan struct{}), done: make(chan struct{}),
+		path: filepath.Join(logDir, fmt.Sprintf("%s-%s-samples.log", strings.ReplaceAll(e.t.Name(), "/", "_"), e.Slot))}
+	f, err := os.Create(s.path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	fmt.Fprintf(f, "sampler started %s; times are seconds since then; an answer was computed between its [sent..got]\n",
+		s.start.Format(time.RFC3339Nano))
+	lease := e.Schema + "." + outboxschema.LeaseTable
 	go func() {
 		defer close(s.done)
+		defer f.Close()
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
-		for {
+		for n := 1; ; n++ {
 			select {
 			case <-s.stop:
 				return
+			case note := <-s.notes:
+				fmt.Fprintln(f, note)
+				n--
+				continue
 			case <-t.C:
 			}
 			s.mu.Lock()
 			rs := slices.Clone(s.relays)
 			s.mu.Unlock()
-			var (
-				wg              sync.WaitGroup
-				leaders, silent int
-				lmu             sync.Mutex
-			)
-			for _, r := range rs {
+			smp := roleSample{n: n, answers: make([]roleAnswer, len(rs))}
+			var wg sync.WaitGroup
+			for i, r := range rs {
+				if !r.running() {
+					// Never ask a dead relay's address: another relay may
+					// listen there now, and would be counted twice.
+					smp.answers[i] = roleAnswer{pid: r.PID(), role: "exited"}
+					continue
+				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					role, _ := r.role()
-					lmu.Lock()
-					defer lmu.Unlock()
-					switch role {
-					case "leader":
-						leaders++
-					case "":
-						silent++
-					}
+					sent := time.Since(s.start)
+					a := r.roleAnswer()
+					a.sent, a.got = sent, time.Since(s.start)
+					smp.answers[i] = a
 				}()
 			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				smp.row = s.readLease(e, lease)
+			}()
 			wg.Wait()
-			var senders int
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			err := e.DB.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
-				WHERE s.slot_name = $1`, e.Slot).Scan(&senders)
-			cancel()
+			fmt.Fprintln(f, smp)
 			s.mu.Lock()
-			s.samples++
-			s.maxLeaders = max(s.maxLeaders, leaders)
-			if err == nil {
-				s.maxSenders = max(s.maxSenders, senders)
-			}
-			switch {
-			case silent > 0 || err != nil:
-				s.unanswered++
-			case leaders != 1 || senders != 1:
-				s.notOne++
-			}
+			s.samples = append(s.samples, smp)
 			s.mu.Unlock()
 		}
 	}()
 	return s
+}
+
+func (s *sampler) readLease(e *env, lease string) leaseRead {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r := leaseRead{sent: time.Since(s.start)}
+	var holder *string
+	var epoch *int64
+	var renewed *time.Duration
+	var sender *int32
+	r.err = e.DB.QueryRow(ctx, `SELECT now(), s.active_pid, l.holder, l.epoch,
+			CASE WHEN isfinite(l.renewed_at) THEN now() - l.renewed_at END
+		FROM pg_replication_slots s LEFT JOIN `+lease+` l ON l.slot_name = s.slot_name
+		WHERE s.slot_name = $1`, e.Slot).Scan(&r.dbNow, &sender, &holder, &epoch, &renewed)
+	r.got = time.Since(s.start)
+	if holder != nil {
+		r.holder, r.epoch = *holder, *epoch
+	}
+	r.renewed = "never"
+	if renewed != nil {
+		r.renewed = renewed.Round(time.Millisecond).String()
+	}
+	if sender != nil {
+		r.walsender = *sender
+	}
+	return r
+}
+
+// note puts what the test did (a kill, a stop) into the sample log, timed
+// like the samples.
+func (s *sampler) note(format string, args ...any) {
+	now := time.Now()
+	s.notes <- fmt.Sprintf("-- %s (%s): %s", ms(now.Sub(s.start)), now.UTC().Format("15:04:05.000000"), fmt.Sprintf(format, args...))
 }
 
 func (s *sampler) add(r *relay) {
@@ -124,19 +229,153 @@ func (s *sampler) add(r *relay) {
 	s.mu.Unlock()
 }
 
+// overlaps returns what the samples prove about two leaders: an epoch two
+// processes said they led, a relay that said it led an epoch after another
+// had said it led a newer one, or after the lease row had a newer one. Two
+// "leader" answers in one sample prove nothing by themselves: they were
+// computed at different instants (see roleAnswer).
+func overlaps(samples []roleSample) []string {
+	type claim struct {
+		a roleAnswer
+		n int
+	}
+	var claims []claim
+	var rows []roleSample
+	for _, smp := range samples {
+		for _, a := range smp.answers {
+			if a.role == "leader" {
+				claims = append(claims, claim{a, smp.n})
+			}
+		}
+		if smp.row.err == nil {
+			rows = append(rows, smp)
+		}
+	}
+	var found []string
+	holder := map[int64]claim{}
+	for _, c := range claims {
+		if h, ok := holder[c.a.epoch]; ok && h.a.pid != c.a.pid {
+			found = append(found, fmt.Sprintf("epoch %d led by pid %d (sample #%d) and pid %d (sample #%d)", c.a.epoch, h.a.pid, h.n, c.a.pid, c.n))
+		} else if !ok {
+			holder[c.a.epoch] = c
+		}
+	}
+	for _, old := range claims {
+		// The first proof is enough for each claim.
+		for _, newer := range claims {
+			if newer.a.epoch > old.a.epoch && newer.a.pid != old.a.pid && newer.a.got < old.a.sent {
+				found = append(found, fmt.Sprintf("pid %d said leader of epoch %d (sample #%d, from %s) after pid %d had said leader of epoch %d (sample #%d, by %s)",
+					old.a.pid, old.a.epoch, old.n, ms(old.a.sent), newer.a.pid, newer.a.epoch, newer.n, ms(newer.a.got)))
+				break
+			}
+		}
+		for _, r := range rows {
+			if r.row.epoch > old.a.epoch && r.row.got < old.a.sent {
+				found = append(found, fmt.Sprintf("pid %d said leader of epoch %d (sample #%d, from %s) after the lease row had epoch %d (sample #%d, by %s)",
+					old.a.pid, old.a.epoch, old.n, ms(old.a.sent), r.row.epoch, r.n, ms(r.row.got)))
+				break
+			}
+		}
+	}
+	return found
+}
+
 func (s *sampler) finish(t *testing.T) (answered, maxLeaders, notOne int) {
 	t.Helper()
 	close(s.stop)
 	<-s.done
-	t.Logf("role samples: %d (%d with a relay not answering), most leaders at once %d, most walsenders on the slot %d, answered samples without exactly one leader and walsender %d",
-		s.samples, s.unanswered, s.maxLeaders, s.maxSenders, s.notOne)
-	if s.maxLeaders > 1 {
-		t.Errorf("%d instances said they were leader at the same time", s.maxLeaders)
+	var unanswered int
+	for _, smp := range s.samples {
+		leaders, silent := 0, 0
+		for _, a := range smp.answers {
+			switch a.role {
+			case "leader":
+				leaders++
+			case "":
+				silent++
+			}
+		}
+		senders := 0 // PostgreSQL allows one walsender per slot: active_pid is it
+		if smp.row.walsender != 0 {
+			senders = 1
+		}
+		if leaders > 1 {
+			// Not an error by itself: overlaps judges.
+			t.Logf("%d leader answers in one sample (computed at different instants): %s", leaders, smp)
+		}
+		maxLeaders = max(maxLeaders, leaders)
+		switch {
+		case silent > 0 || smp.row.err != nil:
+			unanswered++
+		case leaders != 1 || senders != 1:
+			notOne++
+		}
 	}
-	if s.maxSenders > 1 {
-		t.Errorf("%d walsenders on the slot at once", s.maxSenders)
+	t.Logf("role samples: %d (%d with a relay not answering), most leader answers in one sample %d, answered samples without exactly one leader and walsender %d; every sample in %s",
+		len(s.samples), unanswered, maxLeaders, notOne, s.path)
+	for _, o := range overlaps(s.samples) {
+		t.Errorf("two leaders: %s", o)
 	}
-	return s.samples - s.unanswered, s.maxLeaders, s.notOne
+	return len(s.samples) - unanswered, maxLeaders, notOne
+}
+
+// The sampler's judgement: two leader answers in one sample are a handover
+// seen from two instants, unless the old leader answered after the new one
+// (or after the row had the new epoch) had.
+func TestLeaderSamplerOverlaps(t *testing.T) {
+	at := func(s, g float64) (time.Duration, time.Duration) {
+		return time.Duration(s * float64(time.Second)), time.Duration(g * float64(time.Second))
+	}
+	claim := func(pid int, role string, epoch int64, s, g float64) roleAnswer {
+		a := roleAnswer{pid: pid, instance: fmt.Sprint(pid), role: role, epoch: epoch}
+		a.sent, a.got = at(s, g)
+		return a
+	}
+	row := func(epoch int64, s, g float64) leaseRead {
+		r := leaseRead{holder: "x", epoch: epoch}
+		r.sent, r.got = at(s, g)
+		return r
+	}
+	tests := []struct {
+		name    string
+		samples []roleSample
+		want    []string // in each finding, in order
+	}{
+		{"one leader at a time", []roleSample{
+			{1, []roleAnswer{claim(1, "leader", 5, 1.0, 1.001), claim(2, "standby", 5, 1.0, 1.001)}, row(5, 1.0, 1.002)},
+			{2, []roleAnswer{claim(1, "", 0, 1.1, 2.1), claim(2, "leader", 6, 1.1, 1.101)}, row(6, 1.1, 1.102)},
+		}, nil},
+		// The old leader answered before it was killed, its successor after
+		// it took over, a slow 30 ms later: the old sampler's two leaders.
+		{"killed leader and successor in one sample", []roleSample{
+			{1, []roleAnswer{claim(1, "leader", 5, 1.0, 1.001), claim(2, "leader", 6, 1.0, 1.030)}, row(5, 1.0, 1.002)},
+		}, nil},
+		{"old leader answers after the new one did", []roleSample{
+			{1, []roleAnswer{claim(1, "standby", 5, 1.0, 1.001), claim(2, "leader", 6, 1.0, 1.001)}, row(6, 1.0, 1.002)},
+			{2, []roleAnswer{claim(1, "leader", 5, 1.1, 1.101), claim(2, "leader", 6, 1.1, 1.101)}, row(6, 1.1, 1.102)},
+		}, []string{"pid 1 said leader of epoch 5 (sample #2, from 1.100) after pid 2 had said leader of epoch 6 (sample #1, by 1.001)",
+			"pid 1 said leader of epoch 5 (sample #2, from 1.100) after the lease row had epoch 6 (sample #1, by 1.002)"}},
+		{"old leader answers after the row had a newer epoch", []roleSample{
+			{1, []roleAnswer{claim(1, "", 0, 1.0, 2.0)}, row(6, 1.0, 1.002)},
+			{2, []roleAnswer{claim(1, "leader", 5, 1.1, 1.101)}, row(6, 1.1, 1.102)},
+		}, []string{"after the lease row had epoch 6"}},
+		{"one epoch, two processes", []roleSample{
+			{1, []roleAnswer{claim(1, "leader", 5, 1.0, 1.001)}, row(5, 1.0, 1.002)},
+			{2, []roleAnswer{claim(2, "leader", 5, 1.1, 1.101)}, row(5, 1.1, 1.102)},
+		}, []string{"epoch 5 led by pid 1 (sample #1) and pid 2 (sample #2)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := overlaps(tt.samples)
+			ok := len(got) == len(tt.want)
+			for i := 0; ok && i < len(got); i++ {
+				ok = strings.Contains(got[i], tt.want[i])
+			}
+			if !ok {
+				t.Errorf("overlaps = %q, want findings with %q", got, tt.want)
+			}
+		})
+	}
 }
 
 func (e *env) startInstance(id string, extra ...string) *relay {
@@ -234,6 +473,7 @@ func TestLeaderKill9Takeover(t *testing.T) {
 			}
 		}
 		waitFor(t, 30*time.Second, "standby ready", func() bool { role, _ := next.role(); return role == "standby" && next.readyStatus() == 200 })
+		s.note("kill -9 %s pid %d", curID, cur.PID())
 		killed := time.Now()
 		cur.Cmd.Process.Signal(syscall.SIGKILL)
 		<-cur.Done()
@@ -275,6 +515,7 @@ func TestLeaderStallIsFenced(t *testing.T) {
 	waitFor(t, 30*time.Second, "a publishing", func() bool { return a.metric("outbox_relay_events_published_total") > 0 })
 	oldSender := e.walsenderPID(t)
 
+	s.note("SIGSTOP a pid %d", a.PID())
 	a.Cmd.Process.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
 	waitFor(t, testTTL+10*time.Second, "b leading and publishing", func() bool {
@@ -286,6 +527,7 @@ func TestLeaderStallIsFenced(t *testing.T) {
 	e.DB.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", oldSender).Scan(&alive)
 	time.Sleep(2*testTTL - time.Since(stopped)) // the fault: a stays stopped for two lease TTLs
 	logBefore := len(a.log())
+	s.note("SIGCONT a pid %d", a.PID())
 	a.Cmd.Process.Signal(syscall.SIGCONT)
 	waitFor(t, 15*time.Second, "a to step down", func() bool { role, _ := a.role(); return role == "standby" })
 	time.Sleep(2 * time.Second) // deliberate: the sampler watches the new term under load for a while
@@ -330,6 +572,7 @@ func TestLeaderCutOffFromPostgres(t *testing.T) {
 	stopWriter := w.background(t)
 	waitFor(t, 30*time.Second, "a publishing", func() bool { return a.metric("outbox_relay_events_published_total") > 0 })
 
+	s.note("blackhole a pid %d", a.PID())
 	px.Blackhole()
 	cut := time.Now()
 	waitFor(t, testTTL+15*time.Second, "b leading and publishing", func() bool {
@@ -339,6 +582,7 @@ func TestLeaderCutOffFromPostgres(t *testing.T) {
 	takeover := time.Since(cut)
 	waitFor(t, 15*time.Second, "a to step down", func() bool { role, _ := a.role(); return role == "standby" })
 	time.Sleep(2 * time.Second) // deliberate: the sampler watches the new term under load for a while
+	s.note("heal a pid %d", a.PID())
 	if err := px.Heal(); err != nil {
 		t.Fatal(err)
 	}
@@ -370,6 +614,7 @@ func TestLeaderSigtermHandsOverWithoutDuplicates(t *testing.T) {
 	w := e.newWriter(71)
 	stopWriter := w.background(t)
 	waitFor(t, 30*time.Second, "a publishing", func() bool { return a.metric("outbox_relay_events_published_total") > 100 })
+	s.note("SIGTERM a pid %d", a.PID())
 	term := time.Now()
 	if code := a.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
 		t.Errorf("leader exit code %d after SIGTERM, want 0", code)
