@@ -195,7 +195,7 @@ func TestStandbyGateLatency(t *testing.T) {
 						n, 1000*sum/max(n, 1), 1000*bucketBound(ss, "outbox_relay_standby_wait_seconds", 0.5), 1000*bucketBound(ss, "outbox_relay_standby_wait_seconds", 0.99))
 				}
 				t.Logf("standby gate latency: PostgreSQL %d, synchronous standby %v, gate %v: commit -> consumer over %d events: median %.2f ms, p90 %.2f ms, p99 %.2f ms, max %.2f ms%s",
-					pair.Major, syncCommit, gated, len(lat), ms(q(0.5)), ms(q(0.9)), ms(q(0.99)), ms(lat[len(lat)-1]), extra)
+					pair.Major, syncCommit, gated, len(lat), millis(q(0.5)), millis(q(0.9)), millis(q(0.99)), millis(lat[len(lat)-1]), extra)
 				if code := r.stop(syscall.SIGTERM, 30*time.Second); code != 0 {
 					t.Fatalf("exit code %d, want 0", code)
 				}
@@ -207,7 +207,7 @@ func TestStandbyGateLatency(t *testing.T) {
 	}
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // bucketBound is the upper bound of the histogram bucket holding quantile
 // q of the histogram name: the quantile is at most that.
