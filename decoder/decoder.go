@@ -86,7 +86,8 @@ type Event struct {
 	ReplayOf int64
 	// Err is set when the row cannot become an event (a poison row): a
 	// required column NULL, empty, missing or not text, an integer id
-	// column whose text is not a 64-bit integer, a bytea payload that is
+	// column whose text is not a 64-bit integer, an event_id that is not a
+	// UUID's text or a dlq_replay_of not a row id, a bytea payload that is
 	// not hex, headers that are not a JSON object or hold a reserved key
 	// (outboxschema.ReservedHeader), or a refused message event (RowError).
 	// The other fields then hold what could be read (text columns as sent,
@@ -685,7 +686,7 @@ func (d *Decoder) poison(ev Event, err *RowError) Event {
 	ev.Err = err
 	ev.ID = err.ID
 	ev.IDText = err.IDText
-	if f := d.fields[roleEventID]; f.kind == 't' && ev.EventID == "" {
+	if f := d.fields[roleEventID]; f.kind == 't' && len(f.data) == uuidLen && ev.EventID == "" {
 		ev.EventID = string(f.data) // its dead letter names it by its identity
 	}
 	if f := d.fields[roleAggregateType]; f.kind == 't' {

@@ -1,6 +1,7 @@
 package record
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -41,8 +42,22 @@ func benchmarkTxnRecords(b *testing.B, evs []decoder.Event) {
 	}
 }
 
+// benchEventIDs are benchEvents with an event_id each (migration 0006).
+func benchEventIDs(n int) []decoder.Event {
+	evs := benchEvents(n)
+	for i := range evs {
+		evs[i].EventID = fmt.Sprintf("0190a1b2-c3d4-7e5f-8a6b-%012d", i)
+	}
+	return evs
+}
+
 // BenchmarkRecordTxn builds the record of a one-event transaction.
 func BenchmarkRecordTxn(b *testing.B) { benchmarkTxnRecords(b, benchEvents(1)) }
 
 // BenchmarkRecordTxn100 builds the records of a 100-event transaction.
 func BenchmarkRecordTxn100(b *testing.B) { benchmarkTxnRecords(b, benchEvents(100)) }
+
+// BenchmarkRecordTxnEventID and BenchmarkRecordTxn100EventID are the same
+// with event_ids.
+func BenchmarkRecordTxnEventID(b *testing.B)    { benchmarkTxnRecords(b, benchEventIDs(1)) }
+func BenchmarkRecordTxn100EventID(b *testing.B) { benchmarkTxnRecords(b, benchEventIDs(100)) }

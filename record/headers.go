@@ -73,8 +73,13 @@ func ownCount(ev *decoder.Event, mark string) int {
 
 // headerBytes is how many bytes headers needs for ev's keys and values.
 func headerBytes(ev *decoder.Event, commitLSN, mark string) int {
-	// 20 bytes for each integer (id, outbox_id), up to 36 for the identity.
-	n := 40 + len(ev.MessageID) + len(ev.IDText) + len(ev.EventID) + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN) + len(mark)
+	n := len(ev.MessageID) + len(ev.IDText) + len(ev.EventID) + len(ev.EventType) + len(ev.AggregateType) + len(ev.AggregateID) + len(commitLSN) + len(mark)
+	if k := ev.Identity(); k == decoder.IdentityID || k == decoder.IdentityReplayOf {
+		n += 20 // the identity in decimal
+	}
+	if hasOutboxID(ev) {
+		n += 20 // outbox_id
+	}
 	for _, x := range ev.Headers {
 		n += len(x.Key)
 	}
