@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,21 +125,41 @@ func (s *Store) List(ctx context.Context, all bool, limit int) ([]Row, error) {
 // itself (missing, not dead-lettered, already resolved, still invalid).
 var ErrNotReplayable = errors.New("row cannot be replayed")
 
+// Replayed is what Replay did.
+type Replayed struct {
+	NewID int64 // the copy's id
+	// EventID is the event_id the copy is published under: the
+	// dead-lettered row's event_id, or for a row older than migration
+	// 0006 its id (the first row's, through a chain of replays).
+	EventID string
+}
+
 // Replay republishes dead-lettered row id through the normal path: in one
 // transaction it inserts a copy of the row as it is now (so fix the row
 // first, e.g. UPDATE ... SET headers = ...) and marks the old row resolved.
-// The copy gets a new id, so consumers that deduplicate on event_id see a
-// new event, which it is: the original only reached the dead-letter topic.
-func (s *Store) Replay(ctx context.Context, id int64) (newID int64, err error) {
-	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+// The copy is the same event, not a new one: it keeps the row's event_id
+// and its dlq_replay_of names the row (COALESCE with the row's own, for a
+// copy replayed again), so the relay publishes it under the row's identity
+// (decoder.Event.Identity), marked outbox_replayed_from: dlq. A consumer
+// that saw the event by another way (outbox-relay replay
+// --include-dead-letters, a rewind) deduplicates it. The table needs
+// migration 0006.
+func (s *Store) Replay(ctx context.Context, id int64) (Replayed, error) {
+	var out Replayed
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		if err := s.lockDead(ctx, tx, id); err != nil {
 			return err
 		}
-		var hasHeaders bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::regclass
-			AND attname = 'headers' AND NOT attisdropped)`, s.ident).Scan(&hasHeaders); err != nil {
+		var have []string
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(array_agg(attname::text), '{}') FROM pg_attribute WHERE attrelid = $1::regclass
+			AND attname IN ('headers', 'event_id', 'dlq_replay_of') AND attnum > 0 AND NOT attisdropped`, s.ident).Scan(&have); err != nil {
 			return fmt.Errorf("read columns of %s: %w", s.table, err)
 		}
+		if !slices.Contains(have, outboxschema.ColEventID) || !slices.Contains(have, outboxschema.ColDLQReplayOf) {
+			return fmt.Errorf("outbox table %s has no columns %s and %s: run `outbox-relay migrate` (migration 0006), so that the copy of row id=%d is published under the event's own identity",
+				s.table, outboxschema.ColEventID, outboxschema.ColDLQReplayOf, id)
+		}
+		hasHeaders := slices.Contains(have, outboxschema.ColHeaders)
 		cols, check := "aggregate_type, aggregate_id, event_type, payload", ""
 		if hasHeaders {
 			cols += ", headers"
@@ -171,13 +192,17 @@ func (s *Store) Replay(ctx context.Context, id int64) (newID int64, err error) {
 			return fmt.Errorf("%w: outbox row %s id=%d: %s; fix the row with UPDATE, then replay it",
 				ErrNotReplayable, s.table, id, strings.Join(bad, ", "))
 		}
-		if err := tx.QueryRow(ctx, `INSERT INTO `+s.ident+` (`+cols+`) SELECT `+cols+` FROM `+s.ident+
-			` WHERE id = $1 RETURNING id`, id).Scan(&newID); err != nil {
+		// event_id is copied as it is, NULL included (an explicit NULL
+		// overrides the column's default): a row without one is the event
+		// named by its id, which dlq_replay_of then carries.
+		if err := tx.QueryRow(ctx, `INSERT INTO `+s.ident+` (`+cols+`, event_id, dlq_replay_of) SELECT `+cols+
+			`, event_id, COALESCE(dlq_replay_of, id) FROM `+s.ident+` WHERE id = $1
+			RETURNING id, COALESCE(event_id::text, dlq_replay_of::text)`, id).Scan(&out.NewID, &out.EventID); err != nil {
 			return fmt.Errorf("insert the replay of outbox row %s id=%d: %w", s.table, id, err)
 		}
-		return s.resolve(ctx, tx, id, fmt.Sprintf("replayed as id=%d", newID))
+		return s.resolve(ctx, tx, id, fmt.Sprintf("replayed as id=%d", out.NewID))
 	})
-	return newID, err
+	return out, err
 }
 
 // Resolve marks dead-lettered row id resolved without republishing it: the

@@ -1,10 +1,12 @@
 package decoder_test
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/decoder"
+	pt "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
 )
 
 // benchPayload is a ~300-byte jsonb payload as Postgres renders it.
@@ -13,16 +15,21 @@ var benchPayload = `{"order_id": "ord_01HZX4K7Q9V3M2N8P5R6S7T8U9", "customer_id"
 	`{"sku": "SKU-2002", "qty": 1, "price": 49.97}], "shipping": {"method": "express", "country": "DE"}, ` +
 	`"placed_at": "2026-03-14T15:09:26Z"}`
 
-func benchmarkTxn(b *testing.B, headers tv) { benchmarkTxnRows(b, 1, headers) }
+func benchmarkTxn(b *testing.B, headers tv) { benchmarkTxnRows(b, 1, headers, false) }
 
 // benchmarkTxnRows decodes transactions of rows outbox rows, each with
-// benchPayload and headers, and its own id and aggregate id.
-func benchmarkTxnRows(b *testing.B, rows int, headers tv) {
+// benchPayload and headers, and its own id and aggregate id; with identity
+// the table has migration 0006's columns and each row its own event_id.
+func benchmarkTxnRows(b *testing.B, rows int, headers tv, identity bool) {
 	d, err := decoder.New("public.outbox")
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := d.Decode(lsnAt(0), outboxRelation()); err != nil {
+	rel := outboxRelation()
+	if identity {
+		rel = pt.IdentityRelation()
+	}
+	if _, err := d.Decode(lsnAt(0), rel); err != nil {
 		b.Fatal(err)
 	}
 	msgs := [][]byte{begin(0x2000, 1)}
@@ -32,7 +39,11 @@ func benchmarkTxnRows(b *testing.B, rows int, headers tv) {
 		if rows > 1 {
 			aggID = "ord_01HZX4K7Q9V3M2N8P5R6S" + id
 		}
-		msgs = append(msgs, insert(outboxID, row(id, "order", aggID, "OrderPlaced", benchPayload, headers)...))
+		cols := row(id, "order", aggID, "OrderPlaced", benchPayload, headers)
+		if identity {
+			cols = append(cols, text(fmt.Sprintf("0190a1b2-c3d4-7e5f-8a6b-%012d", i)), null)
+		}
+		msgs = append(msgs, insert(outboxID, cols...))
 	}
 	msgs = append(msgs, commit(0x2000, 0x2030))
 	n := 0
@@ -74,5 +85,17 @@ func BenchmarkDecodeTxnNoHeaders(b *testing.B) {
 // with its own id and aggregate id), as in a backlog drain of 100-row
 // transactions. One op is one transaction.
 func BenchmarkDecodeTxn100(b *testing.B) {
-	benchmarkTxnRows(b, 100, text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`))
+	benchmarkTxnRows(b, 100, text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`), false)
+}
+
+// BenchmarkDecodeTxnEventID is BenchmarkDecodeTxn on a table with the
+// identity columns (migration 0006): event_id a UUID, dlq_replay_of NULL.
+func BenchmarkDecodeTxnEventID(b *testing.B) {
+	benchmarkTxnRows(b, 1, text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`), true)
+}
+
+// BenchmarkDecodeTxn100EventID is BenchmarkDecodeTxn100 with the identity
+// columns.
+func BenchmarkDecodeTxn100EventID(b *testing.B) {
+	benchmarkTxnRows(b, 100, text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`), true)
 }

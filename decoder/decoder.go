@@ -74,15 +74,74 @@ type Event struct {
 	// MessageID is the "id" of a SourceMessage event's envelope: its
 	// event_id. "" for rows.
 	MessageID string
+	// EventID is the row's event_id column (the relay's own table,
+	// migration 0006): a UUID's text, the event's identity instead of its
+	// id. "" when the column is NULL (a row written before the migration)
+	// or the table has none. Record builders take the identity from
+	// Identity, not from here.
+	EventID string
+	// ReplayOf is the row's dlq_replay_of column: the id of the
+	// dead-lettered row whose event this row republishes (outbox-relay dlq
+	// replay), 0 for none.
+	ReplayOf int64
 	// Err is set when the row cannot become an event (a poison row): a
 	// required column NULL, empty, missing or not text, an integer id
-	// column whose text is not a 64-bit integer, a bytea payload that is
+	// column whose text is not a 64-bit integer, an event_id that is not a
+	// UUID's text or a dlq_replay_of not a row id, a bytea payload that is
 	// not hex, headers that are not a JSON object or hold a reserved key
 	// (outboxschema.ReservedHeader), or a refused message event (RowError).
 	// The other fields then hold what could be read (text columns as sent,
 	// Headers nil), so the caller can dead-letter the row or stop on it; the
 	// stream goes on.
 	Err *RowError
+}
+
+// IdentityKind says which field is an event's identity (Identity).
+type IdentityKind uint8
+
+const (
+	IdentityID       IdentityKind = iota // Event.ID, in decimal
+	IdentityIDText                       // Event.IDText: a mapped table's uuid or text id
+	IdentityEventID                      // Event.EventID: the row's event_id column
+	IdentityReplayOf                     // Event.ReplayOf, in decimal: a dlq replay copy of a row that had no event_id
+	IdentityMessage                      // Event.MessageID: a message event's envelope id
+)
+
+// Identity says which field is ev's identity, the event_id header of its
+// record: the envelope id of a message event; else the row's event_id
+// column when not NULL; else, for a dlq replay copy, the replayed row's
+// id (the identity of a row without event_id); else the id column's
+// value. It does not allocate; any goroutine.
+func (ev *Event) Identity() IdentityKind {
+	switch {
+	case ev.Source == SourceMessage:
+		return IdentityMessage
+	case ev.EventID != "":
+		return IdentityEventID
+	case ev.ReplayOf != 0:
+		return IdentityReplayOf
+	case ev.IDText != "":
+		return IdentityIDText
+	default:
+		return IdentityID
+	}
+}
+
+// AppendIdentity appends ev's identity (Identity) to b. It allocates only
+// to grow b; any goroutine.
+func (ev *Event) AppendIdentity(b []byte) []byte {
+	switch ev.Identity() {
+	case IdentityMessage:
+		return append(b, ev.MessageID...)
+	case IdentityEventID:
+		return append(b, ev.EventID...)
+	case IdentityReplayOf:
+		return strconv.AppendInt(b, ev.ReplayOf, 10)
+	case IdentityIDText:
+		return append(b, ev.IDText...)
+	default:
+		return strconv.AppendInt(b, ev.ID, 10)
+	}
 }
 
 // Header is one top-level key of the headers JSON object. A JSON string value
@@ -473,8 +532,9 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 	return nil
 }
 
-// idSpan is where the AggregateID of event ev of d.txn sits in d.ids.
-type idSpan struct{ ev, start, end int }
+// idSpan is where the AggregateID of event ev of d.txn sits in d.ids
+// (start:end), and its EventID (end:evEnd, empty for none).
+type idSpan struct{ ev, start, end, evEnd int }
 
 // handout sets the AggregateIDs of evs, the events of d.txn being handed
 // out, from d.ids: one allocation for all of them instead of one each.
@@ -483,6 +543,9 @@ func (d *Decoder) handout(evs []Event) {
 		all := string(d.ids)
 		for _, f := range d.idFix {
 			evs[f.ev].AggregateID = all[f.start:f.end]
+			if f.evEnd > f.end {
+				evs[f.ev].EventID = all[f.end:f.evEnd]
+			}
 		}
 	}
 	d.ids, d.idFix = d.ids[:0], d.idFix[:0]
@@ -623,6 +686,9 @@ func (d *Decoder) poison(ev Event, err *RowError) Event {
 	ev.Err = err
 	ev.ID = err.ID
 	ev.IDText = err.IDText
+	if f := d.fields[roleEventID]; f.kind == 't' && len(f.data) == uuidLen && ev.EventID == "" {
+		ev.EventID = string(f.data) // its dead letter names it by its identity
+	}
 	if f := d.fields[roleAggregateType]; f.kind == 't' {
 		ev.AggregateType = d.str(f.data)
 	}
@@ -680,6 +746,32 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 			return ev, d.rowError(ev, roleID, &reason{"is empty", hintProducer})
 		}
 		ev.IDText = string(text)
+	}
+	// The identity columns: NULL (or absent) is the common case of a
+	// dlq_replay_of, and of event_id for rows older than migration 0006.
+	var eventID []byte
+	switch f := d.fields[roleEventID]; f.kind {
+	case 0, 'n':
+	case 't':
+		if len(f.data) != uuidLen {
+			return ev, d.rowError(ev, roleEventID, &reason{fmt.Sprintf("%q is not a UUID's text", f.data), hintProducer})
+		}
+		eventID = f.data
+	default:
+		_, why := fieldText(f)
+		return ev, d.rowError(ev, roleEventID, why)
+	}
+	switch f := d.fields[roleReplayOf]; f.kind {
+	case 0, 'n':
+	case 't':
+		v, err := strconv.ParseInt(string(f.data), 10, 64)
+		if err != nil || v <= 0 {
+			return ev, d.rowError(ev, roleReplayOf, &reason{fmt.Sprintf("%q is not a row id", f.data), hintProducer})
+		}
+		ev.ReplayOf = v
+	default:
+		_, why := fieldText(f)
+		return ev, d.rowError(ev, roleReplayOf, why)
 	}
 
 	var aggType, eventType []byte
@@ -753,12 +845,17 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 
 	ev.AggregateType = d.strLast(aggType, &d.last.aggType)
 	if d.toTxn {
-		// Set at handout, from one string for the whole transaction.
+		// Set at handout, from one string for the whole transaction,
+		// and so is the event_id: no allocation of their own.
 		start := len(d.ids)
 		d.ids = append(d.ids, aggID...)
-		d.idSpan = idSpan{start: start, end: len(d.ids)}
+		d.ids = append(d.ids, eventID...)
+		d.idSpan = idSpan{start: start, end: start + len(aggID), evEnd: len(d.ids)}
 	} else {
 		ev.AggregateID = string(aggID)
+		if eventID != nil {
+			ev.EventID = string(eventID)
+		}
 	}
 	ev.EventType = d.strLast(eventType, &d.last.eventType)
 
@@ -924,7 +1021,7 @@ func (d *Decoder) reservedKey(k string) bool {
 // reservedHeader is the RowError of a headers column with a reserved key:
 // the relay's own header would be followed by the row's forged one.
 func (d *Decoder) reservedHeader(ev Event, key string) *RowError {
-	own := strings.Join(outboxschema.RelayHeaders, ", ")
+	own := outboxschema.ReservedNames()
 	if len(d.reserved) > 0 {
 		own += ", " + strings.Join(d.reserved, ", ")
 	}
@@ -944,6 +1041,9 @@ func quoteKey(k string) string {
 	}
 	return strconv.Quote(strings.ToValidUTF8(k[:64], "")) + "..."
 }
+
+// uuidLen is the length of a UUID's text, as PostgreSQL writes it.
+const uuidLen = 36
 
 // reason is why a column cannot become part of an event, and what to do.
 type reason struct{ text, hint string }

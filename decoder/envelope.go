@@ -237,7 +237,7 @@ func (d *Decoder) envelope(lsn pglogrepl.LSN, content []byte) Event {
 		for _, h := range d.hdrs {
 			if outboxschema.ReservedHeader(h.key) {
 				ev = d.refuseMessage(ev, content, EnvelopeHeaders,
-					"has the reserved key "+quoteKey(h.key)+": the relay sets "+strings.Join(outboxschema.RelayHeaders, ", ")+
+					"has the reserved key "+quoteKey(h.key)+": the relay sets "+outboxschema.ReservedNames()+
 						" and every "+outboxschema.DeadLetterPrefix+"* header itself (keys compared ignoring case)", hintMsgReserved)
 				ev.Err.ReservedHeader = h.key
 				return ev

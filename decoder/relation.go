@@ -19,6 +19,10 @@ const (
 	roleEventType
 	rolePayload
 	roleHeaders // optional
+	// The identity columns (outboxschema.Mapping.EventID, ReplayOf):
+	// optional, read only when of their type (uuid, bigint).
+	roleEventID
+	roleReplayOf
 	numRoles
 )
 
@@ -49,6 +53,8 @@ func newTableMap(m outboxschema.Mapping) tableMap {
 		roleEventType:     m.Type,
 		rolePayload:       m.Payload,
 		roleHeaders:       m.Headers,
+		roleEventID:       m.EventID,
+		roleReplayOf:      m.ReplayOf,
 	}
 	return t
 }
@@ -59,6 +65,7 @@ const (
 	oidInt8  = 20
 	oidInt2  = 21
 	oidInt4  = 23
+	oidUUID  = 2950
 )
 
 // relation is what the decoder keeps of a Relation message: for an outbox
@@ -154,6 +161,16 @@ func (d *Decoder) relation(lsn pglogrepl.LSN, b []byte) error {
 					rel.idInt = oid == oidInt8 || oid == oidInt4 || oid == oidInt2
 				case rolePayload:
 					rel.payloadBytea = oid == oidBytea
+				case roleEventID:
+					// Migration 0006 refuses another type; a column of
+					// the name that is not ours is not the identity.
+					if oid != oidUUID {
+						rel.idx[r] = -1
+					}
+				case roleReplayOf:
+					if oid != oidInt8 {
+						rel.idx[r] = -1
+					}
 				}
 			}
 		}
@@ -170,7 +187,7 @@ func (d *Decoder) relation(lsn pglogrepl.LSN, b []byte) error {
 		for r, want := range tm.cols {
 			// A table without its headers column has no headers (start-up
 			// validation refuses a configured one that is missing).
-			if want != "" && rel.idx[r] < 0 && role(r) != roleHeaders {
+			if want != "" && rel.idx[r] < 0 && !role(r).optional() {
 				rel.missing, rel.missingKey = want, roleKeys[r]
 				break
 			}
@@ -188,6 +205,10 @@ func (d *Decoder) relation(lsn pglogrepl.LSN, b []byte) error {
 	d.rels[id] = rel
 	return nil
 }
+
+// optional reports whether a table may lack the role's column: the headers
+// column, and the identity columns of a table not migrated yet.
+func (r role) optional() bool { return r == roleHeaders || r == roleEventID || r == roleReplayOf }
 
 // directRoles returns relation.direct for rel, or nil when a column feeds
 // two roles or the mapping places additional columns.

@@ -4,10 +4,12 @@ import "github.com/jackc/pglogrepl"
 
 // RowText is one outbox row read with SQL instead of from pgoutput: each
 // column in PostgreSQL's text output (what pgoutput sends for it, e.g.
-// SELECT payload::text), nil for SQL NULL. Headers is nil too when the
-// table has no headers column.
+// SELECT payload::text), nil for SQL NULL. Headers, EventID and ReplayOf
+// are nil too when the table has no such column (EventID must be read
+// only from a uuid column, ReplayOf from a bigint one, as Decode does).
 type RowText struct {
 	ID, AggregateType, AggregateID, EventType, Payload, Headers []byte
+	EventID, ReplayOf                                           []byte
 }
 
 // Row builds the Event of r with exactly the checks and the bytes Decode
@@ -30,6 +32,8 @@ func (d *Decoder) Row(r RowText, lsn pglogrepl.LSN) Event {
 		roleEventType:     col(r.EventType),
 		rolePayload:       col(r.Payload),
 		roleHeaders:       col(r.Headers),
+		roleEventID:       col(r.EventID),
+		roleReplayOf:      col(r.ReplayOf),
 	}
 	d.extras = d.extras[:0]
 	ev, rowErr := d.event(&relation{table: d.maps[0].full, idInt: true}, lsn)

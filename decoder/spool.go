@@ -193,6 +193,8 @@ func encodeEvent(b []byte, ev *Event) []byte {
 	}
 	b = append(b, byte(ev.Source))
 	b = appendString(b, ev.MessageID)
+	b = appendString(b, ev.EventID)
+	b = binary.AppendVarint(b, ev.ReplayOf)
 	// Move the body right behind its actual length prefix.
 	n := len(b) - body
 	var lenBuf [binary.MaxVarintLen64]byte
@@ -267,6 +269,8 @@ func readEvent(r *bufio.Reader, buf []byte) (Event, []byte, error) {
 	}
 	ev.Source = Source(c.u8())
 	ev.MessageID = string(c.bytes(false))
+	ev.EventID = string(c.bytes(false))
+	ev.ReplayOf = c.varint()
 	if c.bad || c.off != len(buf) {
 		return Event{}, buf, errRecord
 	}

@@ -18,6 +18,12 @@
 // that transaction (an e-mail, an HTTP call) are not covered: make them
 // idempotent, or record them in the transaction and send them afterwards.
 //
+// event_id is the event's identity: a record republished by outbox-relay
+// replay (header outbox_replay) or dlq replay (outbox_replayed_from) keeps
+// it and is skipped here once handled, and a row id handed out again after
+// a failover or a restore does not make a new event look handled (its
+// event_id is a new UUID).
+//
 // Records of one partition are handled one at a time, in offset order, so
 // the events of one aggregate (one key, one partition) are handled in the
 // order the relay published them.
@@ -48,7 +54,10 @@ const (
 
 // Message is one record as a Handler sees it.
 type Message struct {
-	EventID       string // the event_id header: the outbox row id, the dedup key
+	// EventID is the event_id header, the dedup key: a UUID for rows
+	// written since migration 0006 and for message events, the decimal
+	// row id for older rows. Compare it as text; do not parse it.
+	EventID       string
 	EventType     string // event_type header
 	AggregateType string // aggregate_type header
 	AggregateID   string // aggregate_id header (also the record key)

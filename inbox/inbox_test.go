@@ -141,6 +141,21 @@ func TestNewMessage(t *testing.T) {
 	}
 }
 
+// event_id is text: a UUID (rows since migration 0006, message events) and
+// a decimal row id (older rows) are both dedup keys, and never equal.
+func TestNewMessageEventIDKinds(t *testing.T) {
+	for _, id := range []string{"0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b", "42"} {
+		m := NewMessage(&sarama.ConsumerMessage{Headers: []*sarama.RecordHeader{{Key: []byte("event_id"), Value: []byte(id)},
+			{Key: []byte("outbox_id"), Value: []byte("42")}, {Key: []byte("outbox_replay"), Value: []byte("2026-05-06T07:00:00Z")}}})
+		if m.EventID != id || m.Headers["outbox_id"] != "42" {
+			t.Errorf("event_id %q: Message %+v", id, m)
+		}
+	}
+	if q, _ := MigrationSQL(""); !strings.Contains(q, "event_id     text") {
+		t.Errorf("processed_events.event_id must be text, for UUIDs and ids alike:\n%s", q)
+	}
+}
+
 func TestFailedErrorSaysWhatToDo(t *testing.T) {
 	err := error(&FailedError{Topic: "t", Partition: 1, Offset: 9, EventID: "", Attempts: 1, Err: ErrNoEventID})
 	if !errors.Is(err, ErrNoEventID) || !strings.Contains(err.Error(), "t/1@9") || !strings.Contains(err.Error(), "OnGiveUp") {

@@ -54,6 +54,7 @@ func Load(n Names) ([]Migration, error) {
 	t := n.table()
 	subst := []string{
 		"{{table}}", t.Quoted(),
+		"{{table_literal}}", outboxschema.QuoteLiteral(t.Quoted()),
 		"{{index}}", outboxschema.QuoteIdent(n.Table + "_unpublished_idx"),
 		"{{unpublished_index}}", t.Sibling(n.Table + "_unpublished_idx").Quoted(),
 		"{{created_at_index}}", outboxschema.QuoteIdent(n.Table + "_created_at_idx"),

@@ -18,9 +18,10 @@ func TestLoadSubstitutesNames(t *testing.T) {
 	}{
 		{Names{"public", "outbox", "outbox_pub"}, []string{
 			`"public"."outbox"`, `"public".` + q(outboxschema.SlotRegistry), `"public".` + q(outboxschema.LeaseTable),
-			`"outbox_unpublished_idx"`, `"outbox_dead_lettered_idx"`, `"outbox_pub"`, `'outbox_pub'`}},
+			`"outbox_unpublished_idx"`, `"outbox_dead_lettered_idx"`, `"outbox_pub"`, `'outbox_pub'`, `'"public"."outbox"'::regclass`}},
 		{Names{"Events", "Outbox$1", "Pub"}, []string{
 			`"Events"."Outbox$1"`, `"Events".` + q(outboxschema.SlotRegistry), `"Events".` + q(outboxschema.LeaseTable), `"Pub"`}},
+		{Names{"it's", "out'box", "p"}, []string{`'"it''s"."out''box"'::regclass`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.names.Schema+"."+tt.names.Table, func(t *testing.T) {
@@ -102,5 +103,31 @@ func TestDollarQuotingSurvivesNames(t *testing.T) {
 				t.Errorf("publication %q: %s not in the block", tt.pub, w)
 			}
 		}
+	}
+}
+
+// Migration 0006 adds the identity columns without a default (no rewrite,
+// a short lock) and sets the default for new rows after: rows written
+// before keep NULL, the identity they were published with.
+func TestEventIDMigrationDoesNotRewrite(t *testing.T) {
+	ms, err := Load(Names{"public", "outbox", "outbox_pub"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sql string
+	for _, m := range ms {
+		if m.Version == 6 {
+			sql = m.SQL
+		}
+	}
+	for _, want := range []string{"ADD COLUMN IF NOT EXISTS event_id      UUID,", "ADD COLUMN IF NOT EXISTS dlq_replay_of BIGINT;",
+		`ALTER TABLE "public"."outbox" ALTER COLUMN event_id SET DEFAULT gen_random_uuid();`} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("migration 0006 lacks %q:\n%s", want, sql)
+		}
+	}
+	add := sql[strings.Index(sql, "ADD COLUMN IF NOT EXISTS event_id"):strings.Index(sql, "SET DEFAULT")]
+	if strings.Contains(strings.ToUpper(add), "DEFAULT") {
+		t.Errorf("migration 0006 adds a column with a default (a table rewrite): %s", add)
 	}
 }

@@ -12,7 +12,8 @@ import (
 )
 
 // CreatePartitionedOutboxSQL creates the outbox partitioned by range of
-// created_at, with the columns of migration 0001 and PRIMARY KEY (id,
+// created_at, with the columns of migration 0001 and the identity columns
+// of 0006 (whose ALTERs then find them), and PRIMARY KEY (id,
 // created_at) (a partitioned table's keys must include the partition
 // key), and its DEFAULT partition: an insert never fails for lack of a
 // partition. Pure: any goroutine, never blocks.
@@ -28,6 +29,8 @@ func CreatePartitionedOutboxSQL(t outboxschema.Table) string {
     published_at   TIMESTAMPTZ,
     attempt_count  INTEGER     NOT NULL DEFAULT 0,
     last_error     TEXT,
+    event_id       UUID        DEFAULT gen_random_uuid(),
+    dlq_replay_of  BIGINT,
     PRIMARY KEY (id, created_at)
 ) PARTITION BY RANGE (created_at);
 CREATE TABLE IF NOT EXISTS ` + DefaultPartition(t).Quoted() + " PARTITION OF " + t.Quoted() + " DEFAULT"

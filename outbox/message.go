@@ -28,8 +28,12 @@ import (
 //	{"id": "<UUIDv7>", "aggregate_type": "...", "aggregate_id": "...",
 //	 "event_type": "...", "payload": <the payload>, "headers": {...}}
 //
-// id is a new UUID (version 7, time-ordered) per event: the record's
-// event_id header, which consumers deduplicate on. The payload is
+// id is a new UUID (version 7, time-ordered) per event, never given by the
+// caller: the record's event_id header, which consumers deduplicate on.
+// Nothing in it derives from the WAL position or a sequence, so it does not
+// repeat after a failover or a restore. (The relay refuses an envelope
+// without an id as a poison event: dead-lettered, or a halt with on_poison:
+// halt; it never makes one up.) The payload is
 // published as written (JSON text, compacted when given as
 // json.RawMessage or []byte); headers are filled as Write fills the
 // headers column (Event.Headers, SchemaVersion, the trace context of ctx).

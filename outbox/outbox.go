@@ -19,11 +19,19 @@
 //
 // Each event becomes one row; the relay publishes it to
 // outbox.event.<AggregateType> with the key AggregateID and the headers
-// event_id (the row id: consumers deduplicate on it), event_type,
-// aggregate_type, aggregate_id, pg_lsn, plus one header per entry of the
-// row's headers column, which Write fills from Event.Headers,
+// event_id (consumers deduplicate on it), event_type, aggregate_type,
+// aggregate_id, pg_lsn, outbox_id (the row id), plus one header per entry
+// of the row's headers column, which Write fills from Event.Headers,
 // Event.SchemaVersion (schema_version) and the W3C trace context of ctx
 // (traceparent, tracestate; see WithTraceparent and TraceparentFrom).
+//
+// event_id is the row's event_id column, a random UUID the database fills
+// in (migration 0006: DEFAULT gen_random_uuid()), so it never repeats
+// after a failover or a restore the way a row id can; Write does not name
+// the column, so on a table not migrated yet it writes the same rows, and
+// the relay publishes them under their id. Write does not return the ids:
+// read them back in the same transaction (INSERT ... RETURNING event_id
+// with your own statement) if the caller needs them.
 //
 // WriteMessage writes the same events without a table, as transactional
 // logical decoding messages that the relay publishes when its
@@ -74,8 +82,9 @@ type Event struct {
 	// string, ...) is marshalled with encoding/json. nil is refused.
 	Payload any
 	// Headers become Kafka record headers. The relay's own names
-	// (outboxschema.RelayHeaders and any "dlq." key, in any letter case)
-	// are refused: rename such a key, e.g. "x-event_id".
+	// (outboxschema.RelayHeaders, outboxschema.MarkHeaders and any "dlq."
+	// key, in any letter case) are refused: rename such a key, e.g.
+	// "x-event_id".
 	Headers map[string]string
 	// SchemaVersion, when above 0, is written as the schema_version header
 	// (decimal), which consumers dispatch on (inbox.Router). Setting both
@@ -308,7 +317,7 @@ func encode(ctx context.Context, events []Event) ([]row, error) {
 				return nil, bad("Headers has an empty key")
 			case outboxschema.ReservedHeader(k):
 				return nil, bad("Headers key %q is reserved for the relay (%s and any %q key, in any letter case); rename it, e.g. %q",
-					k, strings.Join(outboxschema.RelayHeaders, ", "), outboxschema.DeadLetterPrefix, "x-"+k)
+					k, outboxschema.ReservedNames(), outboxschema.DeadLetterPrefix, "x-"+k)
 			case k == HeaderSchemaVersion && e.SchemaVersion > 0:
 				return nil, bad("both SchemaVersion and Headers[%q] are set; set only SchemaVersion", HeaderSchemaVersion)
 			}

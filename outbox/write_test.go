@@ -29,6 +29,8 @@ func TestEncodeValidation(t *testing.T) {
 		{"reserved header", []Event{ok, with(func(e *Event) { e.Headers = map[string]string{"event_id": "7"} })}, `event 1: Headers key "event_id" is reserved`},
 		{"reserved header any case", []Event{with(func(e *Event) { e.Headers = map[string]string{"Aggregate_ID": "x"} })}, `event 0: Headers key "Aggregate_ID" is reserved`},
 		{"reserved dlq prefix", []Event{with(func(e *Event) { e.Headers = map[string]string{"dlq.reason": "x"} })}, `event 0: Headers key "dlq.reason" is reserved`},
+		{"reserved outbox_id", []Event{with(func(e *Event) { e.Headers = map[string]string{"Outbox_ID": "1"} })}, `event 0: Headers key "Outbox_ID" is reserved`},
+		{"reserved replay mark", []Event{with(func(e *Event) { e.Headers = map[string]string{"outbox_replayed_from": "dlq"} })}, `event 0: Headers key "outbox_replayed_from" is reserved`},
 		{"empty header key", []Event{with(func(e *Event) { e.Headers = map[string]string{"": "x"} })}, "event 0: Headers has an empty key"},
 		{"schema_version twice", []Event{with(func(e *Event) { e.SchemaVersion = 2; e.Headers = map[string]string{"schema_version": "2"} })}, "event 0: both SchemaVersion and Headers"},
 		{"negative schema version", []Event{with(func(e *Event) { e.SchemaVersion = -1 })}, "event 0: SchemaVersion is -1"},

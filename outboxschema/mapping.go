@@ -36,6 +36,13 @@ type Mapping struct {
 	// a null value (what Debezium's EventRouter does), instead of treating
 	// it as a poison row.
 	TombstoneOnNull bool
+	// EventID and ReplayOf are the identity columns of the relay's own
+	// table (migration 0006), "" for none; set by DefaultMapping only, so
+	// a mapped table's event_id stays its id column. A uuid EventID that is
+	// not NULL is the event_id instead of the id; ReplayOf (bigint) is the
+	// id of the dead-lettered row a dlq replay copy stands for. Either may
+	// be missing from the table (not migrated yet): then it is not read.
+	EventID, ReplayOf string
 }
 
 // Placement is one extra column placed as a record header.
@@ -56,10 +63,11 @@ const (
 )
 
 // DefaultMapping is the relay's own table (migrations/): id, aggregate_id,
-// event_type, payload, aggregate_type, headers.
+// event_type, payload, aggregate_type, headers, and the identity columns
+// event_id and dlq_replay_of.
 func DefaultMapping(t Table) Mapping {
 	return Mapping{Table: t, ID: ColID, Key: ColAggregateID, Type: ColEventType, Payload: ColPayload,
-		RouteBy: ColAggregateType, Headers: ColHeaders}
+		RouteBy: ColAggregateType, Headers: ColHeaders, EventID: ColEventID, ReplayOf: ColDLQReplayOf}
 }
 
 // DebeziumMapping is Debezium's recommended outbox table (id UUID,
@@ -72,7 +80,8 @@ func DebeziumMapping(t Table) Mapping {
 
 // Own reports whether m reads the relay's own table exactly (DefaultMapping):
 // only then are the row marks of dead letters (the bookkeeping columns),
-// retention (created_at, published_at) and replay available.
+// retention (created_at, published_at) and replay available. The identity
+// columns (EventID, ReplayOf) are not compared: they follow from the rest.
 func (m Mapping) Own() bool {
 	d := DefaultMapping(m.Table)
 	return m.ID == d.ID && m.Key == d.Key && m.Type == d.Type && m.Payload == d.Payload &&

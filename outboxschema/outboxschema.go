@@ -58,6 +58,11 @@ const (
 	ColDLQResolvedAt  = "dlq_resolved_at"
 	ColCreatedAt      = "created_at"
 	ColPublishedAt    = "published_at" // set by replay (after the ack) or an earlier publisher
+
+	// The identity columns (migration 0006): optional, the relay reads
+	// them when present.
+	ColEventID     = "event_id"      // uuid, filled by the database: the event_id header when not NULL
+	ColDLQReplayOf = "dlq_replay_of" // bigint: the dead-lettered row a dlq replay copy stands for
 )
 
 // RequiredColumns are the columns of the relay's own outbox table that it

@@ -9,7 +9,6 @@
 package record
 
 import (
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,7 +23,9 @@ import (
 // Record formats (the compat key).
 const (
 	// FormatOwn is this relay's record: key aggregate_id, headers event_id,
-	// event_type, aggregate_type, aggregate_id, pg_lsn, then the row's.
+	// event_type, aggregate_type, aggregate_id, pg_lsn, outbox_id (rows
+	// with an integer id), the marks outbox_replayed_from and
+	// outbox_replay when they apply, then the row's.
 	FormatOwn = ""
 	// FormatDebezium is what Debezium's outbox EventRouter writes by
 	// default: key the key column, value the payload, header id, then the
@@ -58,9 +59,11 @@ func ReservedExtra(f string) []string {
 }
 
 // Own is the Kafka record in the relay's own format (FormatOwn) for ev: key
-// aggregate_id, value the payload bytes, the relay's headers (event_id,
-// event_type, aggregate_type, aggregate_id, pg_lsn = commitLSN) then the
-// row's, and timestamp at. Topic and Done are the caller's (Route). Its
+// aggregate_id, value the payload bytes, the relay's headers (event_id =
+// ev's identity (decoder.Event.Identity), event_type, aggregate_type,
+// aggregate_id, pg_lsn = commitLSN, outbox_id = the row's integer id,
+// outbox_replayed_from = dlq on a dlq replay copy) then the row's, and
+// timestamp at. Topic and Done are the caller's (Route). Its
 // headers take two allocations; To takes them from a transaction's Slab.
 // Any goroutine; it does not block.
 func Own(ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
@@ -74,8 +77,19 @@ func Own(ev *decoder.Event, commitLSN string, at time.Time) sink.Message {
 // the pipeline builds each record in its delivery, no copy of a whole
 // sink.Message. Any goroutine that owns m and s; it does not block.
 func To(m *sink.Message, s *Slab, ev *decoder.Event, commitLSN string, at time.Time) {
-	m.Headers, m.Key = headers(s, ev, commitLSN)
+	m.Headers, m.Key = headers(s, ev, commitLSN, "")
 	m.Value, m.Timestamp = ev.Payload, at
+}
+
+// Replayed is Own for a record `outbox-relay replay` publishes: the same
+// record with the header outbox_replay = startedAt (the replay's start,
+// RFC 3339), so a consumer can tell a replayed copy from the first
+// delivery; event_id is the event's own. Any goroutine; it does not block.
+func Replayed(ev *decoder.Event, commitLSN string, at time.Time, startedAt string) sink.Message {
+	var m sink.Message
+	m.Headers, m.Key = headers(nil, ev, commitLSN, startedAt)
+	m.Value, m.Timestamp = ev.Payload, at
+	return m
 }
 
 // Debezium is the Kafka record Debezium's outbox EventRouter writes
@@ -84,20 +98,12 @@ func To(m *sink.Message, s *Slab, ev *decoder.Event, commitLSN string, at time.T
 // event id's text, then the row's headers and the placed columns
 // (columns.additional), timestamp at. Any goroutine; it does not block.
 func Debezium(ev *decoder.Event, at time.Time) sink.Message {
-	n := len(ev.AggregateID) + len(ev.IDText) + len(ev.MessageID) + 20
+	n := len(ev.AggregateID) + len(ev.IDText) + len(ev.MessageID) + len(ev.EventID) + 20
 	buf := make([]byte, 0, n)
 	buf = append(buf, ev.AggregateID...)
 	key := buf[:len(buf):len(buf)]
-	var id []byte
-	switch {
-	case ev.Source == decoder.SourceMessage:
-		buf = append(buf, ev.MessageID...) // the envelope's id
-	case ev.IDText != "":
-		buf = append(buf, ev.IDText...)
-	default:
-		buf = strconv.AppendInt(buf, ev.ID, 10)
-	}
-	id = buf[len(key):len(buf):len(buf)]
+	buf = ev.AppendIdentity(buf) // a mapped table's: its id column's
+	id := buf[len(key):len(buf):len(buf)]
 	h := make([]sink.Header, 1, 1+len(ev.Headers))
 	h[0] = sink.Header{Key: hdrDebeziumID, Value: id}
 	for _, x := range ev.Headers {
@@ -123,7 +129,12 @@ func RowLetter(table string, pol Policy, id int64, idText string, lsn pglogrepl.
 // Letter is RowLetter for the event l names (Table and ID or IDText of a
 // row, or EventID and Prefix of a message); it fills in the rest of l.
 func Letter(l *deadletter.Letter, pol Policy, lsn pglogrepl.LSN, m sink.Message, reason string, attempts int, cause error, now time.Time) (sink.Message, *deadletter.Letter) {
-	n := min(ownHeaders, len(m.Headers))
+	// The relay's headers lead; a row's own cannot use their keys (the
+	// decoder refuses it), so they end at the first other key.
+	n := 0
+	for n < len(m.Headers) && n < maxOwnHeaders && outboxschema.ReservedHeader(string(m.Headers[n].Key)) {
+		n++
+	}
 	if pol.Format == FormatDebezium {
 		n = min(1, len(m.Headers)) // id
 	}

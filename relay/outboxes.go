@@ -94,6 +94,11 @@ func (c Config) Outboxes() ([]Outbox, error) {
 		var errs []error
 		m.Additional, err = outboxschema.ParsePlacements(prefix+outboxschema.KeyColumnsAdditional, cols.Additional)
 		errs = append(errs, err, m.Validate(prefix, record.Reserved(c.Compat)))
+		if !m.Own() || c.Compat != record.FormatOwn {
+			// A mapped table's event_id is its id column, as configured:
+			// a column that happens to be named event_id is not read.
+			m.EventID, m.ReplayOf = "", ""
+		}
 		o := Outbox{Mapping: m, Own: prefix == "" && m.Own() && c.Compat == record.FormatOwn}
 		tmpl := base
 		tmplKey := "kafka.topic_template"

@@ -26,7 +26,7 @@ func TestOutboxes(t *testing.T) {
 		}},
 		{name: "compat: Debezium's columns, not own", cfg: func(c *Config) { c.Compat = record.FormatDebezium }, check: func(t *testing.T, obs []Outbox) {
 			m := obs[0].Mapping
-			if obs[0].Own || m.ID != "id" || m.Key != "aggregateid" || m.RouteBy != "aggregatetype" || m.Type != "type" || m.Headers != "" || !m.TombstoneOnNull {
+			if obs[0].Own || m.ID != "id" || m.Key != "aggregateid" || m.RouteBy != "aggregatetype" || m.Type != "type" || m.Headers != "" || !m.TombstoneOnNull || m.EventID != "" {
 				t.Errorf("got %+v", obs[0])
 			}
 			if topic, _ := obs[0].Template.Render("order", "x"); topic != "outbox.event.order" {
@@ -45,6 +45,19 @@ func TestOutboxes(t *testing.T) {
 		{name: "a column changed: not own", cfg: func(c *Config) { c.Columns.Key = "tenant" }, check: func(t *testing.T, obs []Outbox) {
 			if obs[0].Own || Mappings(obs) == nil {
 				t.Errorf("a mapped table is own: %+v", obs[0])
+			}
+			if m := obs[0].Mapping; m.EventID != "" || m.ReplayOf != "" {
+				t.Errorf("a mapped table reads identity columns %q %q: its event_id must stay its id column", m.EventID, m.ReplayOf)
+			}
+		}},
+		{name: "the own table in a tables list keeps its identity columns", cfg: func(c *Config) {
+			c.Tables = []TableConfig{{Name: "a.outbox"}, {Name: "b.events", Columns: ColumnsConfig{ID: "ref"}}}
+		}, check: func(t *testing.T, obs []Outbox) {
+			if m := obs[0].Mapping; m.EventID != "event_id" || m.ReplayOf != "dlq_replay_of" {
+				t.Errorf("own-shaped table: identity columns %q %q", m.EventID, m.ReplayOf)
+			}
+			if m := obs[1].Mapping; m.EventID != "" || m.ReplayOf != "" {
+				t.Errorf("mapped table: identity columns %q %q", m.EventID, m.ReplayOf)
 			}
 		}},
 		{name: "unknown compat", cfg: func(c *Config) { c.Compat = "maxwell" }, err: []string{`compat: "maxwell" is not debezium`}},

@@ -267,7 +267,7 @@ func TestHeaders(t *testing.T) {
 	}
 	m := h.held()
 	want := [][2]string{{"event_id", "42"}, {"event_type", "order.paid"}, {"aggregate_type", "order"},
-		{"aggregate_id", "o-1"}, {"pg_lsn", "0/16B3F28"}, {"trace", "t-42"}}
+		{"aggregate_id", "o-1"}, {"pg_lsn", "0/16B3F28"}, {"outbox_id", "42"}, {"trace", "t-42"}}
 	if len(m.Headers) != len(want) || string(m.Key) != "o-1" || m.Topic != testTopic {
 		t.Fatalf("record %s key %q headers %v", m.Topic, m.Key, m.Headers)
 	}

@@ -23,8 +23,8 @@ type row struct {
 // <table>_created_at_idx index.
 func (o Options) filter(first int) (string, []any) {
 	// A dead-lettered row is left out unless asked for, and a resolved one
-	// always: dlq replay published its event again as a new row (the old
-	// one under its old event_id would be the same event under two ids),
+	// always: dlq replay published its event again as a new row (which a
+	// replay covers: same event_id, so this one would only repeat it),
 	// and dlq resolve closed it on purpose.
 	sql := []string{"dead_lettered_at IS NULL"}
 	if o.IncludeDeadLetters {
@@ -59,10 +59,14 @@ type queries struct {
 	pageAt int    // first filter argument of page
 }
 
-// buildQueries returns the statements; hasHeaders says whether the table
-// has a headers column. Every statement reads an id range (the primary key)
-// or a created_at range (the created_at index), never with OFFSET.
-func buildQueries(table string, hasHeaders bool, o Options) queries {
+// columns says which optional columns the table has: headers, and the
+// identity columns of migration 0006 (event_id uuid, dlq_replay_of bigint).
+type columns struct{ headers, eventID, replayOf bool }
+
+// buildQueries returns the statements for a table with cols. Every
+// statement reads an id range (the primary key) or a created_at range (the
+// created_at index), never with OFFSET.
+func buildQueries(table string, cols columns, o Options) queries {
 	var q queries
 	if o.FromID == 0 {
 		q.lo = "SELECT min(id) FROM " + table + " WHERE created_at >= $1"
@@ -76,14 +80,18 @@ func buildQueries(table string, hasHeaders bool, o Options) queries {
 	}
 	where, args := o.filter(3)
 	q.count = "SELECT count(*) FROM " + table + " WHERE id >= $1 AND id <= $2" + where
-	headers := "NULL::text"
-	if hasHeaders {
-		headers = "headers::text"
+	opt := func(has bool, col string) string {
+		if has {
+			return col + "::text"
+		}
+		return "NULL::text"
 	}
 	where, _ = o.filter(4)
 	// Text output of every column: the bytes pgoutput sends for them.
 	q.page = "SELECT id, id::text AS id_text, aggregate_type::text AS aggregate_type_text, aggregate_id::text AS aggregate_id_text, " +
-		"event_type::text AS event_type_text, payload::text AS payload_text, " + headers + " AS headers_text, created_at FROM " + table + " WHERE id > $1 AND id <= $2" + where + " ORDER BY id LIMIT $3"
+		"event_type::text AS event_type_text, payload::text AS payload_text, " + opt(cols.headers, "headers") + " AS headers_text, " +
+		opt(cols.eventID, "event_id") + " AS event_id_text, " + opt(cols.replayOf, "dlq_replay_of") + " AS dlq_replay_of_text, " +
+		"created_at FROM " + table + " WHERE id > $1 AND id <= $2" + where + " ORDER BY id LIMIT $3"
 	q.args = args
 	return q
 }

@@ -70,6 +70,10 @@ type Replayer struct {
 	stop    context.CancelFunc // stops reading (a halt)
 	reading context.Context    // the reader's: ends with Run's ctx or a halt
 	lim     *limiter           // --rate; nil: unlimited
+	// mark is the outbox_replay header of every record: the start of Run,
+	// RFC 3339 UTC, so a consumer tells a replayed copy (and which replay
+	// it came from) from the first delivery, whose event_id it shares.
+	mark string
 
 	total, read, published, dead, failed, marked atomic.Int64
 	errMu                                        sync.Mutex
@@ -125,6 +129,7 @@ func New(cfg Config, opts Options, deps Deps) (*Replayer, error) {
 // shutdown_timeout.
 func (r *Replayer) Run(ctx context.Context) (Summary, error) {
 	start := time.Now()
+	r.mark = start.UTC().Format(time.RFC3339)
 	sum := func() Summary {
 		return Summary{Total: r.total.Load(), Read: r.read.Load(), Published: r.published.Load(), DeadLettered: r.dead.Load(),
 			Failed: r.failed.Load(), Marked: r.marked.Load(), Elapsed: time.Since(start)}
@@ -150,7 +155,7 @@ func (r *Replayer) Run(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return sum(), err
 	}
-	r.log.Info().Str("table", r.table.String()).Str("range", r.opts.Describe()).Int64("from_id", lo).Int64("to_id", hi).
+	r.log.Info().Str("table", r.table.String()).Str("range", r.opts.Describe()).Int64("from_id", lo).Int64("to_id", hi).Str(outboxschema.HeaderReplay, r.mark).
 		Int64("rows", r.total.Load()).Float64("rate", r.opts.Rate).Msg("replay starting")
 	if r.total.Load() == 0 {
 		r.log.Info().Msg("replay done: no rows in the range")
@@ -242,21 +247,24 @@ func (r *Replayer) Run(ctx context.Context) (Summary, error) {
 
 // plan checks the table's columns, resolves the id range and counts it.
 func (r *Replayer) plan(ctx context.Context, db *pgxpool.Pool) (q queries, lo, hi int64, err error) {
-	var cols []string
-	if err := db.QueryRow(ctx, `SELECT COALESCE(array_agg(attname::text), '{}') FROM pg_attribute
-		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, r.table.Quoted()).Scan(&cols); err != nil {
+	var cols, types []string
+	if err := db.QueryRow(ctx, `SELECT COALESCE(array_agg(attname::text), '{}'), COALESCE(array_agg(format_type(atttypid, NULL)), '{}') FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped`, r.table.Quoted()).Scan(&cols, &types); err != nil {
 		return q, 0, 0, fmt.Errorf("read the columns of outbox table %s: %w", r.table, err)
 	}
-	has := map[string]bool{}
-	for _, c := range cols {
-		has[c] = true
+	has := map[string]string{} // column -> type
+	for i, c := range cols {
+		has[c] = types[i]
 	}
 	for _, c := range append(append([]string(nil), outboxschema.RequiredColumns...), colCreatedAt) {
-		if !has[c] {
+		if has[c] == "" {
 			return q, 0, 0, fmt.Errorf("outbox table %s has no column %s: replay reads it", r.table, c)
 		}
 	}
-	q = buildQueries(r.table.Quoted(), has[outboxschema.ColHeaders], r.opts)
+	// The identity columns are read as the decoder reads them: only of
+	// their types (a table not migrated to 0006 has neither).
+	q = buildQueries(r.table.Quoted(), columns{headers: has[outboxschema.ColHeaders] != "",
+		eventID: has[outboxschema.ColEventID] == "uuid", replayOf: has[outboxschema.ColDLQReplayOf] == "bigint"}, r.opts)
 	lo, hi = r.opts.FromID, r.opts.ToID
 	bound := func(sql string, args []any, dst *int64) error {
 		var v *int64
@@ -303,7 +311,7 @@ func (r *Replayer) page(ctx context.Context, db *pgxpool.Pool, q queries, after,
 	return pgx.CollectRows(rows, func(c pgx.CollectableRow) (row, error) {
 		var x row
 		t := &x.text
-		err := c.Scan(&x.id, &t.ID, &t.AggregateType, &t.AggregateID, &t.EventType, &t.Payload, &t.Headers, &x.created)
+		err := c.Scan(&x.id, &t.ID, &t.AggregateType, &t.AggregateID, &t.EventType, &t.Payload, &t.Headers, &t.EventID, &t.ReplayOf, &x.created)
 		return x, err
 	})
 }
@@ -332,7 +340,7 @@ func (r *Replayer) emit(x row) error {
 	}
 	ev := r.dec.Row(x.text, 0)
 	it := &item{r: r, id: x.id, size: int64(len(ev.Payload))}
-	it.msg = record.Own(&ev, CommitLSN, x.created)
+	it.msg = record.Replayed(&ev, CommitLSN, x.created, r.mark)
 	topic, reason, perr := record.Route(r.router, r.table.String(), &ev)
 	it.msg.Topic = topic
 	if err := r.budget.acquire(r.reading, it.size); err != nil {

@@ -101,7 +101,7 @@ func TestQueries(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			q := buildQueries("t", tt.headers, tt.o)
+			q := buildQueries("t", columns{headers: tt.headers}, tt.o)
 			if q.lo != tt.lo || q.hi != tt.hi {
 				t.Errorf("bounds %q, %q; want %q, %q", q.lo, q.hi, tt.lo, tt.hi)
 			}
@@ -254,5 +254,27 @@ func TestBudget(t *testing.T) {
 	b.release(1000)
 	if err := b.drained(ctx); err != nil || b.inFlight() != 0 {
 		t.Fatal(err, b.inFlight())
+	}
+}
+
+// The page reads the identity columns when the table has them (migration
+// 0006), so a row is republished under the identity the relay streamed it
+// with; a table without them reads NULLs: its rows' identity is their id.
+func TestPageReadsIdentityColumns(t *testing.T) {
+	for _, tt := range []struct {
+		cols columns
+		want []string
+	}{
+		{columns{headers: true, eventID: true, replayOf: true},
+			[]string{"headers::text AS headers_text, event_id::text AS event_id_text, dlq_replay_of::text AS dlq_replay_of_text, created_at"}},
+		{columns{},
+			[]string{"NULL::text AS headers_text, NULL::text AS event_id_text, NULL::text AS dlq_replay_of_text, created_at"}},
+	} {
+		q := buildQueries("t", tt.cols, Options{FromID: 1})
+		for _, w := range tt.want {
+			if !strings.Contains(q.page, w) {
+				t.Errorf("columns %+v: page %q\nwant %q in it", tt.cols, q.page, w)
+			}
+		}
 	}
 }

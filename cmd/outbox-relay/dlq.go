@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/record"
 )
 
 const dlqUsage = "usage: outbox-relay dlq list [--all] [--limit N] | replay --id N | resolve --id N  [config flags]"
@@ -93,12 +94,13 @@ func runDLQ(ctx context.Context, cfg Config, sub string, id int64, all bool, lim
 		w.Flush()
 		fmt.Fprintf(stderr, "%d row(s); replay one with `outbox-relay dlq replay --id N` after fixing its cause\n", len(rows))
 	case "replay":
-		newID, err := store.Replay(ctx, id)
+		r, err := store.Replay(ctx, id)
 		if err != nil {
 			fmt.Fprintln(stderr, "dlq replay:", err)
 			return exitFatal
 		}
-		fmt.Fprintf(stdout, "replayed outbox row %d as row %d; the relay publishes it like any new event\n", id, newID)
+		fmt.Fprintf(stdout, "replayed outbox row %d as row %d, event_id %s (the dead-lettered event's own), marked %s: %s; the relay publishes it in commit order\n",
+			id, r.NewID, r.EventID, outboxschema.HeaderReplayedFrom, record.ReplayedFromDLQ)
 	case "resolve":
 		if err := store.Resolve(ctx, id); err != nil {
 			fmt.Fprintln(stderr, "dlq resolve:", err)

@@ -35,7 +35,8 @@ func Commit(lsn, end pglogrepl.LSN) []byte {
 }
 
 // relation announces a table whose columns are all text, except id (int8,
-// part of the key).
+// part of the key) and the identity columns of migration 0006: event_id
+// (uuid) and dlq_replay_of (int8).
 func Relation(id uint32, ns, name string, cols ...string) []byte {
 	b := []byte{'R'}
 	b = be.AppendUint32(b, id)
@@ -45,8 +46,13 @@ func Relation(id uint32, ns, name string, cols ...string) []byte {
 	b = be.AppendUint16(b, uint16(len(cols)))
 	for _, c := range cols {
 		flags, oid := byte(0), uint32(25) // text
-		if c == "id" {
+		switch c {
+		case "id":
 			flags, oid = 1, 20 // int8, key
+		case "event_id":
+			oid = OIDUUID
+		case "dlq_replay_of":
+			oid = OIDInt8
 		}
 		b = append(b, flags)
 		b = cstr(b, c)
@@ -151,6 +157,18 @@ func OutboxRelation() []byte { return Relation(OutboxID, "public", "outbox", Out
 // row is an outbox row in outboxCols order.
 func Row(id, aggType, aggID, eventType, payload string, headers Col) []Col {
 	return []Col{Text(id), Text(aggType), Text(aggID), Text(eventType), Text(payload), headers}
+}
+
+// IdentityCols are the outbox columns after migration 0006, which adds
+// event_id and dlq_replay_of.
+var IdentityCols = append(append([]string(nil), OutboxCols...), "event_id", "dlq_replay_of")
+
+// IdentityRelation announces the outbox table with IdentityCols.
+func IdentityRelation() []byte { return Relation(OutboxID, "public", "outbox", IdentityCols...) }
+
+// IdentityRow is an outbox row in IdentityCols order.
+func IdentityRow(id, aggType, aggID, eventType, payload string, headers, eventID, replayOf Col) []Col {
+	return append(Row(id, aggType, aggID, eventType, payload, headers), eventID, replayOf)
 }
 
 // Protocol version 2 streaming (PostgreSQL 14+, streaming 'on'): an

@@ -79,6 +79,8 @@ func TestReservedHeadersAreDeadLettered(t *testing.T) {
 	forged := map[int64]string{ // id -> the reserved key its error must name
 		e.insertRow(t, "order", "order-1", "order.updated", `{"n": 1}`, `{"event_id": "7", "aggregate_id": "victim"}`): "event_id",
 		e.insertRow(t, "order", "order-2", "order.updated", `{"n": 2}`, `{"trace": "t", "dlq.reason": "forged"}`):      "dlq.reason",
+		e.insertRow(t, "order", "order-3", "order.updated", `{"n": 3}`, `{"Outbox_ID": "1"}`):                          "Outbox_ID",
+		e.insertRow(t, "order", "order-4", "order.updated", `{"n": 4}`, `{"outbox_replayed_from": "dlq"}`):             "outbox_replayed_from",
 	}
 	if err := w.run(ctx, 50, 5, 10, 0, ""); err != nil {
 		t.Fatal(err)
@@ -94,7 +96,7 @@ func TestReservedHeadersAreDeadLettered(t *testing.T) {
 		t.Errorf("%d records on the event topics, want %d (the forged rows must not be published)", len(raw), len(ws))
 	}
 	for _, m := range raw {
-		for _, k := range []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "pg_lsn"} {
+		for _, k := range []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "pg_lsn", "outbox_id"} {
 			if n := headerCount(m, k); n != 1 {
 				t.Errorf("record %s/%d@%d has %d %s headers, want exactly 1", m.Topic, m.Partition, m.Offset, n, k)
 			}
@@ -104,7 +106,10 @@ func TestReservedHeadersAreDeadLettered(t *testing.T) {
 				t.Errorf("record %s/%d@%d carries a forged header %s=%s", m.Topic, m.Partition, m.Offset, h.Key, h.Value)
 			}
 		}
-		id, _ := strconv.ParseInt(headerValue(m, "event_id"), 10, 64)
+		if headerCount(m, "outbox_replayed_from") != 0 || headerCount(m, "outbox_replay") != 0 {
+			t.Errorf("record %s/%d@%d carries a replay mark: %v", m.Topic, m.Partition, m.Offset, m.Headers)
+		}
+		id, _ := strconv.ParseInt(headerValue(m, "outbox_id"), 10, 64)
 		if _, bad := forged[id]; bad {
 			t.Errorf("forged row %d was published to %s", id, m.Topic)
 		}
@@ -127,8 +132,17 @@ func TestReservedHeadersAreDeadLettered(t *testing.T) {
 		if n := headerCount(l, "dlq.reason"); n != 1 {
 			t.Errorf("dead letter of id %d has %d dlq.reason headers, want 1", id, n)
 		}
-		if got := headerValue(l, "event_id"); got != strconv.FormatInt(id, 10) || headerCount(l, "event_id") != 1 {
-			t.Errorf("dead letter of id %d: event_id %q (x%d), want the row id once", id, got, headerCount(l, "event_id"))
+		// The relay's own headers, once each: the row's identity (its
+		// event_id) and its id, never the forged values.
+		var eventID string
+		if err := e.DB.QueryRow(ctx, "SELECT event_id::text FROM "+e.Table+" WHERE id = $1", id).Scan(&eventID); err != nil {
+			t.Fatal(err)
+		}
+		if got := headerValue(l, "event_id"); got != eventID || !testkit.IsUUID(got) || headerCount(l, "event_id") != 1 {
+			t.Errorf("dead letter of id %d: event_id %q (x%d), want the row's event_id %q once", id, got, headerCount(l, "event_id"), eventID)
+		}
+		if got := headerValue(l, "outbox_id"); got != strconv.FormatInt(id, 10) || headerCount(l, "outbox_id") != 1 {
+			t.Errorf("dead letter of id %d: outbox_id %q (x%d), want the row id once", id, got, headerCount(l, "outbox_id"))
 		}
 		if msg := headerValue(l, "dlq.error"); !strings.Contains(msg, strconv.Quote(key)) || !strings.Contains(msg, "rename") ||
 			!strings.Contains(msg, "id="+strconv.FormatInt(id, 10)) {
@@ -149,7 +163,7 @@ func TestReservedHeadersAreDeadLettered(t *testing.T) {
 		}
 		break // one is enough
 	}
-	waitFor(t, 15*time.Second, "dead_lettered_total{reason=reserved_header} = 2", func() bool {
+	waitFor(t, 15*time.Second, "dead_lettered_total{reason=reserved_header} = every forged row", func() bool {
 		ss, err := r.Scrape()
 		v, _ := testkit.SumMetric(ss, "outbox_relay_dead_lettered_total", map[string]string{"reason": "reserved_header"})
 		return err == nil && v == float64(len(forged))

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx", for outbox.WriteMessage on a *sql.Tx
 
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 // The table-less outbox (messages.prefix): events written with
@@ -54,13 +54,13 @@ func (w *writer) runMixed(ctx context.Context, prefix string, total, maxTxn, k, 
 // neverPublished fails the test if a record carries one of ids.
 func neverPublished(t *testing.T, rs []record, ids []int64) {
 	t.Helper()
-	bad := map[string]bool{}
+	bad := map[int64]bool{}
 	for _, id := range ids {
-		bad[strconv.FormatInt(id, 10)] = true
+		bad[id] = true
 	}
 	for _, r := range rs {
-		if bad[r.Headers["event_id"]] {
-			t.Errorf("event_id=%s of a rolled back transaction was published (%s)", r.Headers["event_id"], r.Topic)
+		if id, err := testkit.RecordID(r); err == nil && bad[id] {
+			t.Errorf("event %d (event_id %s) of a rolled back transaction was published (%s)", id, r.Headers["event_id"], r.Topic)
 		}
 	}
 }

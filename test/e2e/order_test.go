@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,7 +60,7 @@ func TestReturnedErrorRewindsInOrder(t *testing.T) {
 	first := map[int64]int{} // event id -> position of its first delivery
 	var order []int64
 	for _, rec := range rs {
-		id, _ := strconv.ParseInt(rec.Headers["event_id"], 10, 64)
+		id, _ := testkit.RecordID(rec)
 		if _, ok := first[id]; !ok {
 			first[id] = len(order)
 			order = append(order, id)

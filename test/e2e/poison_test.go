@@ -122,8 +122,10 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 	if len(letters) != len(poisons) {
 		t.Fatalf("%d dead letters, want %d", len(letters), len(poisons))
 	}
+	letterOf := map[int64]record{}
 	for _, l := range letters {
 		id, _ := strconv.ParseInt(l.Headers["dlq.event_id"], 10, 64)
+		letterOf[id] = l
 		p, ok := poisons[id]
 		if !ok {
 			t.Errorf("dead letter for id %d, which is not a poison row: %v", id, l.Headers)
@@ -214,13 +216,29 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 			orders++
 		}
 	}
+	// The copy is the dead-lettered event, not a new one: the row's
+	// event_id, which its dead letter carried too, marked as a dlq replay.
+	var eventID string
+	if err := e.DB.QueryRow(ctx, "SELECT event_id::text FROM "+e.Table+" WHERE id = $1", headersID).Scan(&eventID); err != nil {
+		t.Fatal(err)
+	}
+	if got := letterOf[headersID].Headers["event_id"]; got != eventID || !testkit.IsUUID(eventID) {
+		t.Errorf("dead letter of row %d: event_id %q, want the row's event_id %q", headersID, got, eventID)
+	}
+	if !strings.Contains(out, "event_id "+eventID) {
+		t.Errorf("dlq replay output does not name the event_id %s: %s", eventID, out)
+	}
 	for _, rec := range consume(t, []string{e.Prefix + ".order"}, orders+1, 60*time.Second, 2*time.Second) {
-		if rec.Headers["event_id"] == strconv.FormatInt(newID, 10) {
-			replayed = rec.Key == "order-1" && rec.Headers["fixed"] == "true" && string(rec.Value) == `{"n": 1}`
+		if rec.Headers["outbox_id"] == strconv.FormatInt(newID, 10) {
+			replayed = rec.Key == "order-1" && rec.Headers["fixed"] == "true" && string(rec.Value) == `{"n": 1}` &&
+				rec.Headers["event_id"] == eventID && rec.Headers["outbox_replayed_from"] == "dlq"
+			if !replayed {
+				t.Errorf("replayed row %d: key %q value %s headers %v; want the event_id %s of row %d and outbox_replayed_from dlq", newID, rec.Key, rec.Value, rec.Headers, eventID, headersID)
+			}
 		}
 	}
 	if !replayed {
-		t.Errorf("replayed row %d not delivered to %s.order with its key, payload and fixed headers", newID, e.Prefix)
+		t.Errorf("replayed row %d not delivered to %s.order with its key, payload, fixed headers and identity", newID, e.Prefix)
 	}
 	waitFor(t, 15*time.Second, "unresolved gauge to drop by two", func() bool {
 		return r.metric("outbox_relay_dlq_unresolved_rows") == float64(len(poisons)-2)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
 func requireClean(t *testing.T, rep report, allowDups bool) {
@@ -150,7 +151,8 @@ func TestKill9RestartNoLossDuplicatesOnlyUnconfirmed(t *testing.T) {
 	}
 	lsnOf := map[int64]string{}
 	for _, rec := range rs {
-		lsnOf[int64(mustAtoi(rec.Headers["event_id"]))] = rec.Headers["pg_lsn"]
+		id, _ := testkit.RecordID(rec)
+		lsnOf[id] = rec.Headers["pg_lsn"]
 	}
 	for _, id := range rep.DuplicateIDs {
 		l, _ := pglogrepl.ParseLSN(lsnOf[id])
@@ -160,12 +162,6 @@ func TestKill9RestartNoLossDuplicatesOnlyUnconfirmed(t *testing.T) {
 	}
 	t.Logf("kill -9 with the broker paused: %d duplicates (all unconfirmed at the kill), 0 lost", rep.Duplicates)
 	r2.stop(syscall.SIGTERM, 30*time.Second)
-}
-
-func mustAtoi(s string) int {
-	n := 0
-	fmt.Sscanf(s, "%d", &n)
-	return n
 }
 
 // Property 5: broker stopped: the slot's confirmed_flush_lsn does not pass
@@ -341,7 +337,7 @@ func minCommitLSN(t *testing.T, rs []record, ws []written) pglogrepl.LSN {
 	t.Helper()
 	want := map[string]bool{}
 	for _, w := range ws {
-		want[fmt.Sprint(w.ID)] = true
+		want[w.Identity()] = true
 	}
 	var first pglogrepl.LSN
 	for _, r := range rs {

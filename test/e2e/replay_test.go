@@ -55,12 +55,22 @@ func (e *env) count(t *testing.T, where string) int {
 
 // sameRecords checks that every copy of an event is the same record: the
 // replayed one is built like the relay's (topic, key, partition, payload
-// bytes, headers; only pg_lsn differs, 0/0 on a replay).
+// bytes, headers, event_id included; only pg_lsn differs, 0/0 on a replay,
+// and a replay adds outbox_replay). Of the copies of an event all but one
+// (the relay's) carry outbox_replay, a time.
 func sameRecords(t *testing.T, rs []record) (compared int) {
 	t.Helper()
 	first := map[string]record{}
+	copies, marked := map[string]int{}, map[string]int{}
 	for _, r := range rs {
 		id := r.Headers["event_id"]
+		copies[id]++
+		if m, ok := r.Headers["outbox_replay"]; ok {
+			marked[id]++
+			if _, err := time.Parse(time.RFC3339, m); err != nil {
+				t.Errorf("event_id=%s: outbox_replay %q is not an RFC 3339 time", id, m)
+			}
+		}
 		f, ok := first[id]
 		if !ok {
 			first[id] = r
@@ -68,11 +78,18 @@ func sameRecords(t *testing.T, rs []record) (compared int) {
 		}
 		compared++
 		hf, hr := maps(f.Headers), maps(r.Headers)
-		delete(hf, "pg_lsn")
-		delete(hr, "pg_lsn")
+		for _, k := range []string{"pg_lsn", "outbox_replay"} {
+			delete(hf, k)
+			delete(hr, k)
+		}
 		if f.Topic != r.Topic || f.Key != r.Key || f.Partition != r.Partition || !bytes.Equal(f.Value, r.Value) || fmt.Sprint(hf) != fmt.Sprint(hr) {
 			t.Errorf("event_id=%s: copies differ:\n %s/%d key %q %s %v\n %s/%d key %q %s %v", id,
 				f.Topic, f.Partition, f.Key, f.Value, f.Headers, r.Topic, r.Partition, r.Key, r.Value, r.Headers)
+		}
+	}
+	for id, n := range copies {
+		if n > 1 && marked[id] != n-1 {
+			t.Errorf("event_id=%s: %d copies, %d marked outbox_replay; want all but the relay's", id, n, marked[id])
 		}
 	}
 	return compared
@@ -222,6 +239,18 @@ func TestReplayAdoptsRowsOlderThanTheSlot(t *testing.T) {
 	if rep.Lost != 0 || rep.Duplicates != 0 || rep.PartitionViolations != 0 {
 		t.Fatalf("after the replay: %+v", rep.Problems)
 	}
+	// The rows written before migrate kept a NULL event_id (0006 adds the
+	// column without a default for them): published under their id, as
+	// before the migration; the rows written after under their UUID.
+	for _, rec := range rs {
+		id, _ := testkit.RecordID(rec)
+		if older := id <= maxPre; older && rec.Headers["event_id"] != rec.Headers["outbox_id"] || !older && !testkit.IsUUID(rec.Headers["event_id"]) {
+			t.Errorf("row %d (written before migrate: %v): event_id %q", id, older, rec.Headers["event_id"])
+		}
+	}
+	if n := e.count(t, fmt.Sprintf("event_id IS NOT NULL AND id <= %d", maxPre)); n != 0 {
+		t.Errorf("%d rows written before migration 0006 got an event_id", n)
+	}
 	if n := e.count(t, "published_at IS NOT NULL"); n != len(pre) {
 		t.Fatalf("%d rows have published_at, want the %d replayed", n, len(pre))
 	}
@@ -295,9 +324,20 @@ func TestReplayFeedsNewConsumerSelection(t *testing.T) {
 	})
 	var got []int64
 	lastByKey := map[string]int64{}
+	identity := map[string]string{} // outbox_id -> event_id, as the relay published it
+	for _, rec := range before {
+		identity[rec.Headers["outbox_id"]] = rec.Headers["event_id"]
+	}
 	for _, rec := range after {
-		id, _ := strconv.ParseInt(rec.Headers["event_id"], 10, 64)
+		id, _ := testkit.RecordID(rec)
 		got = append(got, id)
+		// Republished under the event's own identity, marked as a replay.
+		if rec.Headers["event_id"] != identity[rec.Headers["outbox_id"]] || !testkit.IsUUID(rec.Headers["event_id"]) {
+			t.Errorf("row %d replayed under event_id %q, published under %q", id, rec.Headers["event_id"], identity[rec.Headers["outbox_id"]])
+		}
+		if m, err := time.Parse(time.RFC3339, rec.Headers["outbox_replay"]); err != nil || time.Since(m) > 10*time.Minute {
+			t.Errorf("row %d replayed with outbox_replay %q, want the replay's start", id, rec.Headers["outbox_replay"])
+		}
 		if rec.Topic != e.Prefix+".order" || rec.Headers["event_type"] != "order.updated" {
 			t.Errorf("event_id=%d replayed to %s with event_type %q", id, rec.Topic, rec.Headers["event_type"])
 		}
@@ -339,8 +379,8 @@ func TestReplayRateIsHonoured(t *testing.T) {
 }
 
 // replay leaves dead letters out (issue 35, case 4): a row `dlq replay`
-// published again as a new row, and one `dlq resolve` closed, never come
-// again under their old event_id (the same event under two ids); a dead
+// published again as a new row (the copy, under the same event_id, is what
+// replays cover), and one `dlq resolve` closed, never come again; a dead
 // letter not yet resolved only with --include-dead-letters. Were the fixed
 // row replayed it would count as published, the bad ones as dead-lettered.
 func TestReplayLeavesDeadLettersOut(t *testing.T) {

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -186,13 +185,13 @@ func TestStreamingLargeTransactions(t *testing.T) {
 	ws = append(append(ws, c1...), c3...)
 
 	rs := consume(t, e.topics(), len(ws), 240*time.Second, 3*time.Second)
-	abortedIDs := map[string]bool{}
+	abortedIDs := map[int64]bool{}
 	for _, ev := range aborted {
-		abortedIDs[fmt.Sprint(ev.ID)] = true
+		abortedIDs[ev.ID] = true
 	}
 	leaked := 0
 	for _, rec := range rs {
-		if abortedIDs[rec.Headers["event_id"]] {
+		if id, err := testkit.RecordID(rec); err == nil && abortedIDs[id] {
 			leaked++
 		}
 	}

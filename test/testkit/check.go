@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 
@@ -21,6 +22,7 @@ type Report struct {
 	OrderViolations     int                     // per aggregate, a seq read after a later one
 	PartitionViolations int                     // not in the partition murmur2(key) picks, or an aggregate over several
 	PartialTxns         int                     // writer transactions seen in part, or out of commit order (PartialTxns)
+	IdentityViolations  int                     // an event under two event_ids, or one event_id on two events
 	Checkpoints         int                     // records of the checkpoint topic, skipped: not events
 	DuplicateIDs        []int64                 // event id of each duplicate record
 	Extra               map[int64]int           // event id -> copies beyond the first
@@ -71,6 +73,8 @@ func CheckWith(opt CheckOptions, events []Event, recs []Record, partitions map[s
 		byID[ev.ID] = ev
 	}
 	seen := make(map[int64]int, len(events))
+	identity := make(map[int64]string, len(events)) // id -> the event_id of its first record
+	owner := make(map[string]int64, len(events))    // event_id -> id
 	type first struct {
 		partition int32
 		offset    int64
@@ -78,12 +82,22 @@ func CheckWith(opt CheckOptions, events []Event, recs []Record, partitions map[s
 	}
 	firsts := map[string][]first{}
 	for _, r := range recs {
-		id, err := strconv.ParseInt(r.Headers["event_id"], 10, 64)
-		ev, ok := byID[id]
-		if err != nil || !ok {
-			rep.problem("record %s/%d@%d: event_id %q was not written by this test", r.Topic, r.Partition, r.Offset, r.Headers["event_id"])
+		id, ev, ok := writtenEvent(byID, r)
+		if !ok {
+			rep.problem("record %s/%d@%d: event_id %q (outbox_id %q) was not written by this test", r.Topic, r.Partition, r.Offset, r.Headers["event_id"], r.Headers["outbox_id"])
 			continue
 		}
+		// Every copy of an event carries one identity, and no two events
+		// share one: what consumers deduplicate on.
+		eid := r.Headers["event_id"]
+		if prev, ok := identity[id]; ok && prev != eid {
+			rep.IdentityViolations++
+			rep.problem("event %d (%s seq %d) delivered under event_id %q and again under %q at %s/%d@%d", id, ev.Agg, ev.Seq, prev, eid, r.Topic, r.Partition, r.Offset)
+		} else if other, ok := owner[eid]; ok && other != id {
+			rep.IdentityViolations++
+			rep.problem("event_id %q names events %d and %d (%s/%d@%d)", eid, other, id, r.Topic, r.Partition, r.Offset)
+		}
+		identity[id], owner[eid] = eid, id
 		if seen[id]++; seen[id] > 1 {
 			rep.Duplicates++
 			rep.DuplicateIDs = append(rep.DuplicateIDs, id)
@@ -170,9 +184,8 @@ func PartialTxns(events []Event, recs []Record) (int, []string) {
 	seen := map[int64]bool{}
 	got := map[int64]int{} // txn -> distinct events read
 	for _, r := range recs {
-		id, err := strconv.ParseInt(r.Headers["event_id"], 10, 64)
-		ev, ok := byID[id]
-		if err != nil || !ok || r.Topic == CheckpointTopic || seen[id] {
+		id, ev, ok := writtenEvent(byID, r)
+		if !ok || r.Topic == CheckpointTopic || seen[id] {
 			continue
 		}
 		seen[id] = true
@@ -194,7 +207,7 @@ func PartialTxns(events []Event, recs []Record) (int, []string) {
 		var maxTxn int64
 		var maxAt int64
 		for _, r := range rs {
-			id, _ := strconv.ParseInt(r.Headers["event_id"], 10, 64)
+			id, _ := RecordID(r)
 			txn := byID[id].Txn
 			if txn < maxTxn {
 				if _, dup := bad[txn]; !dup {
@@ -216,8 +229,44 @@ func PartialTxns(events []Event, recs []Record) (int, []string) {
 	return len(bad), out
 }
 
+// RecordID is the writer's id of the event r carries (Event.ID): the
+// outbox_id header of a row's record (the row id), else its event_id (a
+// message event's envelope id, which WriteMixed takes from the outbox
+// table's sequence).
+func RecordID(r Record) (int64, error) {
+	if s, ok := r.Headers["outbox_id"]; ok {
+		return strconv.ParseInt(s, 10, 64)
+	}
+	return strconv.ParseInt(r.Headers["event_id"], 10, 64)
+}
+
+// writtenEvent finds the written event r carries, by RecordID; an event
+// whose event_id the writer read back must have it too: a record with the
+// same row id under another event_id is another history's event (a row id
+// handed out again after a failover), not this one.
+func writtenEvent(byID map[int64]Event, r Record) (int64, Event, bool) {
+	id, err := RecordID(r)
+	ev, ok := byID[id]
+	if err != nil || !ok || ev.EventID != "" && ev.EventID != r.Headers["event_id"] {
+		return id, Event{}, false
+	}
+	return id, ev, true
+}
+
+// uuidRE is a UUID's text as PostgreSQL writes it.
+var uuidRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// IsUUID reports whether s is a UUID's text as PostgreSQL writes it: the
+// event_id of a row written since migration 0006.
+func IsUUID(s string) bool { return uuidRE.MatchString(s) }
+
 // checkRecord compares the first delivery of ev with what was written.
 func checkRecord(rep *Report, r Record, ev Event, prefix string) {
+	// A row's event_id is its event_id column (a UUID), or its id for a
+	// row older than migration 0006.
+	if oid, ok := r.Headers["outbox_id"]; ok && !IsUUID(r.Headers["event_id"]) && r.Headers["event_id"] != oid {
+		rep.problem("event_id=%d: header event_id %q is neither a UUID nor the row id", ev.ID, r.Headers["event_id"])
+	}
 	var body struct {
 		Aggregate string `json:"aggregate"`
 		Seq       int    `json:"seq"`

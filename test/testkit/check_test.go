@@ -56,6 +56,59 @@ func TestCheckHeaderMismatch(t *testing.T) {
 	}
 }
 
+// Records of rows carry the row id in outbox_id and the identity in
+// event_id: a copy under another event_id, two events under one, or an
+// event_id that is neither a UUID nor the row id are found.
+func TestCheckIdentity(t *testing.T) {
+	a1 := Event{ID: 1, Type: "order", Agg: "order-1", Seq: 1}
+	a2 := Event{ID: 2, Type: "order", Agg: "order-1", Seq: 2}
+	p := Partition([]byte("order-1"), 4)
+	row := func(ev Event, off int64, eventID string) Record {
+		r := rec(ev, p, off)
+		r.Headers["outbox_id"], r.Headers["event_id"] = fmt.Sprint(ev.ID), eventID
+		return r
+	}
+	const u1, u2 = "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a21", "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a22"
+	for _, c := range []struct {
+		name       string
+		recs       []Record
+		violations int
+		problems   int
+	}{
+		{"uuids, a redelivery under the same one", []Record{row(a1, 0, u1), row(a2, 1, u2), row(a1, 2, u1)}, 0, 0},
+		{"a row older than the migration: its id", []Record{row(a1, 0, "1"), row(a2, 1, u2)}, 0, 0},
+		{"a redelivery under a new event_id", []Record{row(a1, 0, u1), row(a2, 1, u2), row(a1, 2, u2)}, 1, 1},
+		{"two events under one event_id", []Record{row(a1, 0, u1), row(a2, 1, u1)}, 1, 1},
+		{"an event_id that is another row's id", []Record{row(a1, 0, "2"), row(a2, 1, u2)}, 0, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rep := Check([]Event{a1, a2}, c.recs, map[string]int{"t.order": 4}, "t")
+			if rep.IdentityViolations != c.violations || len(rep.Problems) != c.problems || rep.Lost != 0 {
+				t.Fatalf("got %+v", rep)
+			}
+		})
+	}
+}
+
+// After a failover the new history hands out a row id again: a record of
+// the lost history's event under that id is not the written event, whose
+// event_id the writer read back.
+func TestCheckReusedRowID(t *testing.T) {
+	const mine, lost = "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a21", "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1aff"
+	ev := Event{ID: 1, Type: "order", Agg: "order-1", Seq: 1, EventID: mine}
+	p := Partition([]byte("order-1"), 4)
+	r1, r2 := rec(ev, p, 0), rec(ev, p, 1)
+	r1.Headers["outbox_id"], r1.Headers["event_id"] = "1", lost
+	r2.Headers["outbox_id"], r2.Headers["event_id"] = "1", mine
+	rep := Check([]Event{ev}, []Record{r1, r2}, map[string]int{"t.order": 4}, "t")
+	if rep.Delivered != 1 || rep.Duplicates != 0 || len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0], "not written by this test") {
+		t.Fatalf("got %+v", rep)
+	}
+	if ev.Identity() != mine || (Event{ID: 7}).Identity() != "7" {
+		t.Errorf("Identity: %q, %q", ev.Identity(), (Event{ID: 7}).Identity())
+	}
+}
+
 func TestReadServicesRequire(t *testing.T) {
 	for _, c := range []struct {
 		name, file string

@@ -11,8 +11,9 @@ import (
 // Message events (the table-less outbox, messages.prefix): WriteMixed
 // commits transactions whose events are outbox rows and transactional
 // logical decoding messages interleaved, with ids from the outbox table's
-// own sequence, so that Check treats both alike (event_id is a decimal id
-// either way, and the envelope carries the payload and headers a row would).
+// own sequence, so that Check treats both alike (a message's event_id is
+// that decimal id, a row's record carries it in outbox_id, and the
+// envelope carries the payload and headers a row would).
 
 // messageSQL emits one message event, taking its id from the table's
 // sequence, and returns the id.
@@ -22,16 +23,16 @@ func (w *Writer) messageSQL() string {
 		'payload', jsonb_build_object('aggregate', $3::text, 'seq', $4::int, 'txn', $5::bigint, 'note', 'café "quoted"', 'amount', $6::int + 0.5),
 		'headers', jsonb_build_object('trace_id', 'trace-' || $3::text || '-' || $4::int, 'tenant_id', '` + TenantID + `',
 		                              'schema_version', 2, 'traceparent', '` + Traceparent + `'))::text)::text
-		FROM (SELECT nextval(pg_get_serial_sequence('` + w.Table + `', 'id')) AS id) s`
+		, NULL::text FROM (SELECT nextval(pg_get_serial_sequence('` + w.Table + `', 'id')) AS id) s`
 }
 
 func (w *Writer) rowSQL() string {
-	return `INSERT INTO ` + w.Table + ` (aggregate_type, aggregate_id, event_type, payload, headers)
+	return `INSERT INTO ` + w.Table + ` AS o (aggregate_type, aggregate_id, event_type, payload, headers)
 		VALUES ($1, $2, $1 || '.updated',
 		        jsonb_build_object('aggregate', $2::text, 'seq', $3::int, 'txn', $4::bigint, 'note', 'café "quoted"', 'amount', $5::int + 0.5),
 		        jsonb_build_object('trace_id', 'trace-' || $2 || '-' || $3::int, 'tenant_id', '` + TenantID + `', 'schema_version', 2,
 		                           'traceparent', '` + Traceparent + `'))
-		RETURNING id, 'row'`
+		RETURNING id, 'row', ` + eventIDSQL
 }
 
 // WriteMixed commits one transaction of n events over aggregates
@@ -73,11 +74,15 @@ func (w *Writer) WriteMixed(ctx context.Context, n, aggregates int, prefix strin
 	for i := range n {
 		var id int64
 		var what string // the message's LSN, or "row"
-		if err := br.QueryRow().Scan(&id, &what); err != nil {
+		var eid *string // a row's event_id
+		if err := br.QueryRow().Scan(&id, &what, &eid); err != nil {
 			br.Close()
 			return nil, fmt.Errorf("transaction %d event %d: %w", w.txn, i, err)
 		}
 		got[i] = Event{ID: id, Type: picks[i].typ, Agg: picks[i].agg, Seq: picks[i].seq}
+		if eid != nil {
+			got[i].EventID = *eid
+		}
 	}
 	var last string
 	if err := br.QueryRow().Scan(&last); err != nil {

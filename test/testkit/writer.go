@@ -21,7 +21,23 @@ type Event struct {
 	Seq     int    // 1-based position within its aggregate, in commit order
 	Written int    // events committed before this one (its place in the workload)
 	Txn     int64  // the writer's PostgreSQL transaction (1, 2, ... in commit order)
+	// EventID is the row's event_id column as committed (migration 0006),
+	// "" when NULL or absent (a message event, a table not migrated).
+	EventID string
 }
+
+// Identity is the event_id the relay publishes ev under: its EventID, else
+// its id in decimal.
+func (ev Event) Identity() string {
+	if ev.EventID != "" {
+		return ev.EventID
+	}
+	return strconv.FormatInt(ev.ID, 10)
+}
+
+// eventIDSQL reads the event_id column of the row o, NULL on a table
+// without one.
+const eventIDSQL = "to_jsonb(o)->>'event_id'"
 
 // Headers every event carries (Check verifies them on each record).
 const (
@@ -105,13 +121,13 @@ func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) err
 		otherSQL = "INSERT INTO " + other + " (note) VALUES ('not an event')"
 	}
 	q := `WITH other AS (` + otherSQL + `)
-		INSERT INTO ` + w.Table + ` (aggregate_type, aggregate_id, event_type, payload, headers)
+		INSERT INTO ` + w.Table + ` AS o (aggregate_type, aggregate_id, event_type, payload, headers)
 		SELECT t, a, t || '.updated',
 		       jsonb_build_object('aggregate', a, 'seq', s, 'txn', $5::bigint, 'note', 'café "quoted"', 'amount', k + 0.5),
 		       jsonb_build_object('trace_id', 'trace-' || a || '-' || s, 'tenant_id', '` + TenantID + `', 'schema_version', 2,
 		                          'traceparent', '` + Traceparent + `')
 		FROM unnest($1::text[], $2::text[], $3::int[], $4::int[]) WITH ORDINALITY AS u(t, a, s, k, n) ORDER BY n
-		RETURNING id, aggregate_type, aggregate_id, (payload->>'seq')::int, pg_current_wal_insert_lsn()::text`
+		RETURNING id, aggregate_type, aggregate_id, (payload->>'seq')::int, ` + eventIDSQL + `, pg_current_wal_insert_lsn()::text`
 	var got []Event
 	var last pglogrepl.LSN // stays 0 for a recovered commit: position unknown
 	tried := false
@@ -120,8 +136,8 @@ func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) err
 		if tried {
 			// The outcome of a statement cut off by a restart is unknown:
 			// look for its rows before writing them again.
-			if err := w.scan(ctx, &got, nil, `SELECT id, aggregate_type, aggregate_id, (payload->>'seq')::int FROM `+w.Table+
-				` WHERE payload->>'txn' = $1 ORDER BY id`, strconv.FormatInt(w.txn, 10)); err != nil || len(got) > 0 {
+			if err := w.scan(ctx, &got, nil, `SELECT id, aggregate_type, aggregate_id, (payload->>'seq')::int, `+eventIDSQL+` FROM `+w.Table+
+				` o WHERE payload->>'txn' = $1 ORDER BY id`, strconv.FormatInt(w.txn, 10)); err != nil || len(got) > 0 {
 				return err
 			}
 		}
@@ -147,13 +163,13 @@ func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) err
 func (w *Writer) BigTxn(ctx context.Context, n, k int) error {
 	w.txn++
 	var got []Event
-	err := w.scan(ctx, &got, nil, `INSERT INTO `+w.Table+` (aggregate_type, aggregate_id, event_type, payload, headers)
+	err := w.scan(ctx, &got, nil, `INSERT INTO `+w.Table+` AS o (aggregate_type, aggregate_id, event_type, payload, headers)
 		SELECT 'order', 'order-' || (g % $2) * 3, 'order.updated',
 		       jsonb_build_object('aggregate', 'order-' || (g % $2) * 3, 'seq', g / $2 + 1),
 		       jsonb_build_object('trace_id', 'trace-order-' || (g % $2) * 3 || '-' || (g / $2 + 1), 'tenant_id', '`+TenantID+`',
 		                          'schema_version', 2, 'traceparent', '`+Traceparent+`')
 		FROM generate_series(0, $1 - 1) AS g ORDER BY g
-		RETURNING id, aggregate_type, aggregate_id, (payload->>'seq')::int`, n, k)
+		RETURNING id, aggregate_type, aggregate_id, (payload->>'seq')::int, `+eventIDSQL, n, k)
 	if err != nil {
 		return fmt.Errorf("big transaction: %w", err)
 	}
@@ -177,8 +193,9 @@ func (w *Writer) add(got []Event, last pglogrepl.LSN) {
 	w.written.Store(int64(len(w.events)))
 }
 
-// scan runs q and appends its rows (id, type, aggregate, seq[, lsn]) to got;
-// with last non-nil the fifth column is a WAL position, maximised into it.
+// scan runs q and appends its rows (id, type, aggregate, seq, event_id[,
+// lsn]) to got; with last non-nil the sixth column is a WAL position,
+// maximised into it.
 func (w *Writer) scan(ctx context.Context, got *[]Event, last *pglogrepl.LSN, q string, args ...any) error {
 	rows, err := w.DB.Query(ctx, q, args...)
 	if err != nil {
@@ -188,12 +205,16 @@ func (w *Writer) scan(ctx context.Context, got *[]Event, last *pglogrepl.LSN, q 
 	for rows.Next() {
 		var ev Event
 		var l string
-		dest := []any{&ev.ID, &ev.Type, &ev.Agg, &ev.Seq}
+		var eid *string
+		dest := []any{&ev.ID, &ev.Type, &ev.Agg, &ev.Seq, &eid}
 		if last != nil {
 			dest = append(dest, &l)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return err
+		}
+		if eid != nil {
+			ev.EventID = *eid
 		}
 		*got = append(*got, ev)
 		if x, err := pglogrepl.ParseLSN(l); err == nil && last != nil {
