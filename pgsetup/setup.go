@@ -91,10 +91,13 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity)
 	if err := checkFailoverVersion(cfg.SlotFailover, versionNum, version); err != nil {
 		return SlotInfo{}, err
 	}
+	var tableWarning string
 	if len(cfg.Mappings) == 0 {
-		if err := checkTable(ctx, conn, cfg.Table); err != nil {
+		w, err := checkTable(ctx, conn, cfg.Table)
+		if err != nil {
 			return SlotInfo{}, err
 		}
+		tableWarning = w
 	} else {
 		for _, m := range cfg.Mappings {
 			if err := CheckMapping(ctx, conn, m); err != nil {
@@ -170,6 +173,9 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity)
 		if info.Registry, err = raiseGeneration(ctx, conn, registry, cfg.Slot); err != nil {
 			return SlotInfo{}, err
 		}
+	}
+	if tableWarning != "" {
+		info.Warnings = append(info.Warnings, tableWarning)
 	}
 	return info, nil
 }

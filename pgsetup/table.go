@@ -12,23 +12,26 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
-func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
+// The warning is for a table without event_id (migration 0006): its events
+// are published under their row id, which a failover to a standby that
+// lagged or a restore hands out again.
+func checkTable(ctx context.Context, conn *pgx.Conn, table string) (warning string, err error) {
 	t, err := outboxschema.ParseTable(table)
 	if err != nil {
-		return fault.Fatal.Wrap(err)
+		return "", fault.Fatal.Wrap(err)
 	}
 	rows, err := conn.Query(ctx, `SELECT a.attname FROM pg_attribute a
 		JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, t.Schema, t.Name)
 	if err != nil {
-		return fmt.Errorf("read columns of %s: %w", table, err)
+		return "", fmt.Errorf("read columns of %s: %w", table, err)
 	}
 	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("read columns of %s: %w", table, err)
+		return "", fmt.Errorf("read columns of %s: %w", table, err)
 	}
 	if len(have) == 0 {
-		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s does not exist: run `outbox-relay migrate` with the same config, or set postgres.table", table))
+		return "", fault.Fatal.Wrap(fmt.Errorf("outbox table %s does not exist: run `outbox-relay migrate` with the same config, or set postgres.table", table))
 	}
 	missing := func(want []string) string {
 		var m []string
@@ -40,12 +43,15 @@ func checkTable(ctx context.Context, conn *pgx.Conn, table string) error {
 		return strings.Join(m, ", ")
 	}
 	if m := missing(outboxschema.RequiredColumns); m != "" {
-		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, m))
+		return "", fault.Fatal.Wrap(fmt.Errorf("outbox table %s lacks required column(s) %s: restore them (see migrations/) before starting the relay", table, m))
 	}
 	if m := missing(outboxschema.BookkeepingColumns); m != "" {
-		return fault.Fatal.Wrap(fmt.Errorf("outbox table %s lacks column(s) %s, where poison events are recorded: run `outbox-relay migrate` (migration 0003 adds them)", table, m))
+		return "", fault.Fatal.Wrap(fmt.Errorf("outbox table %s lacks column(s) %s, where poison events are recorded: run `outbox-relay migrate` (migration 0003 adds them)", table, m))
 	}
-	return checkMarkPrivileges(ctx, conn, t)
+	if !slices.Contains(have, "event_id") {
+		warning = fmt.Sprintf("outbox table %s has no event_id column: its events are published with event_id = the row id, which a failover to a standby that lagged or a restore from a backup hands out again, so consumers deduplicating on event_id would drop new events; run `outbox-relay migrate` (migration 0006 adds a database-filled UUID)", table)
+	}
+	return warning, checkMarkPrivileges(ctx, conn, t)
 }
 
 // ColumnTypes reads the columns of t: name -> pg_type.typname, of the base
