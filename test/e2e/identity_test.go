@@ -89,7 +89,7 @@ func TestEventIDMigration(t *testing.T) {
 		}
 		// The relay's history has none of them (the files ran by hand):
 		// Apply runs all, 0001..0005 finding their objects.
-		apply("existing", []int{1, 2, 3, 4, 5, 6})
+		apply("existing", []int{1, 2, 3, 4, 5, 6, 7})
 		var nulls int
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+schema+".existing WHERE event_id IS NULL AND dlq_replay_of IS NULL").Scan(&nulls); err != nil {
 			t.Fatal(err)
@@ -102,7 +102,7 @@ func TestEventIDMigration(t *testing.T) {
 	})
 
 	t.Run("fresh outbox", func(t *testing.T) {
-		apply("fresh", []int{1, 2, 3, 4, 5, 6})
+		apply("fresh", []int{1, 2, 3, 4, 5, 6, 7})
 		newRowHasUUID("fresh")
 		// The file itself is idempotent too (a history lost, a rerun by hand).
 		ms, _ := migrations.Load(names("fresh"))
@@ -121,7 +121,7 @@ func TestEventIDMigration(t *testing.T) {
 		if created, err := migrations.CreatePartitionedOutbox(ctx, conn, tbl, retention.PartitionDaily, zerolog.Nop()); err != nil || !created {
 			t.Fatalf("create partitioned: %v %v", created, err)
 		}
-		apply("parted", []int{1, 2, 3, 4, 5, 6})
+		apply("parted", []int{1, 2, 3, 4, 5, 6, 7})
 		newRowHasUUID("parted")
 		var n int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_inherits i JOIN pg_attribute a ON a.attrelid = i.inhrelid
