@@ -296,16 +296,8 @@ func (e *Delivery) Kept(ctx context.Context, m history.Mark) (history.Point, boo
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.reopen {
-		ch := e.reopened
-		e.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			e.mu.Lock()
-			return history.Point{}, false, ctx.Err()
-		}
-		e.mu.Lock()
+	if err := e.waitReopenLocked(ctx); err != nil {
+		return history.Point{}, false, err
 	}
 	e.mark = m
 	return e.kept, e.keptOK, nil
@@ -315,6 +307,24 @@ func (e *Delivery) Kept(ctx context.Context, m history.Mark) (history.Point, boo
 // before a kept position (this checkpoint, or its own acks) verified on the
 // same history.
 func (e *Delivery) Skipped(events int) { e.m.skipped.Add(float64(events)) }
+
+// waitReopenLocked waits, mu released meanwhile, until Run finished
+// rebuilding the producer (and read the checkpoint again), or ctx ends.
+// Caller holds mu.
+func (e *Delivery) waitReopenLocked(ctx context.Context) error {
+	for e.reopen {
+		ch := e.reopened
+		e.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			e.mu.Lock()
+			return ctx.Err()
+		}
+		e.mu.Lock()
+	}
+	return nil
+}
 
 // keepLocked records p as committed to Kafka. Caller holds mu.
 func (e *Delivery) keepLocked(p history.Point) {
@@ -600,16 +610,8 @@ func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.reopen {
-		ch := e.reopened
-		e.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			e.mu.Lock()
-			return ctx.Err()
-		}
-		e.mu.Lock()
+	if err := e.waitReopenLocked(ctx); err != nil {
+		return err
 	}
 	if e.discard {
 		return replication.ErrRestart

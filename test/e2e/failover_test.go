@@ -31,11 +31,12 @@ type failover struct {
 	done chan error
 }
 
-func startFailover(t *testing.T, name string, opts testkit.PGPairOptions) *failover {
+// newPGPair starts a primary and a streaming standby for t, stopped when t
+// ends; when t failed, with their logs and data kept.
+func newPGPair(t *testing.T, opts testkit.PGPairOptions) *testkit.PGPair {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	opts.SyncCommit = true // a commit the writer saw survives the failover: every loss would be the relay's
 	pair, err := testkit.StartPGPair(ctx, opts)
 	t.Cleanup(func() {
 		if pair == nil {
@@ -51,7 +52,14 @@ func startFailover(t *testing.T, name string, opts testkit.PGPairOptions) *failo
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("PostgreSQL %d primary %s, standby %s (%s)", pair.Major, pair.Primary.Addr(), pair.Standby.Addr(), pair.BaseBackup)
+	t.Logf("PostgreSQL %d primary %s, standby %s (%s, synchronous %v)", pair.Major, pair.Primary.Addr(), pair.Standby.Addr(), pair.BaseBackup, opts.SyncCommit)
+	return pair
+}
+
+func startFailover(t *testing.T, name string, opts testkit.PGPairOptions) *failover {
+	t.Helper()
+	opts.SyncCommit = true // a commit the writer saw survives the failover: every loss would be the relay's
+	pair := newPGPair(t, opts)
 	px := startProxy(t, "127.0.0.1:0", pair.Primary.Addr())
 	f := &failover{t: t, pair: pair, px: px, stop: make(chan struct{}), done: make(chan error, 1)}
 	f.e = newEnvAt(t, name, pair.URLAt(px.Addr()))

@@ -30,24 +30,7 @@ import (
 // for that long is cut by the server.
 func startPair(t *testing.T, name string, opts testkit.PGPairOptions) (*testkit.PGPair, *env) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	pair, err := testkit.StartPGPair(ctx, opts)
-	t.Cleanup(func() {
-		if pair == nil {
-			return
-		}
-		if err := pair.Close(t.Failed()); err != nil {
-			t.Errorf("stop the pair: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("servers' logs and data kept in %s", pair.Dir())
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("PostgreSQL %d primary %s, standby %s (%s, synchronous %v)", pair.Major, pair.Primary.Addr(), pair.Standby.Addr(), pair.BaseBackup, opts.SyncCommit)
+	pair := newPGPair(t, opts)
 	u := pair.URL(pair.Primary) + "&options=" + "-c%20wal_sender_timeout%3D5s"
 	return pair, newEnvAt(t, name, u)
 }
