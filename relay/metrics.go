@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/history"
 )
 
 type pipelineMetrics struct {
@@ -33,6 +34,13 @@ func newPipelineMetrics(p *Pipeline, reg prometheus.Registerer) pipelineMetrics 
 	m.history = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_history_decisions_total",
 		Help: "Kept positions (source: watermark, checkpoint) judged against the server's history at a session start (verdict: apply, behind, republish, refuse), and kept positions the stream disproved (source stream, verdict mismatch)."},
 		[]string{"source", "verdict"})
+	// Every series from 0, so increase() sees the first decision.
+	for _, src := range []string{"watermark", "checkpoint"} {
+		for _, v := range []history.Verdict{history.Apply, history.Behind, history.Republish, history.Refuse} {
+			m.history.WithLabelValues(src, v.String())
+		}
+	}
+	m.history.WithLabelValues("stream", "mismatch")
 	m.resumeSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_resume_skipped_events_total",
 		Help: "Events read again from the slot after a reconnect or restart and not published: at or before a kept position verified on the same history."})
 	m.rewinds = prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_rewinds_total",
