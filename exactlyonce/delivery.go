@@ -6,8 +6,9 @@
 // succeeded: the commit is the ack, so the tracker, and with it the slot,
 // moves only past committed transactions. Any failure aborts the Kafka
 // transaction and fails its records with a *sink.AbortError: the pipeline
-// rewinds, and on the way back Begin skips every PostgreSQL transaction the
-// checkpoint says is committed already.
+// rewinds, and on the way back the pipeline skips, verified, every
+// PostgreSQL transaction the checkpoint says is committed already (Kept;
+// package history decides whether the checkpoint is on the server's history).
 //
 // The package owns the producer's lifecycle: Run checks the checkpoint
 // topic, learns the server's system id (Options.SystemID), opens the
@@ -15,8 +16,8 @@
 // id), reads the checkpoint, then commits batches as they age. When a
 // producer must be rebuilt (a commit of unknown outcome, a fenced or fatal
 // producer, a failed abort) Run rebuilds it and reads the checkpoint again,
-// without holding the lock; Begin waits for that, so the rewind finds the
-// skip filter current.
+// without holding the lock; Begin and Kept wait for that, so the next
+// session finds the checkpoint current.
 package exactlyonce
 
 import (
@@ -485,8 +486,8 @@ type checkpointError struct{ msg string }
 
 func (c *checkpointError) Error() string { return c.msg }
 
-// resume reads the last committed checkpoint and raises the skip filter to
-// it. Called right after the producer was initialised: no older producer
+// resume reads the last committed checkpoint and keeps it (Kept hands it to
+// the pipeline). Called right after the producer was initialised: no older producer
 // can commit anything later.
 func (e *Delivery) resume(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.TransactionTimeout+10*time.Second)
@@ -596,10 +597,9 @@ func (e *Delivery) Publish(ctx context.Context, m *sink.Message) error {
 }
 
 // Begin is called by the pipeline before a PostgreSQL transaction (or a
-// chunk of one) enters its tracker, on the replication loop goroutine.
-// skip: the checkpoint says it is committed to Kafka already (in an earlier
-// session or term, not yet confirmed to the slot), so it is not published.
-// Otherwise it commits the open Kafka transaction first when txn would not
+// chunk of one) enters its tracker, on the replication loop goroutine. It
+// skips nothing (what the checkpoint covers the pipeline skips, Kept). It
+// commits the open Kafka transaction first when txn would not
 // fit in it (never splitting a PostgreSQL transaction). It blocks while the
 // producer is rebuilt (until ctx ends). replication.ErrRestart: an abort
 // happened, the session must rewind.
@@ -877,8 +877,8 @@ func (e *Delivery) sendPendingLocked(ctx context.Context) {
 // and no attempt against on_poison). When the outcome of a commit is
 // unknown, the producer is fatal or fenced, or the abort failed, it closes
 // the producer and asks Run for a new one, which reads the checkpoint
-// again; Begin waits for it, so the rewind the failures cause finds the
-// skip filter current. Caller holds mu; of the network it waits only for
+// again; Begin and Kept wait for it, so the session after the rewind the
+// failures cause finds the checkpoint current. Caller holds mu; of the network it waits only for
 // the abort.
 func (e *Delivery) failLocked(cause error, recs map[*sink.Message]error, unknown bool) {
 	ctx := e.context()
@@ -895,7 +895,7 @@ func (e *Delivery) failLocked(cause error, recs map[*sink.Message]error, unknown
 		}
 	}
 	e.log.Warn().Err(cause).Int("records", len(msgs)).Bool("new_producer", rebuild).
-		Msg("kafka transaction aborted: rewinding to the ack watermark; the checkpoint filter skips what is already committed")
+		Msg("kafka transaction aborted: rewinding to the ack watermark; what the checkpoint covers is skipped once verified")
 	if rebuild && !e.reopen {
 		e.prod.Close()
 		e.reopen = true

@@ -91,9 +91,6 @@ func TestLeaseModel(t *testing.T) {
 // every layer the protocol has is needed (or, for renew-ignores-expiry,
 // made redundant by the row-locked fence, which the model also shows).
 func TestLeaseModelCatchesBrokenVariants(t *testing.T) {
-	if testing.Short() {
-		t.Skip("searches thousands of schedules")
-	}
 	tests := []struct {
 		name   string
 		caught bool // false: another layer covers it

@@ -39,8 +39,9 @@ func (r restart) String() string {
 // back (a slot restored from backup or copied from an older one, a cluster
 // restored from a snapshot without a new timeline) the WAL there may hold
 // other transactions, and starting at the watermark would skip them. The
-// price is that events acked after the last confirmation the server kept
-// are published again: duplicates are allowed, loss is not.
+// progress skips what it had acked itself only after checking the server's
+// history and seeing its last acked transaction again (Progress.Session,
+// package history).
 func startFrom(prev, cur pg.Identity, watermark, confirmed pglogrepl.LSN) (start pglogrepl.LSN, reset restart) {
 	switch {
 	case prev != (pg.Identity{}) && prev != cur:
