@@ -83,6 +83,36 @@ type Letter struct {
 	// MaxBytes is kafka.max_message_bytes: the record is cut to fit it
 	// (Record). Zero means no limit.
 	MaxBytes int
+	// At is when the relay gave up on the event (dlq.failed_at): the now
+	// of its first Record, kept for a letter cut down again (Shrink).
+	At time.Time
+	// cut counts the steps Shrink took: 1 drops the row's headers, 2 the
+	// payload too, 3 cuts dlq.error to shortError bytes, cutLeast drops it.
+	cut int
+}
+
+const (
+	cutLeast   = 4
+	shortError = 256
+)
+
+// Shrink cuts the letter down further after the dead-letter topic refused
+// its record, of size bytes (RecordSize), for its size: the topic's
+// max.message.bytes is below kafka.max_message_bytes. It takes the steps
+// Record takes for MaxBytes, one more at a time, until the record is
+// smaller: the row's headers, then the payload, then dlq.error cut to 256
+// bytes, then dropped. It returns false when there is nothing left to drop
+// (the least letter: key, the relay's headers and the dlq.* ones): only
+// the topic's limit can change then. A message event's payload is never
+// dropped here: its dead letter is the only copy (the slot passes it).
+func (l *Letter) Shrink(size int) bool {
+	for l.cut < cutLeast {
+		l.cut++
+		if k, v, h := l.Record(l.At); RecordSize(k, v, h) < size {
+			return true
+		}
+	}
+	return false
 }
 
 // MaxField bounds the key of a dead letter and the value of each of the
@@ -146,6 +176,9 @@ func RecordSize(key, value []byte, headers []sink.Header) int {
 //   - then the payload (dlq.payload_omitted), likewise;
 //   - then dlq.error is shortened to what room is left.
 //
+// A letter the dead-letter topic refused for its size takes these steps
+// further (Shrink).
+//
 // Any goroutine; it does not block.
 func (l *Letter) Record(now time.Time) (key, value []byte, headers []sink.Header) {
 	var notes []sink.Header // dlq.*_truncated
@@ -164,7 +197,15 @@ func (l *Letter) Record(now time.Time) (key, value []byte, headers []sink.Header
 		}
 	}
 	value, row, errText := l.Value, l.RowHeaders, Truncate(l.Err)
-	omitValue, omitRow := l.TooLarge, l.TooLarge && len(row) > 0
+	// A message event's dead letter is its only copy: Shrink never drops
+	// its payload (Record still does to fit MaxBytes, as ever).
+	omitValue, omitRow := l.TooLarge || (l.cut >= 2 && l.Prefix == ""), (l.TooLarge || l.cut >= 1) && len(row) > 0
+	switch {
+	case l.cut >= cutLeast:
+		errText = ""
+	case l.cut == cutLeast-1 && len(errText) > shortError:
+		errText = strings.ToValidUTF8(errText[:shortError], "") + "..."
+	}
 	build := func() []sink.Header {
 		h := make([]sink.Header, 0, len(own)+len(row)+len(notes)+11)
 		h = append(h, own...)

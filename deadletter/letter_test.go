@@ -236,3 +236,79 @@ func TestMessageLetter(t *testing.T) {
 		}
 	}
 }
+
+// A dead letter the dead-letter topic refused for its size is cut down by
+// the same steps as ever, one more at a time, only where a step makes the
+// record smaller: the row's headers, the payload, dlq.error cut short,
+// dlq.error dropped; then nothing is left and Shrink says so.
+func TestShrink(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	longErr := strings.Repeat("e", 1500)
+	tests := []struct {
+		name  string
+		l     Letter
+		steps []string // what each Shrink leaves: r (row headers), v (payload), e (error: full, short or none)
+	}{
+		{"everything to drop", Letter{RowHeaders: hdr("trace_id", strings.Repeat("t", 500)), Value: []byte(strings.Repeat("v", 5000)), Err: longErr},
+			[]string{"v e=full", "e=full", "e=short", "e=none"}},
+		{"row headers smaller than their note: skipped", Letter{RowHeaders: hdr("t", "1"), Value: []byte(strings.Repeat("v", 5000)), Err: longErr},
+			[]string{"e=full", "e=short", "e=none"}},
+		{"too large already: no payload, no row headers", Letter{RowHeaders: hdr("t", "1"), Value: []byte(strings.Repeat("v", 5000)), Err: longErr, TooLarge: true},
+			[]string{"e=short", "e=none"}},
+		{"short error: dropped at once", Letter{Value: []byte(strings.Repeat("v", 5000)), Err: "kafka server: invalid record"},
+			[]string{"e=full", "e=none"}},
+		{"a message's payload is its only copy: kept", Letter{Prefix: "outbox", EventID: "42", RowHeaders: hdr("trace_id", strings.Repeat("t", 500)),
+			Value: []byte(strings.Repeat("v", 5000)), Err: longErr},
+			[]string{"v e=full", "v e=short", "v e=none"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := tt.l
+			l.Table, l.ID, l.Topic, l.Key, l.Headers, l.Reason, l.Attempts, l.MaxBytes, l.At =
+				"public.outbox", 42, "outbox.event.order", []byte("o-1"), own("o-1"), "invalid_record", 1, 1000000, now
+			k, v, h := l.Record(now)
+			size := RecordSize(k, v, h)
+			for i, want := range tt.steps {
+				if !l.Shrink(size) {
+					t.Fatalf("step %d: Shrink said nothing is left, want %q", i+1, want)
+				}
+				k, v, h = l.Record(l.At)
+				next := RecordSize(k, v, h)
+				if next >= size {
+					t.Fatalf("step %d: %d bytes after %d", i+1, next, size)
+				}
+				size = next
+				hd := map[string]string{}
+				for _, x := range h {
+					hd[string(x.Key)] = string(x.Value)
+				}
+				var got []string
+				if _, ok := hd["trace_id"]; ok {
+					got = append(got, "r")
+				} else if _, ok := hd["t"]; ok {
+					got = append(got, "r")
+				}
+				if v != nil {
+					got = append(got, "v")
+				}
+				switch e := hd[HeaderError]; {
+				case e == "":
+					got = append(got, "e=none")
+				case len(e) < len(Truncate(l.Err)):
+					got = append(got, "e=short")
+				default:
+					got = append(got, "e=full")
+				}
+				if g := strings.Join(got, " "); g != want {
+					t.Errorf("step %d leaves %q, want %q", i+1, g, want)
+				}
+				if hd[HeaderFailedAt] != now.Format(time.RFC3339Nano) || hd[HeaderEventID] != "42" || string(k) != "o-1" {
+					t.Errorf("step %d changed what identifies the event: %v key %q", i+1, hd, k)
+				}
+			}
+			if l.Shrink(size) {
+				t.Errorf("Shrink after the least letter said there is more to drop")
+			}
+		})
+	}
+}

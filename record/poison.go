@@ -33,6 +33,11 @@ type Failure struct {
 	// the template cannot name). Its WAL bytes never change, so no attempt
 	// can succeed and none is made.
 	Permanent bool
+	// Certain: the broker's (or the client's) refusal of the record cannot
+	// change on retry (sink.Certain: too large or invalid, alone in its
+	// batch; no write access to its topic). The policy applies at this
+	// first answer: no attempt loop, no rewind to publish it again.
+	Certain bool
 }
 
 // Action is what the pipeline does about a Failure.
@@ -57,7 +62,8 @@ func (a Action) String() string {
 }
 
 // Decide is the poison decision: a pure function of the failure and the
-// policy. Transient errors never end in a dead letter; a dead letter that
+// policy. A poison failure is retried up to Policy.MaxAttempts unless it is
+// Certain. Transient errors never end in a dead letter; a dead letter that
 // cannot be written and a refusal of the relay's own rights always halt
 // (dead-lettering would empty the outbox into the DLQ).
 func Decide(f Failure, p Policy) Action {
@@ -70,7 +76,7 @@ func Decide(f Failure, p Policy) Action {
 		return RetryTransient
 	case f.DeadLetter, f.Kind == fault.Refused:
 		return Halt
-	case f.Attempts < p.MaxAttempts:
+	case f.Attempts < p.MaxAttempts && !f.Certain:
 		return RetryPoison
 	case p.Halt:
 		return Halt

@@ -26,6 +26,10 @@ func TestDecide(t *testing.T) {
 		{"a dead letter that fails halts", Failure{Kind: fault.Poison, Attempts: 1, DeadLetter: true}, dlq, Halt},
 		{"a bad row is dead-lettered at once", Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, dlq, DeadLetter},
 		{"a bad row halts under halt", Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, halt, Halt},
+		{"a certain refusal is dead-lettered at the first answer", Failure{Kind: fault.Poison, Attempts: 1, Certain: true}, dlq, DeadLetter},
+		{"a certain refusal halts at the first answer under halt", Failure{Kind: fault.Poison, Attempts: 1, Certain: true}, halt, Halt},
+		{"a certain refusal of a dead letter halts", Failure{Kind: fault.Poison, Attempts: 1, Certain: true, DeadLetter: true}, dlq, Halt},
+		{"certain says nothing of a transient error", Failure{Kind: fault.Transient, Attempts: 1, Certain: true}, dlq, RetryTransient},
 		{"one attempt allowed", Failure{Kind: fault.Poison, Attempts: 1}, Policy{MaxAttempts: 1}, DeadLetter},
 	}
 	for _, tt := range tests {

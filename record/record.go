@@ -140,7 +140,19 @@ func Letter(l *deadletter.Letter, pol Policy, lsn pglogrepl.LSN, m sink.Message,
 	}
 	l.LSN, l.Topic, l.Key, l.Value = lsn, m.Topic, m.Key, m.Value
 	l.Headers, l.RowHeaders, l.Reason = m.Headers[:n], m.Headers[n:], reason
-	l.Err, l.Attempts, l.TooLarge, l.MaxBytes = cause.Error(), attempts, reason == "message_too_large", pol.MaxMessageBytes
+	l.Err, l.Attempts, l.TooLarge, l.MaxBytes, l.At = cause.Error(), attempts, reason == "message_too_large", pol.MaxMessageBytes, now
 	key, value, headers := l.Record(now)
 	return sink.Message{Topic: pol.Topic, Key: key, Value: value, Headers: headers, Timestamp: m.Timestamp}, l
+}
+
+// Shrink cuts m, the dead letter of l, down further after the dead-letter
+// topic refused it for its size (Letter.Shrink: the same steps, to half its
+// size) and returns the smaller record, with m's topic, timestamp, Done and
+// Ref. ok is false when m was already the least dead letter.
+func Shrink(l *deadletter.Letter, m sink.Message) (out sink.Message, ok bool) {
+	if !l.Shrink(deadletter.RecordSize(m.Key, m.Value, m.Headers)) {
+		return m, false
+	}
+	m.Key, m.Value, m.Headers = l.Record(l.At)
+	return m, true
 }

@@ -366,7 +366,8 @@ func TestExactlyOnceConfigValidate(t *testing.T) {
 // A record the broker always refuses (too large for its topic) fails the
 // Kafka transaction, and sarama fails every later record of it with the
 // same error. The relay sends the aborted records again one at a time, so
-// only the culprit counts attempts and becomes a dead letter, inside a
+// only the culprit counts an attempt and becomes a dead letter (at once:
+// refused alone, its refusal is certain), inside a
 // Kafka transaction; every other event is delivered once.
 func TestExactlyOncePoisonIsolated(t *testing.T) {
 	f := &fakeTxn{record: func(m *sink.Message) error {
@@ -386,8 +387,10 @@ func TestExactlyOncePoisonIsolated(t *testing.T) {
 			want = append(want, id)
 		}
 	}
-	if m := h.waitMark(); m != "dead 3 attempts=3" {
-		t.Fatalf("row mark %q, want dead 3 attempts=3 (fastPolicy.MaxAttempts)", m)
+	// Sent alone, its refusal is certain (sink.Certain): dead-lettered at
+	// the first answer, not after fastPolicy.MaxAttempts.
+	if m := h.waitMark(); m != "dead 3 attempts=1" {
+		t.Fatalf("row mark %q, want dead 3 attempts=1 (refused alone: at once)", m)
 	}
 	h.waitFlushed(610)
 	var letters int

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,10 +32,13 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 		name     string
 		halt     bool
 		answer   func(topic string, attempt int) error
-		mark     string // the row mark that ends the case, "" = none: the event is acked
-		dlq      string // dlq.reason of the dead letter, "" = none sent
-		noValue  bool   // the dead letter omits the payload
-		attempts int    // publish attempts on the event's own topic
+		mark     string   // the row mark that ends the case, "" = none: the event is acked
+		dlq      string   // dlq.reason of the dead letter, "" = none sent
+		noValue  bool     // the dead letter omits the payload
+		attempts int      // publish attempts on the event's own topic
+		haltErr  string   // the halt's error says this
+		row      []pg.Col // the event; order("42", "order-1") if nil
+		noError  bool     // the dead letter's dlq.error was dropped (Letter.Shrink)
 	}{
 		{name: "transient errors are retried until the broker takes the event",
 			answer: func(tp string, n int) error {
@@ -46,7 +50,56 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 		{name: "too large: dead letter without payload after max attempts",
 			answer: always(sarama.ErrMessageSizeTooLarge), mark: "dead 2A attempts=3", dlq: "message_too_large", noValue: true, attempts: 3},
 		{name: "broker rejects the record: dead letter with payload",
-			answer: always(sarama.ErrInvalidRecord), mark: "dead 2A attempts=3", dlq: "broker_rejected", attempts: 3},
+			answer: always(sarama.ErrInvalidRecord), mark: "dead 2A attempts=3", dlq: "invalid_record", attempts: 3},
+		{name: "broker rejects an unknown way: dead letter after max attempts",
+			answer: always(sarama.ErrInvalidTimestamp), mark: "dead 2A attempts=3", dlq: "broker_rejected", attempts: 3},
+		// Issue 36: an answer that cannot change on retry applies on_poison
+		// at the first answer: no attempt loop, no rewind.
+		{name: "too large alone in its batch: dead letter at the first answer",
+			answer: always(&sink.SoleError{Err: sarama.ErrMessageSizeTooLarge}), mark: "dead 2A attempts=1", dlq: "message_too_large", noValue: true, attempts: 1},
+		{name: "record list too large alone: dead letter at the first answer",
+			answer: always(&sink.SoleError{Err: sarama.ErrMessageSetSizeTooLarge}), mark: "dead 2A attempts=1", dlq: "message_too_large", noValue: true, attempts: 1},
+		{name: "invalid record alone: dead letter at the first answer",
+			answer: always(&sink.SoleError{Err: sarama.ErrInvalidRecord}), mark: "dead 2A attempts=1", dlq: "invalid_record", attempts: 1},
+		{name: "sarama's local size refusal: dead letter at the first answer",
+			answer: always(sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes: 2000 > 1024")),
+			mark:   "dead 2A attempts=1", dlq: "message_too_large", noValue: true, attempts: 1},
+		{name: "no write access to the topic: dead letter at the first answer",
+			answer: always(sarama.ErrTopicAuthorizationFailed), mark: "dead 2A attempts=1", dlq: "authorization", attempts: 1},
+		{name: "too large alone under on_poison halt: halt at the first answer",
+			halt: true, answer: always(&sink.SoleError{Err: sarama.ErrMessageSizeTooLarge}), mark: "failed 2A attempts=1", attempts: 1,
+			haltErr: "too large"},
+		{name: "too large in a batch of several: attempts as before",
+			answer: always(sarama.ErrMessageSizeTooLarge), mark: "dead 2A attempts=3", dlq: "message_too_large", noValue: true, attempts: 3},
+		{name: "dead letter too large for its topic: cut down and sent again",
+			answer: func(tp string, n int) error {
+				if tp == testTopic {
+					return &sink.SoleError{Err: sarama.ErrInvalidRecord}
+				}
+				if n == 1 {
+					return &sink.SoleError{Err: sarama.ErrMessageSizeTooLarge}
+				}
+				return nil
+			}, mark: "dead 2A attempts=1", dlq: "invalid_record", noValue: true, attempts: 1,
+			row: pg.Row("42", "order", "order-1", "order.paid", `{"a":"`+strings.Repeat("x", 3000)+`"}`, pg.Text(`{"trace":"t-42"}`))},
+		{name: "dead letter refused for size in a batch: sent again as it is once",
+			answer: func(tp string, n int) error {
+				if tp == testTopic {
+					return &sink.SoleError{Err: sarama.ErrInvalidRecord}
+				}
+				if n == 1 {
+					return sarama.ErrMessageSizeTooLarge
+				}
+				return nil
+			}, mark: "dead 2A attempts=1", dlq: "invalid_record", attempts: 1},
+		{name: "even the least dead letter too large: halt naming the topic's limit",
+			answer: func(tp string, n int) error {
+				if tp == testTopic {
+					return &sink.SoleError{Err: sarama.ErrInvalidRecord}
+				}
+				return &sink.SoleError{Err: sarama.ErrMessageSizeTooLarge}
+			}, mark: "failed 2A attempts=4", dlq: "invalid_record", noValue: true, noError: true, attempts: 1,
+			haltErr: "raise max.message.bytes of topic " + testDLQ, row: pg.Row("42", "order", "order-1", "order.paid", `{"a":"`+strings.Repeat("x", 3000)+`"}`, pg.Text(`{"trace":"t-42"}`))},
 		{name: "poison that heals within the attempts is published",
 			answer: func(tp string, n int) error {
 				if n < 3 {
@@ -55,7 +108,7 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 				return nil
 			}, attempts: 3},
 		{name: "dead-letter write fails: halt, slot kept",
-			answer: func(string, int) error { return sarama.ErrInvalidTopic }, mark: "failed 2A attempts=4", dlq: "invalid_topic", attempts: 3},
+			answer: func(string, int) error { return sarama.ErrInvalidTopic }, mark: "failed 2A attempts=2", dlq: "invalid_topic", attempts: 1},
 		{name: "dead-letter write fails transiently: retried, then acked",
 			answer: func(tp string, n int) error {
 				if tp == testTopic {
@@ -65,9 +118,13 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 					return sarama.ErrLeaderNotAvailable
 				}
 				return nil
-			}, mark: "dead 2A attempts=3", dlq: "broker_rejected", attempts: 3},
-		{name: "authorization refused: halt at once, never dead-letter",
-			answer: always(sarama.ErrTopicAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1},
+			}, mark: "dead 2A attempts=3", dlq: "invalid_record", attempts: 3},
+		{name: "cluster authorization refused: halt at once, never dead-letter",
+			answer: always(sarama.ErrClusterAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "IdempotentWrite"},
+		{name: "transactional id authorization refused: halt at once",
+			answer: always(sarama.ErrTransactionalIDAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "transactional id"},
+		{name: "no write access under on_poison halt: halt at once naming the topic",
+			halt: true, answer: always(sarama.ErrTopicAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "Write on topic " + testTopic},
 		{name: "on_poison halt: halt after max attempts",
 			halt: true, answer: always(sarama.ErrInvalidRecord), mark: "failed 2A attempts=3", attempts: 3},
 	}
@@ -76,7 +133,11 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 			policy := fastPolicy
 			policy.Halt = tt.halt
 			h := newHarness(t, policy, tt.answer)
-			if err := h.txn(100, 110, order("42", "order-1")); err != nil {
+			row := tt.row
+			if row == nil {
+				row = order("42", "order-1")
+			}
+			if err := h.txn(100, 110, row); err != nil {
 				t.Fatal(err)
 			}
 			halted := strings.HasPrefix(tt.mark, "failed")
@@ -90,6 +151,9 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 			}
 			if got := h.p.Halted() != nil; got != halted {
 				t.Errorf("halted=%v (%v), want %v", got, h.p.Halted(), halted)
+			}
+			if err := h.p.Halted(); tt.haltErr != "" && (err == nil || !strings.Contains(err.Error(), tt.haltErr)) {
+				t.Errorf("halt error %v, want it to say %q", err, tt.haltErr)
 			}
 			if halted && h.p.Flushed() >= 110 {
 				t.Errorf("watermark %s passed the halted event", h.p.Flushed())
@@ -118,7 +182,7 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 				hd[string(x.Key)] = string(x.Value)
 			}
 			want := map[string]string{"event_id": "42", "trace": "t-42", "dlq.original_topic": testTopic, "dlq.reason": tt.dlq,
-				"dlq.attempts": "3", "dlq.event_id": "42", "dlq.table": "public.outbox"}
+				"dlq.attempts": strconv.Itoa(tt.attempts), "dlq.event_id": "42", "dlq.table": "public.outbox"}
 			if tt.noValue { // too large: the row's headers stay in the row too
 				delete(want, "trace")
 				want["dlq.headers_omitted"] = "true"
@@ -128,7 +192,11 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 					t.Errorf("dead letter header %s = %q, want %q (all %v)", k, hd[k], v, hd)
 				}
 			}
-			if !strings.Contains(hd["dlq.error"], "publish to topic "+testTopic) {
+			if tt.noError {
+				if hd["dlq.error"] != "" {
+					t.Errorf("dlq.error = %q, want it dropped", hd["dlq.error"])
+				}
+			} else if !strings.Contains(hd["dlq.error"], "publish to topic "+testTopic) {
 				t.Errorf("dlq.error = %q, want the publish error", hd["dlq.error"])
 			}
 			if string(letter.Key) != "order-1" {
@@ -447,8 +515,9 @@ func TestOversizedEventsDeadLetterFits(t *testing.T) {
 		t.Fatal(err)
 	}
 	marks := map[string]bool{h.waitMark(): true, h.waitMark(): true}
-	if !marks["dead 1 attempts=3"] || !marks["dead 2 attempts=3"] {
-		t.Fatalf("row marks %v, want both rows dead-lettered after 3 attempts", marks)
+	// The producer's own size check is certain: dead-lettered at once.
+	if !marks["dead 1 attempts=1"] || !marks["dead 2 attempts=1"] {
+		t.Fatalf("row marks %v, want both rows dead-lettered at the first refusal", marks)
 	}
 	h.waitFlushed(110)
 	if err := h.p.Halted(); err != nil {

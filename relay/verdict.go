@@ -35,6 +35,7 @@ type delivery struct {
 	attempts int                // failed publish attempts so far
 	letter   *deadletter.Letter // set once the event is being dead-lettered
 	finished bool               // dead-lettered before a rewind: acked without a record
+	resized  bool               // its dead letter went again as it was after a batch was refused for its size
 	message  bool               // a message event (decoder.SourceMessage): no outbox row to mark
 	msgID    string             // its envelope id
 }
@@ -185,7 +186,8 @@ func (d *delivery) done(err error) {
 		d.attempts++ // not for an abort another record caused
 	}
 	reason, kind := sink.Classify(err)
-	action := record.Decide(record.Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil}, p.policy)
+	certain := sink.Certain(err)
+	action := record.Decide(record.Failure{Kind: kind, Attempts: d.attempts, DeadLetter: d.letter != nil, Certain: certain}, p.policy)
 	lc := p.log.With()
 	switch {
 	case d.message:
@@ -197,6 +199,26 @@ func (d *delivery) done(err error) {
 	}
 	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
+	if d.letter != nil && !lost && reason == "message_too_large" && kind == fault.Poison {
+		// The dead-letter topic's max.message.bytes is below
+		// kafka.max_message_bytes: cut the letter down further and send it
+		// again. A letter refused in a batch with others may not be the
+		// one too large: it goes again as it is, once.
+		if !certain && !d.resized {
+			d.resized = true
+			ev.Warn().Err(err).Msg("dead letter refused for its size in a batch; sending it again alone")
+			p.retries.push(d, p.policy.Delay(record.RetryPoison, 1))
+			return
+		}
+		if msg, ok := record.Shrink(d.letter, d.msg); ok {
+			d.msg = msg
+			ev.Warn().Err(err).Int("max_bytes", d.letter.MaxBytes).
+				Msg("the dead-letter topic refused the dead letter for its size; cutting it down further (row headers, payload, error text) and sending it again")
+			p.retries.push(d, 0)
+			return
+		}
+		err = fmt.Errorf("%w; even the least dead letter (no payload, no row headers, no error text) is too large: raise max.message.bytes of topic %s", err, d.msg.Topic)
+	}
 	if lost && action != record.Halt {
 		// The event (or its dead letter, now due) goes into a later Kafka
 		// transaction after the rewind (deadNext).
@@ -239,7 +261,9 @@ func (d *delivery) done(err error) {
 		case d.letter != nil:
 			err = fmt.Errorf("write dead letter of %s to topic %s: %w", d.name(), d.msg.Topic, err)
 		case kind == fault.Refused:
-			err = fmt.Errorf("publish %s at LSN %s: %w; grant the relay's Kafka user write access to the topic", d.name(), d.lsn, err)
+			err = fmt.Errorf("publish %s at LSN %s: %w; %s", d.name(), d.lsn, err, sink.RefusedFix(err))
+		case reason == "authorization":
+			err = fmt.Errorf("publish %s at LSN %s: %w; grant the relay's Kafka user Write on topic %s (or use on_poison: dlq)", d.name(), d.lsn, err, d.msg.Topic)
 		default:
 			err = fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
 		}

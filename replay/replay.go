@@ -387,7 +387,17 @@ func (it *item) done(err error) {
 	}
 	it.attempts++
 	reason, kind := sink.Classify(err)
-	action := record.Decide(record.Failure{Kind: kind, Attempts: it.attempts, DeadLetter: it.letter != nil}, r.policy)
+	if it.letter != nil && reason == "message_too_large" && kind == fault.Poison {
+		// The dead-letter topic's limit is below kafka.max_message_bytes:
+		// cut the letter down further (the row keeps the payload).
+		if msg, ok := record.Shrink(it.letter, it.msg); ok {
+			it.msg = msg
+			r.retries <- retry{it: it, due: time.Now()}
+			return
+		}
+		err = fmt.Errorf("%w; even the least dead letter is too large: raise max.message.bytes of topic %s", err, it.msg.Topic)
+	}
+	action := record.Decide(record.Failure{Kind: kind, Attempts: it.attempts, DeadLetter: it.letter != nil, Certain: sink.Certain(err)}, r.policy)
 	switch action {
 	case record.RetryTransient, record.RetryPoison:
 		if it.attempts&(it.attempts-1) == 0 {

@@ -19,7 +19,8 @@ func TestAbortErrorClassifies(t *testing.T) {
 		kind   Kind
 	}{
 		{"own refusal", &AbortError{Cause: sarama.ErrMessageSizeTooLarge, Own: true}, "message_too_large", Poison},
-		{"own, wrapped", fmt.Errorf("publish: %w", &AbortError{Cause: sarama.ErrTopicAuthorizationFailed, Own: true}), "authorization", Refused},
+		{"own, wrapped", fmt.Errorf("publish: %w", &AbortError{Cause: sarama.ErrTopicAuthorizationFailed, Own: true}), "authorization", Poison},
+		{"own, relay's rights", &AbortError{Cause: sarama.ErrTransactionalIDAuthorizationFailed, Own: true}, "authorization", Refused},
 		{"another's refusal", &AbortError{Cause: sarama.ErrMessageSizeTooLarge}, "other", Transient},
 		{"another's, wrapped", fmt.Errorf("publish: %w", &AbortError{Cause: sarama.ErrInvalidTopic}), "other", Transient},
 	}

@@ -35,7 +35,9 @@ import (
 // producer takes a new producer id, because whether the broker wrote the
 // batch is unknown. A record the broker refuses (too large, invalid topic)
 // fails alone: the broker did not take its sequence numbers, so the next
-// batch reuses them.
+// batch reuses them; when it was alone in its batch, the refusal is certain
+// (Certain: on_poison applies at once). DUPLICATE_SEQUENCE_NUMBER acks the
+// batch: the broker has it.
 type direct struct {
 	client      sarama.Client
 	sc          *sarama.Config // dialing the brokers: TLS, SASL, timeouts
@@ -198,9 +200,10 @@ func (d *direct) publish(m *Message) error {
 	}
 	d.pending++
 	if m.size+batchOverhead > d.maxBatch {
-		// Poison, message_too_large (Classify): the broker would refuse it.
-		d.failed = append(d.failed, failure{m, fmt.Errorf("record of %d bytes exceeds kafka.max_message_bytes (%d): %w",
-			m.size+batchOverhead, d.maxBatch, sarama.ErrMessageSizeTooLarge)})
+		// Poison, message_too_large (Classify), and certain at once
+		// (Certain): the broker would refuse it, on every attempt.
+		d.failed = append(d.failed, failure{m, &SoleError{fmt.Errorf("record of %d bytes exceeds kafka.max_message_bytes (%d): %w",
+			m.size+batchOverhead, d.maxBatch, sarama.ErrMessageSizeTooLarge)}})
 		d.mu.Unlock()
 		d.signal(d.wake)
 		return nil
@@ -605,7 +608,10 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, reqErr error) {
 			switch {
 			case !b.got:
 				err = sarama.ErrIncompleteResponse
-			case b.err != nil:
+			case b.err != nil && !errors.Is(b.err, sarama.ErrDuplicateSequenceNumber):
+				// DUPLICATE_SEQUENCE_NUMBER: the broker has the batch
+				// already (a resend of one it wrote), so it is acked, as
+				// sarama and franz-go take it.
 				err = b.err
 			}
 		}
@@ -630,9 +636,13 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, reqErr error) {
 			done = append(done, verdict{p.topic.name, nil, err}) // counted, nothing completed
 		case reqErr == nil && kind != Transient:
 			// The broker refused the batch: its sequence numbers were not
-			// taken, the next batch starts with them.
+			// taken, the next batch starts with them. A record alone in
+			// its batch was refused for itself (Certain).
 			p.batch = nil
 			p.seq = b.seq
+			if len(b.msgs) == 1 {
+				err = &SoleError{err}
+			}
 			done = append(done, verdict{p.topic.name, b.msgs, err})
 			if w := d.markReady(p); w != nil {
 				wakes[w] = true

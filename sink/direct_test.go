@@ -147,6 +147,68 @@ func TestDirectBatchSizeBound(t *testing.T) {
 	if reason, kind := Classify(d.failed[0].err); reason != "message_too_large" || kind != Poison {
 		t.Errorf("oversized record: %s/%v, want message_too_large/poison", reason, kind)
 	}
+	if !Certain(d.failed[0].err) {
+		t.Errorf("oversized record: %v is not Certain; on_poison must apply at once", d.failed[0].err)
+	}
+}
+
+// Issue 36: what the broker's answer to a batch says about each record. A
+// refusal of a record alone in its batch is certain (on_poison at once); of
+// a batch of several it is not (any of them may be the bad one); a refusal
+// of the topic holds for all; DUPLICATE_SEQUENCE_NUMBER acks the batch.
+func TestDirectRefusalCertainty(t *testing.T) {
+	cases := []struct {
+		name    string
+		kerr    sarama.KError
+		n       int // records in the batch
+		certain bool
+		acked   bool
+	}{
+		{"too large alone", sarama.ErrMessageSizeTooLarge, 1, true, false},
+		{"too large in a batch of three", sarama.ErrMessageSizeTooLarge, 3, false, false},
+		{"record list too large alone", sarama.ErrMessageSetSizeTooLarge, 1, true, false},
+		{"invalid record alone", sarama.ErrInvalidRecord, 1, true, false},
+		{"invalid record in a batch of two", sarama.ErrInvalidRecord, 2, false, false},
+		{"topic authorization, batch of three", sarama.ErrTopicAuthorizationFailed, 3, true, false},
+		{"invalid topic, batch of two", sarama.ErrInvalidTopic, 2, true, false},
+		{"unknown refusal alone: attempts", sarama.ErrInvalidTimestamp, 1, false, false},
+		{"duplicate sequence number: acked", sarama.ErrDuplicateSequenceNumber, 3, false, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, p, db, v := directRig(t, 5, 1000000)
+			msgs := d.queueN(t, tc.n, 10)
+			d.answer(db, respond(d.build(db), tc.kerr), nil)
+			for _, m := range msgs {
+				errs := v.done[m]
+				if len(errs) != 1 {
+					t.Fatalf("record completed %d times, want once", len(errs))
+				}
+				if tc.acked {
+					if errs[0] != nil {
+						t.Fatalf("record failed with %v, want acked", errs[0])
+					}
+					continue
+				}
+				if errs[0] == nil {
+					t.Fatal("record acked, want refused")
+				}
+				if got := Certain(errs[0]); got != tc.certain {
+					t.Errorf("Certain(%v) = %v, want %v", errs[0], got, tc.certain)
+				}
+				if reason, _ := Classify(errs[0]); reason == "other" {
+					t.Errorf("Classify(%v) lost the broker's error", errs[0])
+				}
+			}
+			wantSeq := int32(0) // a refusal gives the sequence numbers back
+			if tc.acked {
+				wantSeq = int32(tc.n)
+			}
+			if p.seq != wantSeq || d.newPID || d.pending != 0 {
+				t.Errorf("seq %d newPID %v pending %d; want seq %d, the same producer id, nothing pending", p.seq, d.newPID, d.pending, wantSeq)
+			}
+		})
+	}
 }
 
 func TestDirectSequenceWraps(t *testing.T) {

@@ -20,18 +20,20 @@ const (
 	// up. Retried for ever; the event is never skipped.
 	Transient = fault.Transient
 	// Poison: the record itself is refused on every attempt (too large,
-	// invalid topic, rejected by the broker). After a few attempts the
-	// event is dead-lettered or the relay halts (on_poison).
+	// invalid topic, no write access to its topic, rejected by the
+	// broker). The event is dead-lettered or the relay halts (on_poison):
+	// at once when the refusal is certain (Certain), else after a few
+	// attempts.
 	Poison = fault.Poison
-	// Refused: topic or cluster authorization. The relay halts until an
-	// operator fixes the ACLs.
+	// Refused: the relay's own rights (cluster or transactional id
+	// authorization, SASL). The relay halts until an operator fixes them.
 	Refused = fault.Refused
 )
 
 // Reasons, the label values of outbox_relay_publish_errors_total.
 var Reasons = []string{
 	"network", "leader_not_available", "not_enough_replicas", "request_timed_out", "unknown_topic",
-	"producer_state", "message_too_large", "invalid_topic", "authorization", "broker_rejected", "other",
+	"producer_state", "message_too_large", "invalid_record", "invalid_topic", "authorization", "broker_rejected", "other",
 }
 
 // Classify names a produce error (a Reasons value) and says what kind it is.
@@ -67,11 +69,18 @@ func Classify(err error) (reason string, kind Kind) {
 			return "producer_state", Transient
 		case sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge:
 			return "message_too_large", Poison
+		case sarama.ErrInvalidRecord:
+			return "invalid_record", Poison // e.g. no key for a compacted topic
 		case sarama.ErrInvalidTopic:
 			return "invalid_topic", Poison
-		case sarama.ErrTopicAuthorizationFailed, sarama.ErrClusterAuthorizationFailed,
-			sarama.ErrTransactionalIDAuthorizationFailed, sarama.ErrSASLAuthenticationFailed,
-			sarama.ErrIllegalSASLState, sarama.ErrUnsupportedSASLMechanism:
+		case sarama.ErrTopicAuthorizationFailed:
+			// No write access to this topic: every event of the topic is
+			// refused, the other topics' go on. Per topic, so the event's
+			// own problem (its dead letter names the topic); the relay's
+			// rights in general are Refused.
+			return "authorization", Poison
+		case sarama.ErrClusterAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed,
+			sarama.ErrSASLAuthenticationFailed, sarama.ErrIllegalSASLState, sarama.ErrUnsupportedSASLMechanism:
 			return "authorization", Refused
 		}
 		return "broker_rejected", Poison
@@ -79,6 +88,65 @@ func Classify(err error) (reason string, kind Kind) {
 		return "network", Transient
 	}
 	return "other", Transient
+}
+
+// SoleError marks a broker's refusal of a record batch that held the
+// failed record alone, or a record the producer refused before any batch
+// (too large for kafka.max_message_bytes): the answer is about that record,
+// not about a neighbour it was batched with. Unwrap returns Err.
+type SoleError struct{ Err error }
+
+func (e *SoleError) Error() string { return e.Err.Error() }
+func (e *SoleError) Unwrap() error { return e.Err }
+
+// Certain reports whether err, a Poison refusal (Classify), cannot change
+// on retry for this record: on_poison applies at the first answer, with no
+// attempt loop and no rewind for the record.
+//
+//   - The topic's: no write access (TOPIC_AUTHORIZATION_FAILED) or an
+//     invalid topic name hold for every record of the topic, whatever it
+//     was batched with.
+//   - The record's: too large (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
+//     the client's own size check) or invalid (INVALID_RECORD), when the
+//     record was alone in the refused batch: a SoleError, the client's
+//     local refusal, or an exactly-once record sent alone (an Own
+//     AbortError). A refused batch of several records says nothing certain
+//     about any one of them; those keep their attempts.
+//
+// CORRUPT_MESSAGE (a CRC mismatch) is not among them: the Java client
+// retries it, a resend can go through.
+func Certain(err error) bool {
+	if _, kind := Classify(err); kind != Poison {
+		return false
+	}
+	var kerr sarama.KError
+	var cerr sarama.ConfigurationError
+	var sole *SoleError
+	var abort *AbortError
+	switch {
+	case errors.As(err, &cerr):
+		return true // sarama's per-record check against kafka.max_message_bytes
+	case !errors.As(err, &kerr):
+		return false
+	case kerr == sarama.ErrTopicAuthorizationFailed, kerr == sarama.ErrInvalidTopic:
+		return true
+	case kerr == sarama.ErrMessageSizeTooLarge, kerr == sarama.ErrMessageSetSizeTooLarge, kerr == sarama.ErrInvalidRecord:
+		return errors.As(err, &sole) || (errors.As(err, &abort) && abort.Own)
+	}
+	return false
+}
+
+// RefusedFix names what an operator grants to end a Refused error: the
+// cluster's IdempotentWrite, the transactional id's Write, or working SASL
+// credentials.
+func RefusedFix(err error) string {
+	switch {
+	case errors.Is(err, sarama.ErrClusterAuthorizationFailed):
+		return "grant the relay's Kafka user IdempotentWrite on the cluster (the idempotent producer needs it before Kafka 3.0), then restart the relay"
+	case errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed):
+		return "grant the relay's Kafka user Write and Describe on its transactional id (exactly_once.transactional_id), then restart the relay"
+	}
+	return "check the relay's Kafka credentials and ACLs (kafka.sasl), then restart the relay"
 }
 
 func isNetwork(err error) bool {

@@ -186,6 +186,41 @@ func TestTemplate(t *testing.T) {
 	}
 }
 
+// Certain: a Poison answer that cannot change on retry for this record.
+func TestCertain(t *testing.T) {
+	local := sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes: 2000 > 1024")
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"sarama's local size check", local, true},
+		{"local size check, wrapped", fmt.Errorf("publish to topic t partition -1: %w", local), true},
+		{"too large alone", &SoleError{Err: sarama.ErrMessageSizeTooLarge}, true},
+		{"too large alone, wrapped with text", fmt.Errorf("publish: %w", &SoleError{Err: fmt.Errorf("%w: limit 1000", sarama.ErrMessageSizeTooLarge)}), true},
+		{"record list too large alone", &SoleError{Err: sarama.ErrMessageSetSizeTooLarge}, true},
+		{"invalid record alone", &SoleError{Err: sarama.ErrInvalidRecord}, true},
+		{"too large in a batch", sarama.ErrMessageSizeTooLarge, false},
+		{"invalid record in a batch", sarama.ErrInvalidRecord, false},
+		{"exactly-once record sent alone", &AbortError{Cause: sarama.ErrMessageSizeTooLarge, Own: true}, true},
+		{"exactly-once, aborted for another", &AbortError{Cause: sarama.ErrMessageSizeTooLarge}, false},
+		{"topic authorization, any batch", fmt.Errorf("x: %w", sarama.ErrTopicAuthorizationFailed), true},
+		{"invalid topic, any batch", sarama.ErrInvalidTopic, true},
+		{"unknown refusal alone: attempts", &SoleError{Err: sarama.ErrInvalidTimestamp}, false},
+		{"corrupt message: retried", &SoleError{Err: sarama.ErrInvalidMessage}, false},
+		{"cluster authorization halts, not poison", &SoleError{Err: sarama.ErrClusterAuthorizationFailed}, false},
+		{"transient", &SoleError{Err: sarama.ErrNotEnoughReplicas}, false},
+		{"nil", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Certain(tt.err); got != tt.want {
+				t.Errorf("Certain(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}
+
 func TestClassify(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -198,11 +233,13 @@ func TestClassify(t *testing.T) {
 		{"local size check", sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes: 2000 > 1024"), "message_too_large", Poison},
 		{"record list too large", sarama.ErrMessageSetSizeTooLarge, "message_too_large", Poison},
 		{"invalid topic", sarama.ErrInvalidTopic, "invalid_topic", Poison},
-		{"invalid record", sarama.ErrInvalidRecord, "broker_rejected", Poison},
+		{"invalid record", sarama.ErrInvalidRecord, "invalid_record", Poison},
 		{"invalid timestamp", sarama.ErrInvalidTimestamp, "broker_rejected", Poison},
-		{"topic authorization", sarama.ErrTopicAuthorizationFailed, "authorization", Refused},
-		{"wrapped topic authorization", fmt.Errorf("x: %w", sarama.ErrTopicAuthorizationFailed), "authorization", Refused},
+		{"topic authorization", sarama.ErrTopicAuthorizationFailed, "authorization", Poison},
+		{"wrapped topic authorization", fmt.Errorf("x: %w", sarama.ErrTopicAuthorizationFailed), "authorization", Poison},
 		{"cluster authorization", sarama.ErrClusterAuthorizationFailed, "authorization", Refused},
+		{"transactional id authorization", sarama.ErrTransactionalIDAuthorizationFailed, "authorization", Refused},
+		{"sole refusal", &SoleError{Err: sarama.ErrInvalidRecord}, "invalid_record", Poison},
 		{"SASL failed", sarama.ErrSASLAuthenticationFailed, "authorization", Refused},
 		{"out of brokers", sarama.ErrOutOfBrokers, "network", Transient},
 		{"not connected", sarama.ErrNotConnected, "network", Transient},
