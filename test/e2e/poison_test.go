@@ -88,7 +88,7 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 		},
 		func() {
 			id := e.insertRow(t, "big", "order-1", "big.updated", big, `{}`)
-			poisons[id] = poison{"message_too_large", "too large", "", 2}
+			poisons[id] = poison{"message_too_large", "too large", "", 1} // refused alone: at the first answer
 		},
 		func() { // a required column dropped while running, then restored
 			mustExec(t, e, "ALTER TABLE "+e.Table+" DROP COLUMN event_type")
@@ -110,12 +110,12 @@ func TestPoisonEventsAreDeadLetteredAndReplayable(t *testing.T) {
 	end := e.currentLSN(t)
 
 	rs := consume(t, e.topics(), len(w.written()), 90*time.Second, 3*time.Second)
-	// The broker's refusals of the big event (retried until max_attempts)
-	// rewind the relay to its ack watermark, which republishes the events
-	// after it: duplicates, never a loss or a reorder.
+	// The broker refuses the big event alone in its batch (its topic has
+	// no other events): a refusal that cannot change on retry, so it is
+	// dead-lettered at the first answer, without a rewind (issue 36).
 	requireClean(t, check(t, w.written(), rs, e.partitions(t)), true)
-	if r.metric("outbox_relay_rewinds_total") < 1 {
-		t.Error("the broker refused the big event but the relay never rewound")
+	if n := r.metric("outbox_relay_rewinds_total"); n != 0 {
+		t.Errorf("%v rewinds: the big event's refusal is certain at the first answer, nothing needs publishing again", n)
 	}
 
 	letters := consume(t, []string{dlq}, len(poisons), 60*time.Second, 2*time.Second)
@@ -304,18 +304,39 @@ func TestPoisonHaltHoldsSlot(t *testing.T) {
 	waitFor(t, 30*time.Second, "poison row dead-lettered", func() bool { return r.metric("outbox_relay_dead_lettered_total") == 1 })
 }
 
-// When the dead letter itself cannot be written, the relay halts rather than
-// drop the event.
-func TestDeadLetterWriteFailureHalts(t *testing.T) {
+// A dead letter larger than the dead-letter topic's max.message.bytes is cut
+// down further (the payload stays in the row) and written.
+func TestDeadLetterCutToFitItsTopic(t *testing.T) {
 	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
-	e := newEnv(t, "dlqfail")
+	e := newEnv(t, "dlqcut")
 	dlq := e.Prefix + ".dlq"
 	createTopic(t, dlq, map[string]string{"max.message.bytes": "1500"})
 	r := e.startRelay("--dlq-topic", dlq)
 	id := e.insertRow(t, "bad topic!", "order-1", "order.updated", `{"blob":"`+strings.Repeat("y", 3000)+`"}`, `{}`)
+	letters := consume(t, []string{dlq}, 1, 30*time.Second, 2*time.Second)
+	if len(letters) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(letters))
+	}
+	if h := letters[0].Headers; h["dlq.event_id"] != strconv.FormatInt(id, 10) || h["dlq.payload_omitted"] != "true" || len(letters[0].Value) != 0 {
+		t.Errorf("dead letter: headers %v, %d value bytes; want id %d without its payload", h, len(letters[0].Value), id)
+	}
+	if r.metric("outbox_relay_halted") != 0 {
+		t.Error("halted although the cut-down dead letter fits its topic")
+	}
+}
+
+// When even the least dead letter cannot be written, the relay halts rather
+// than drop the event, naming the dead-letter topic's limit.
+func TestDeadLetterWriteFailureHalts(t *testing.T) {
+	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
+	e := newEnv(t, "dlqfail")
+	dlq := e.Prefix + ".dlq"
+	createTopic(t, dlq, map[string]string{"max.message.bytes": "200"}) // below any dead letter
+	r := e.startRelay("--dlq-topic", dlq)
+	id := e.insertRow(t, "bad topic!", "order-1", "order.updated", `{"blob":"`+strings.Repeat("y", 3000)+`"}`, `{}`)
 	waitFor(t, 30*time.Second, "halt", func() bool { return r.metric("outbox_relay_halted") == 1 })
-	if code, body := r.get("/readyz"); code != 503 || !strings.Contains(body, "dead letter") {
-		t.Errorf("/readyz = %d %q, want 503 naming the dead-letter failure", code, body)
+	if code, body := r.get("/readyz"); code != 503 || !strings.Contains(body, "dead letter") || !strings.Contains(body, "max.message.bytes of topic "+dlq) {
+		t.Errorf("/readyz = %d %q, want 503 naming the dead-letter failure and the topic's limit", code, body)
 	}
 	if c, at := e.slotLSN(t), r.haltedLSN(); c > at {
 		t.Fatalf("slot confirmed %s past the commit LSN %s of the event whose dead letter failed", c, at)
