@@ -109,6 +109,7 @@ type Producer struct {
 	health    sarama.Client        // fails fast: answers "is the cluster reachable?"
 	ap        sarama.AsyncProducer // kafka.producer: sarama
 	dp        *direct              // kafka.producer: direct
+	gate      *topicGate           // before either engine: topics that do not exist, max.message.bytes
 	published sync.Map             // topic -> prometheus.Counter, for direct
 	connected atomic.Bool
 	ready     chan struct{} // closed once connected: Publish may go
@@ -302,6 +303,9 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		health.Close()
 		return err
 	}
+	g := newTopicGate(p.cfg.MissingTopicTimeout, p.cfg.Compression == "none", p.log)
+	g.lookup = brokerLookup(client, p.sc, p.cfg.AutoCreateTopics)
+	g.fail, g.pass = p.complete, p.release
 	if p.cfg.Producer != ProducerSarama {
 		d := newDirect(client, p.sc, p.cfg, p.complete)
 		d.requests = p.metrics.requests
@@ -310,7 +314,9 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 			health.Close()
 			return err
 		}
-		p.health, p.client, p.dp = health, client, d
+		g.limit = d.setLimit
+		p.health, p.client, p.dp, p.gate = health, client, d, g
+		go g.refresh()
 		return nil
 	}
 	ap, err := sarama.NewAsyncProducerFromClient(client)
@@ -319,7 +325,8 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		health.Close()
 		return err
 	}
-	p.health, p.client, p.ap = health, client, ap
+	p.health, p.client, p.ap, p.gate = health, client, ap, g
+	go g.refresh()
 	return nil
 }
 
@@ -491,6 +498,9 @@ func (p *Producer) closeClients(stopProbe chan struct{}, probed <-chan struct{})
 	go func() {
 		defer close(closed)
 		close(stopProbe)
+		if p.gate != nil {
+			p.gate.close()
+		}
 		_ = p.health.Close() // cuts a metadata request in flight
 		<-probed
 		if p.dp != nil {
@@ -534,6 +544,25 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	if p.closed || (p.ap == nil && p.dp == nil) {
 		return ErrClosed
 	}
+	if p.gate != nil && !p.gate.admit(m) {
+		return nil // held until its topic exists, or refused: the verdict comes later
+	}
+	return p.send(ctx, m)
+}
+
+// release hands a record the topic gate held to the engine, once its topic
+// exists; ErrClosed after Close.
+func (p *Producer) release(m *Message) error {
+	p.inputMu.RLock()
+	defer p.inputMu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	return p.send(context.Background(), m) // the sarama engine's wait ends with Run (stopped)
+}
+
+// send hands m to the engine; under inputMu (read).
+func (p *Producer) send(ctx context.Context, m *Message) error {
 	if p.dp != nil {
 		return p.dp.publish(m) // never blocks: the pipeline bounds what is in flight
 	}
