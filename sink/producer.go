@@ -139,6 +139,7 @@ type metrics struct {
 	requests  prometheus.Counter // produce requests of the direct engine
 	// metadataRetries counts sarama's metadata retries (metadataWatch).
 	metadataRetries prometheus.Counter
+	missingTopics   prometheus.Gauge // topicGate
 }
 
 // New validates cfg and builds the sarama configuration; it does not dial.
@@ -159,13 +160,15 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 		requests: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_produce_requests_total",
 			Help: "Produce requests sent (kafka.producer: direct); events published per request is the batching."}),
 		metadataRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_metadata_retries_total",
-			Help: "Metadata requests sarama retried: a topic that does not exist, or a partition without a leader; publishing to it waits meanwhile."}),
+			Help: "Metadata requests sarama retried: a partition without a leader; publishing to it waits meanwhile."}),
+		missingTopics: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_missing_topics",
+			Help: "Topics events were routed to that do not exist: their events wait up to kafka.missing_topic_timeout, then are poison (unknown_topic). The log names them; so does outbox-relay check."}),
 	}
 	for _, r := range Reasons {
 		m.errors.WithLabelValues(r) // export zeros, so rate() and alerts work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.errors, m.connected, m.requests, m.metadataRetries)
+		reg.MustRegister(m.published, m.errors, m.connected, m.requests, m.metadataRetries, m.missingTopics)
 	}
 	meta := &metadataWatch{retries: m.metadataRetries, log: log.With().Str("component", "sink").Logger()}
 	base := sc.Metadata.Retry.BackoffFunc
@@ -306,6 +309,7 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	g := newTopicGate(p.cfg.MissingTopicTimeout, p.cfg.Compression == "none", p.log)
 	g.lookup = brokerLookup(client, p.sc, p.cfg.AutoCreateTopics)
 	g.fail, g.pass = p.complete, p.release
+	g.missing = func(n int) { p.metrics.missingTopics.Set(float64(n)) }
 	if p.cfg.Producer != ProducerSarama {
 		d := newDirect(client, p.sc, p.cfg, p.complete)
 		d.requests = p.metrics.requests

@@ -55,6 +55,7 @@ type topicGate struct {
 	pass     func(m *Message) error                         // hands a held record to the engine
 	fail     func(topic string, msgs []*Message, err error) // completes records refused here
 	limit    func(topic string, maxBytes int)               // tells the engine the topic's limit; may be nil
+	missing  func(n int)                                    // the topics known not to exist now; may be nil
 	log      zerolog.Logger
 	now      func() time.Time
 
@@ -169,6 +170,7 @@ func (g *topicGate) resolve(name string, t *gateTopic) {
 				g.log.Info().Str("topic", name).Msg("topic exists now: its events are published")
 			}
 			t.since, t.announced = time.Time{}, false
+			g.reportLocked()
 			g.mu.Unlock()
 			if g.limit != nil {
 				g.limit(name, meta.maxBytes)
@@ -178,6 +180,7 @@ func (g *topicGate) resolve(name string, t *gateTopic) {
 		case err == nil:
 			if t.since.IsZero() {
 				t.since = now
+				g.reportLocked()
 			}
 			waited := now.Sub(t.since)
 			if t.state == gateMissing || waited >= g.timeout {
@@ -220,6 +223,21 @@ func (g *topicGate) resolve(name string, t *gateTopic) {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// reportLocked counts the topics known not to exist (waiting for the
+// timeout or past it); under mu.
+func (g *topicGate) reportLocked() {
+	if g.missing == nil {
+		return
+	}
+	n := 0
+	for _, t := range g.topics {
+		if !t.since.IsZero() {
+			n++
+		}
+	}
+	g.missing(n)
 }
 
 // release passes t's held records to the engine in the order published,

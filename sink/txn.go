@@ -123,7 +123,10 @@ var txnRetry = backoff.Policy{Initial: 2 * time.Millisecond, Max: 500 * time.Mil
 
 // SetMetrics counts published records and errors in the same series as
 // the at-least-once producer (outbox_relay_events_published_total, ...).
-func (p *TxnProducer) SetMetrics(pr *Producer) { p.metrics = pr.metrics }
+func (p *TxnProducer) SetMetrics(pr *Producer) {
+	p.metrics = pr.metrics
+	p.gate.missing = func(n int) { pr.metrics.missingTopics.Set(float64(n)) }
+}
 
 // Open connects and initialises the producer (InitProducerId: fences older
 // producers with the same transactional id), retrying until ctx ends.
