@@ -302,10 +302,15 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			last.ok, last.fromTable, last.table = true, fromTable, ev.TableIndex
 			last.aggType, last.eventType, last.topic = ev.AggregateType, ev.EventType, topic
 		}
-		if reason, cause, ok := p.rewind.deadNext(pos); ok {
+		if due, ok := p.rewind.deadNext(pos); ok {
 			// Its Kafka transaction was aborted after on_poison applied
-			// (lostBatch): its dead letter goes out in its place now.
-			p.toDeadLetter(d, reason, cause)
+			// (lostBatch): its dead letter goes out in its place now, cut
+			// as far as the dead-letter topic made it.
+			p.toDeadLetter(d, due.reason, due.cause)
+			if due.cut > 0 {
+				d.letter.CutTo(due.cut)
+				d.msg.Key, d.msg.Value, d.msg.Headers = d.letter.Record(d.letter.At)
+			}
 		}
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.

@@ -42,29 +42,31 @@ type rewind struct {
 type deadLetterDue struct {
 	reason string
 	cause  error
+	cut    int // steps the dead letter was cut down after its topic refused it for its size
 }
 
 // deadLater records that the event at lsn (its position) is to be
-// dead-lettered when resent.
-func (r *rewind) deadLater(lsn pglogrepl.LSN, reason string, cause error) {
+// dead-lettered when resent, its dead letter cut by cut steps
+// (deadletter.Letter.CutTo).
+func (r *rewind) deadLater(lsn pglogrepl.LSN, reason string, cause error, cut int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.later == nil {
 		r.later = map[pglogrepl.LSN]deadLetterDue{}
 	}
-	r.later[lsn] = deadLetterDue{reason, cause}
+	r.later[lsn] = deadLetterDue{reason, cause, cut}
 	r.anyLater.Store(int32(len(r.later)))
 }
 
 // deadNext returns the due dead letter of the event at lsn, if any.
-func (r *rewind) deadNext(lsn pglogrepl.LSN) (reason string, cause error, ok bool) {
+func (r *rewind) deadNext(lsn pglogrepl.LSN) (due deadLetterDue, ok bool) {
 	if r.anyLater.Load() == 0 {
-		return "", nil, false
+		return deadLetterDue{}, false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	d, ok := r.later[lsn]
-	return d.reason, d.cause, ok
+	return d, ok
 }
 
 // maxDead bounds the finished dead letters remembered per term.

@@ -199,6 +199,22 @@ func (d *delivery) done(err error) {
 	}
 	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
+	if d.letter != nil && lost && certain && reason == "message_too_large" {
+		// Exactly-once: the dead letter, alone in its Kafka transaction,
+		// was refused for its size. It is made again after the rewind,
+		// one step smaller each time.
+		if _, ok := record.Shrink(d.letter, d.msg); ok {
+			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err), d.letter.Cuts())
+			p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+			ev.Warn().Err(err).Int("max_bytes", d.letter.MaxBytes).
+				Msg("the dead-letter topic refused the dead letter for its size; it is cut down further and written again after the rewind")
+			if p.rewind.park(d.pos, d.attempts, 0) {
+				p.m.rewinds.Inc()
+			}
+			return
+		}
+		err = fmt.Errorf("%w; even the least dead letter (no payload, no row headers, no error text) is too large: raise max.message.bytes of topic %s", err, d.msg.Topic)
+	}
 	if d.letter != nil && !lost && reason == "message_too_large" && kind == fault.Poison {
 		// The dead-letter topic's max.message.bytes is below
 		// kafka.max_message_bytes: cut the letter down further and send it
@@ -224,9 +240,9 @@ func (d *delivery) done(err error) {
 		// transaction after the rewind (deadNext).
 		switch {
 		case action == record.DeadLetter:
-			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
+			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err), 0)
 		case d.letter != nil:
-			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err))
+			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err), d.letter.Cuts())
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
 		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
