@@ -317,6 +317,12 @@ func TestExactlyOnceFailuresDeliverOnce(t *testing.T) {
 			if h.restarts.Load() < 1 {
 				t.Errorf("no rewind")
 			}
+			// Exactly-once's way back is its own: the at-least-once skips
+			// and their counters stay out of it.
+			if h.p.resend.on || h.p.resend.republished.Load() != 0 || h.p.resend.skipped.Load() != 0 {
+				t.Errorf("resend log on=%v republished=%d skipped=%d under exactly-once", h.p.resend.on,
+					h.p.resend.republished.Load(), h.p.resend.skipped.Load())
+			}
 		})
 	}
 }

@@ -34,9 +34,11 @@ type delivery struct {
 	size     int64
 	attempts int                // failed publish attempts so far
 	letter   *deadletter.Letter // set once the event is being dead-lettered
-	finished bool               // dead-lettered before a rewind: acked without a record
+	finished bool               // dead-lettered before a rewind, or skipped: acked without a record
 	resized  bool               // its dead letter went again as it was after a batch was refused for its size
 	message  bool               // a message event (decoder.SourceMessage): no outbox row to mark
+	skipped  bool               // acked before a rewind with nothing before it to resend (resendLog.skips)
+	gen      uint32             // the session it was handed over in (resendLog.gen)
 	msgID    string             // its envelope id
 }
 
@@ -112,6 +114,9 @@ func (p *Pipeline) Acked(msgs []*sink.Message, at time.Time) {
 	}
 	if part >= 0 {
 		p.order.ack(topic, part, high)
+	}
+	if p.resend.on {
+		p.resend.acked(msgs)
 	}
 	// Settle (settleRun). A delivery is not read after its group settled
 	// (its memory may be reused at once); an unsettled one keeps its
@@ -265,6 +270,9 @@ func (d *delivery) done(err error) {
 			return
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+		if p.resend.on {
+			p.resend.failed(d)
+		}
 		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")
