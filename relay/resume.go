@@ -81,6 +81,7 @@ func (p *Pipeline) Session(ctx context.Context, now history.Now) error {
 	p.pts.drop()
 	p.filter.Clear()
 	p.unverified = 0
+	prev := p.pts.mark
 	p.pts.mark = now.Mark
 	type cand struct {
 		source string
@@ -101,6 +102,9 @@ func (p *Pipeline) Session(ctx context.Context, now history.Now) error {
 	}
 	var best *cand
 	ownOnHistory := false
+	// changed: the server is not on the history the last session was on,
+	// so positions kept in memory may name other events now.
+	changed := prev.SystemID != "" && len(cands) == 0 && !sameHistory(prev, now)
 	for i := range cands {
 		c := &cands[i]
 		d := history.Decide(c.point, now)
@@ -127,6 +131,10 @@ func (p *Pipeline) Session(ctx context.Context, now history.Now) error {
 			}
 		case history.Republish:
 			ev = p.log.Warn()
+			changed = true
+		}
+		if d.Verdict == history.Refuse {
+			changed = true
 		}
 		ev.Str("source", c.source).Str("verdict", d.Verdict.String()).Str("reason", d.Reason).
 			Str("commit_lsn", c.point.CommitLSN.String()).Str("end_lsn", c.point.EndLSN.String()).
@@ -137,6 +145,9 @@ func (p *Pipeline) Session(ctx context.Context, now history.Now) error {
 		p.filter.Set(best.point)
 	}
 	p.resend.resumed(ownOnHistory)
+	if changed {
+		p.rewind.forget()
+	}
 	return nil
 }
 
@@ -218,4 +229,13 @@ func (p *Pipeline) skipped(events int) {
 	if c, ok := p.out.(skipCounter); ok {
 		c.Skipped(events)
 	}
+}
+
+// sameHistory reports whether now continues the history of the session
+// that was on prev: the same server, timeline and slot, and the slot
+// registry's generation not wound back (a restore).
+func sameHistory(prev history.Mark, now history.Now) bool {
+	m := now.Mark
+	return m.SystemID == prev.SystemID && m.Timeline == prev.Timeline && m.Slot == prev.Slot &&
+		m.SlotLSN == prev.SlotLSN && m.SlotXid == prev.SlotXid && now.Raised >= prev.Generation
 }

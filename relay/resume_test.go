@@ -5,10 +5,12 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // A new session resumes from the pipeline's own position only when the
@@ -131,5 +133,49 @@ func TestSessionResumesOnlyOnTheSameHistory(t *testing.T) {
 				t.Fatalf("published after the reconnect %v, want %v", got, c.want)
 			}
 		})
+	}
+}
+
+// A dead letter finished on one history says nothing about the event at
+// its position on another: after a failover to a standby that lacked it,
+// a new event at the same position is published, not skipped as
+// dead-lettered already.
+func TestSessionForgetsDeadLettersOfAnotherHistory(t *testing.T) {
+	mark := history.Mark{SystemID: "sys", Timeline: 1, Slot: "s", SlotLSN: 0x10, SlotXid: 5, Generation: 3}
+	h := newHarness(t, fastPolicy, func(topic string, attempt int) error {
+		if topic != testDLQ && attempt == 1 { // the first event is refused for good
+			return &sink.SoleError{Err: sarama.ErrInvalidRecord}
+		}
+		return nil
+	})
+	if err := h.reconnect(history.Now{Mark: mark, Raised: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.txnXid(h.ctx, 100, 110, 1, order("1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if m := h.waitMark(); m != "dead 1 attempts=1" {
+		t.Fatalf("row mark %q, want dead 1 attempts=1", m)
+	}
+	h.waitFlushed(110)
+	before, _ := h.pub.snapshot()
+	// Failed over to a standby whose slot is before that transaction: its
+	// timeline wrote another transaction at the same LSNs.
+	now := history.Now{Mark: history.Mark{SystemID: "sys", Timeline: 2, Slot: "s", SlotLSN: 0x10, SlotXid: 5, Generation: 4}, Raised: 3,
+		Confirmed: 50, ServerEnd: 1000}
+	if err := h.reconnect(now); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.txnXid(h.ctx, 100, 110, 9, order("21", "b")); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFlushed(110)
+	after, _ := h.pub.snapshot()
+	var got []string
+	for _, m := range after[len(before):] {
+		got = append(got, headerMap(m)["event_id"])
+	}
+	if !slices.Equal(got, []string{"21"}) {
+		t.Fatalf("published after the failover %v, want the new history's event 21", got)
 	}
 }

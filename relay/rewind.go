@@ -97,6 +97,22 @@ func (r *rewind) markDead(lsn pglogrepl.LSN) {
 	r.anyLater.Store(int32(len(r.later)))
 }
 
+// forget drops what the rewind knows by event position: finished and due
+// dead letters, failed attempts. A session on another history (a failover
+// to a standby that lacked the last commits, a restore) may bring other
+// events at the same positions: skipping one as already dead-lettered
+// would lose it. At worst an event is dead-lettered twice.
+func (r *rewind) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.dead)
+	clear(r.later)
+	clear(r.attempts)
+	r.anyDead.Store(0)
+	r.anyLater.Store(0)
+	r.failing.Store(0)
+}
+
 // deadLettered reports whether the event at lsn already has its finished
 // dead letter. Called for every event: one atomic load when there is none.
 func (r *rewind) deadLettered(lsn pglogrepl.LSN) bool {

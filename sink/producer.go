@@ -307,7 +307,7 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		return err
 	}
 	g := newTopicGate(p.cfg.MissingTopicTimeout, p.cfg.Compression == "none", p.log)
-	g.lookup = brokerLookup(client, p.sc, p.cfg.AutoCreateTopics)
+	g.lookup, g.autoCreate = brokerLookup(client, p.sc, p.cfg.AutoCreateTopics), p.cfg.AutoCreateTopics
 	g.fail, g.pass = p.complete, p.release
 	g.missing = func(n int) { p.metrics.missingTopics.Set(float64(n)) }
 	if p.cfg.Producer != ProducerSarama {

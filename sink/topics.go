@@ -49,15 +49,16 @@ type topicMeta struct {
 // one over kafka.max_message_bytes), and the direct engine keeps its
 // batches for the topic under it.
 type topicGate struct {
-	timeout  time.Duration // kafka.missing_topic_timeout
-	precheck bool          // kafka.compression none: sizes are exact
-	lookup   func(topic string) (topicMeta, error)
-	pass     func(m *Message) error                         // hands a held record to the engine
-	fail     func(topic string, msgs []*Message, err error) // completes records refused here
-	limit    func(topic string, maxBytes int)               // tells the engine the topic's limit; may be nil
-	missing  func(n int)                                    // the topics known not to exist now; may be nil
-	log      zerolog.Logger
-	now      func() time.Time
+	timeout    time.Duration // kafka.missing_topic_timeout
+	precheck   bool          // kafka.compression none: sizes are exact
+	autoCreate bool          // kafka.auto_create_topics: the lookups ask the broker to create it
+	lookup     func(topic string) (topicMeta, error)
+	pass       func(m *Message) error                         // hands a held record to the engine
+	fail       func(topic string, msgs []*Message, err error) // completes records refused here
+	limit      func(topic string, maxBytes int)               // tells the engine the topic's limit; may be nil
+	missing    func(n int)                                    // the topics known not to exist now; may be nil
+	log        zerolog.Logger
+	now        func() time.Time
 
 	mu      sync.Mutex
 	topics  map[string]*gateTopic
@@ -198,7 +199,15 @@ func (g *topicGate) resolve(name string, t *gateTopic) {
 				}
 				return
 			}
-			if !t.announced {
+			switch {
+			case t.announced:
+			case g.autoCreate && waited < 2*time.Second:
+				// Being created by the lookup itself: no news yet.
+			case g.autoCreate:
+				t.announced = true
+				g.log.Warn().Str("topic", name).Dur("timeout", g.timeout).
+					Msg("topic does not exist although the relay asked the broker to create it (kafka.auto_create_topics; is the broker's auto.create.topics.enable off?): its events wait for it, other topics go on; they are poison after kafka.missing_topic_timeout")
+			default:
 				t.announced = true
 				g.log.Warn().Str("topic", name).Dur("timeout", g.timeout).
 					Msg("topic does not exist (kafka.auto_create_topics is off): its events wait for it, other topics go on; create it before kafka.missing_topic_timeout or they are poison")

@@ -97,6 +97,7 @@ func NewTxn(cfg Config, id string, timeout time.Duration, log zerolog.Logger) (*
 	// A topic's max.message.bytes is read when it is first used (not
 	// refreshed: the producer lives for one leadership term).
 	p.gate = newTopicGate(cfg.MissingTopicTimeout, cfg.Compression == "none", p.log)
+	p.gate.autoCreate = cfg.AutoCreateTopics
 	p.gate.lookup = func(topic string) (topicMeta, error) {
 		c, _ := p.lookupClient.Load().(sarama.Client)
 		if c == nil || c.Closed() {
