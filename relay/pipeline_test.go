@@ -52,7 +52,7 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 		{name: "broker rejects the record: dead letter with payload",
 			answer: always(sarama.ErrInvalidRecord), mark: "dead 2A attempts=3", dlq: "invalid_record", attempts: 3},
 		{name: "broker rejects an unknown way: dead letter after max attempts",
-			answer: always(sarama.ErrInvalidTimestamp), mark: "dead 2A attempts=3", dlq: "broker_rejected", attempts: 3},
+			answer: always(sarama.ErrPolicyViolation), mark: "dead 2A attempts=3", dlq: "broker_rejected", attempts: 3},
 		// Issue 36: an answer that cannot change on retry applies on_poison
 		// at the first answer: no attempt loop, no rewind.
 		{name: "too large alone in its batch: dead letter at the first answer",

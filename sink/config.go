@@ -36,6 +36,12 @@ type Config struct {
 	// broker's auto.create.topics.enable must be on too). Off by default:
 	// topics are created by the operator, not by whoever writes the outbox.
 	AutoCreateTopics bool `yaml:"auto_create_topics"`
+	// MissingTopicTimeout is how long the events of a topic that does not
+	// exist wait for it (events of other topics go on meanwhile); then
+	// they are poison, reason unknown_topic, and so is every later event
+	// of that topic until it is created (looked up again every 10s).
+	// Default 60s, the Java producer's max.block.ms.
+	MissingTopicTimeout time.Duration `yaml:"missing_topic_timeout"`
 	// MaxTopics is the most distinct topics events are published to (the
 	// dead-letter topic not counted); an event routed to one more is
 	// poison (dead-letter reason topic_limit). 1..100000, no unlimited.
@@ -86,18 +92,19 @@ type Config struct {
 // DefaultConfig returns the defaults documented in the README.
 func DefaultConfig() Config {
 	return Config{
-		ClientID:        "outbox-relay",
-		TopicTemplate:   "outbox.event.{aggregate_type}",
-		MaxTopics:       DefaultMaxTopics,
-		Producer:        ProducerDirect,
-		Compression:     "none",
-		FlushFrequency:  0, // unset: see the field's comment
-		FlushMessages:   0,
-		FlushBytes:      0,
-		MaxMessageBytes: 1000000,
-		Version:         "3.6.0",
-		RetryBackoffMax: 5 * time.Second,
-		RetryMax:        1000,
+		ClientID:            "outbox-relay",
+		TopicTemplate:       "outbox.event.{aggregate_type}",
+		MaxTopics:           DefaultMaxTopics,
+		Producer:            ProducerDirect,
+		Compression:         "none",
+		FlushFrequency:      0, // unset: see the field's comment
+		FlushMessages:       0,
+		FlushBytes:          0,
+		MaxMessageBytes:     1000000,
+		MissingTopicTimeout: 60 * time.Second,
+		Version:             "3.6.0",
+		RetryBackoffMax:     5 * time.Second,
+		RetryMax:            1000,
 	}
 }
 
@@ -155,6 +162,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.FlushBytes < 0 {
 		bad("flush_bytes", "%d must not be negative (0 = off)", c.FlushBytes)
+	}
+	if c.MissingTopicTimeout < time.Second || c.MissingTopicTimeout > 24*time.Hour {
+		bad("missing_topic_timeout", "%s is out of range: use 1s..24h (default 60s)", c.MissingTopicTimeout)
 	}
 	if c.MaxMessageBytes < 1024 {
 		bad("max_message_bytes", "%d is too small: use the broker's message.max.bytes (default 1000000)", c.MaxMessageBytes)

@@ -33,11 +33,12 @@ import (
 // idempotence error, the batch and every record queued behind it on the
 // partition fail (the pipeline rewinds and publishes them again) and the
 // producer takes a new producer id, because whether the broker wrote the
-// batch is unknown. A record the broker refuses (too large, invalid topic)
-// fails alone: the broker did not take its sequence numbers, so the next
-// batch reuses them; when it was alone in its batch, the refusal is certain
-// (Certain: on_poison applies at once). DUPLICATE_SEQUENCE_NUMBER acks the
-// batch: the broker has it.
+// batch is unknown. A batch the broker refuses (too large, invalid) did not
+// take its sequence numbers, so the next batch reuses them: a refusal of its
+// topic fails its records (Certain); a refusal of one record in a batch of
+// several sends them again one per batch, so only the culprit fails, alone
+// in its batch and so certainly (on_poison applies at once).
+// DUPLICATE_SEQUENCE_NUMBER acks the batch: the broker has it.
 type direct struct {
 	client      sarama.Client
 	sc          *sarama.Config // dialing the brokers: TLS, SASL, timeouts
@@ -60,6 +61,7 @@ type direct struct {
 	epoch   int16
 	newPID  bool // a batch failed with an unknown outcome: take a new id
 	topics  map[string]*dtopic
+	limits  map[string]int // setLimit's, for topics not published to yet
 	brokers map[*sarama.Broker]*dbroker
 	pending int           // records published and not completed
 	closing bool          // close ran: idle closes when pending reaches 0
@@ -79,6 +81,7 @@ type failure struct {
 
 type dtopic struct {
 	name   string
+	limit  int        // the topic's max.message.bytes when below maxBatch (setLimit), else 0
 	parts  []*dpart   // by partition index (sorted ids), nil until resolved
 	early  []*Message // published before the partitions were known
 	fixing bool       // a goroutine resolves the topic or its broken partitions
@@ -97,6 +100,7 @@ type dpart struct {
 	epoch  int16
 	seq    int32     // next sequence number
 	due    time.Time // a failed batch is resent from then on
+	single int       // records at the queue's head that go one per batch: a refused batch's
 }
 
 type dbatch struct {
@@ -210,7 +214,7 @@ func (d *direct) publish(m *Message) error {
 	}
 	t := d.topics[m.Topic]
 	if t == nil {
-		t = &dtopic{name: m.Topic}
+		t = &dtopic{name: m.Topic, limit: d.limits[m.Topic]}
 		d.topics[m.Topic] = t
 	}
 	if t.parts == nil {
@@ -408,6 +412,25 @@ func (d *direct) failEarly(t *dtopic, err error) {
 	d.finish(t.name, early, fmt.Errorf("partitions of topic %s: %w", t.name, err))
 }
 
+// setLimit keeps the batches of topic within its max.message.bytes, when
+// that is below kafka.max_message_bytes (0: not known). A record larger
+// than the limit still goes alone in its batch: with compression only the
+// broker can tell whether it fits.
+func (d *direct) setLimit(topic string, maxBytes int) {
+	if maxBytes >= d.maxBatch {
+		maxBytes = 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.limits == nil {
+		d.limits = map[string]int{}
+	}
+	d.limits[topic] = maxBytes
+	if t := d.topics[topic]; t != nil {
+		t.limit = maxBytes
+	}
+}
+
 // brokerFor returns the sender of b, starting it on first use; under mu.
 func (d *direct) brokerFor(b *sarama.Broker) *dbroker {
 	db := d.brokers[b]
@@ -562,14 +585,21 @@ func (d *direct) newBatch(p *dpart) *dbatch {
 	if p.pid != d.pid {
 		p.pid, p.epoch, p.seq = d.pid, d.epoch, 0 // a new producer id counts from 0
 	}
+	limit := d.maxBatch
+	if l := p.topic.limit; l > 0 {
+		limit = l
+	}
 	size := batchOverhead
 	n := 0
 	for _, m := range p.queue {
-		if n > 0 && size+m.size > d.maxBatch {
+		if n > 0 && (size+m.size > limit || p.single > 0) {
 			break
 		}
 		size += m.size
 		n++
+	}
+	if p.single > 0 {
+		p.single--
 	}
 	b := &dbatch{part: p, msgs: p.queue[:n:n], size: size, pid: p.pid, epoch: p.epoch, seq: p.seq}
 	p.queue = p.queue[n:]
@@ -634,10 +664,25 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, reqErr error) {
 			unready(db, p)
 			fixes[p.topic] = true
 			done = append(done, verdict{p.topic.name, nil, err}) // counted, nothing completed
+		case reqErr == nil && kind != Transient && len(b.msgs) > 1 && !Certain(err):
+			// The broker refused a batch of several records for one of
+			// them (too large, invalid): which one, only a batch of one
+			// tells. Its sequence numbers were not taken: its records go
+			// again from the queue's head, one per batch, no attempt
+			// counted against any of them.
+			p.batch = nil
+			p.seq = b.seq
+			p.queue = append(b.msgs[:len(b.msgs):len(b.msgs)], p.queue...)
+			p.single = len(b.msgs)
+			done = append(done, verdict{p.topic.name, nil, err}) // counted, nothing completed
+			if w := d.markReady(p); w != nil {
+				wakes[w] = true
+			}
 		case reqErr == nil && kind != Transient:
 			// The broker refused the batch: its sequence numbers were not
 			// taken, the next batch starts with them. A record alone in
-			// its batch was refused for itself (Certain).
+			// its batch was refused for itself (Certain); a refusal of the
+			// topic (authorization, an invalid name) holds for each record.
 			p.batch = nil
 			p.seq = b.seq
 			if len(b.msgs) == 1 {
@@ -654,7 +699,7 @@ func (d *direct) answer(db *dbroker, batches []*dbatch, reqErr error) {
 			// producer id.
 			p.batch = nil
 			msgs := append(b.msgs, p.queue...)
-			p.queue = nil
+			p.queue, p.single = nil, 0
 			done = append(done, verdict{p.topic.name, msgs, err})
 			d.newPID = true
 		}

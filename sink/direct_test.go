@@ -153,9 +153,9 @@ func TestDirectBatchSizeBound(t *testing.T) {
 }
 
 // Issue 36: what the broker's answer to a batch says about each record. A
-// refusal of a record alone in its batch is certain (on_poison at once); of
-// a batch of several it is not (any of them may be the bad one); a refusal
-// of the topic holds for all; DUPLICATE_SEQUENCE_NUMBER acks the batch.
+// refusal of a record alone in its batch is certain (on_poison at once); a
+// refusal of the topic holds for all; DUPLICATE_SEQUENCE_NUMBER acks the
+// batch. (A batch of several refused for one record: TestDirectIsolation.)
 func TestDirectRefusalCertainty(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -165,13 +165,12 @@ func TestDirectRefusalCertainty(t *testing.T) {
 		acked   bool
 	}{
 		{"too large alone", sarama.ErrMessageSizeTooLarge, 1, true, false},
-		{"too large in a batch of three", sarama.ErrMessageSizeTooLarge, 3, false, false},
 		{"record list too large alone", sarama.ErrMessageSetSizeTooLarge, 1, true, false},
 		{"invalid record alone", sarama.ErrInvalidRecord, 1, true, false},
-		{"invalid record in a batch of two", sarama.ErrInvalidRecord, 2, false, false},
 		{"topic authorization, batch of three", sarama.ErrTopicAuthorizationFailed, 3, true, false},
 		{"invalid topic, batch of two", sarama.ErrInvalidTopic, 2, true, false},
-		{"unknown refusal alone: attempts", sarama.ErrInvalidTimestamp, 1, false, false},
+		{"invalid timestamp alone", sarama.ErrInvalidTimestamp, 1, true, false},
+		{"unknown refusal alone: attempts", sarama.ErrPolicyViolation, 1, false, false},
 		{"duplicate sequence number: acked", sarama.ErrDuplicateSequenceNumber, 3, false, true},
 	}
 	for _, tc := range cases {
@@ -239,7 +238,7 @@ func TestDirectErrors(t *testing.T) {
 			resent: true, seqAfter: 3},
 		{name: "retries exhausted: fail, new producer id", retryMax: 0, kerr: sarama.ErrNotEnoughReplicas, failQueue: true, seqAfter: 3, newPID: true},
 		{name: "sequence out of order: fail, new producer id", retryMax: 5, kerr: sarama.ErrOutOfOrderSequenceNumber, failQueue: true, seqAfter: 3, newPID: true},
-		{name: "refused: fail alone, sequence taken back", retryMax: 5, kerr: sarama.ErrMessageSizeTooLarge, seqAfter: 0},
+		{name: "invalid topic: fail alone, sequence taken back", retryMax: 5, kerr: sarama.ErrInvalidTopic, seqAfter: 0},
 		{name: "not authorized: fail alone, sequence taken back", retryMax: 5, kerr: sarama.ErrTopicAuthorizationFailed, seqAfter: 0},
 	}
 	for _, tc := range cases {
@@ -366,5 +365,75 @@ func TestDirectUnknownLeaderStartsFix(t *testing.T) {
 	defer d.mu.Unlock()
 	if len(p1.queue) != 1 || len(db.ready) != 0 {
 		t.Errorf("queued %d records on partition 1, %d ready on the broker: want 1 queued, none ready", len(p1.queue), len(db.ready))
+	}
+}
+
+// Issue 36: a batch of several records the broker refuses for one of them
+// is sent again one record per batch, with the same sequence numbers and
+// no verdict for any record meanwhile: only the culprit fails, alone in its
+// batch, so certainly; its neighbours are acked; records queued behind the
+// batch keep their place and go in full batches again afterwards.
+func TestDirectIsolation(t *testing.T) {
+	cases := []struct {
+		name string
+		kerr sarama.KError
+	}{
+		{"too large", sarama.ErrMessageSizeTooLarge},
+		{"record list too large", sarama.ErrMessageSetSizeTooLarge},
+		{"invalid record", sarama.ErrInvalidRecord},
+		{"invalid timestamp", sarama.ErrInvalidTimestamp},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, p, db, v := directRig(t, 5, 1000000)
+			msgs := d.queueN(t, 4, 10)
+			first := d.build(db)
+			if len(first) != 1 || len(first[0].msgs) != 4 {
+				t.Fatalf("first batch: %d batches", len(first))
+			}
+			behind := d.queueN(t, 3, 10) // queued while the batch is in flight
+			d.answer(db, respond(first, tc.kerr), nil)
+			if len(v.done) != 0 {
+				t.Fatalf("%d records completed after a refusal of their batch; want none before the culprit is found", len(v.done))
+			}
+			if len(v.retried) != 1 {
+				t.Errorf("the refused attempt counted %d times, want once", len(v.retried))
+			}
+			const bad = 2
+			for i, m := range msgs {
+				seq := int32(i)
+				if i > bad {
+					seq-- // the culprit's number was given back
+				}
+				b := d.build(db)
+				if len(b) != 1 || len(b[0].msgs) != 1 || b[0].msgs[0] != m || b[0].seq != seq {
+					t.Fatalf("resend %d: %d batches, want record %d alone with sequence %d", i, len(b), i, seq)
+				}
+				kerr := sarama.ErrNoError
+				if i == bad {
+					kerr = tc.kerr
+				}
+				d.answer(db, respond(b, kerr), nil)
+			}
+			for i, m := range msgs {
+				errs := v.done[m]
+				switch {
+				case len(errs) != 1:
+					t.Fatalf("record %d completed %d times", i, len(errs))
+				case i == bad && (errs[0] == nil || !Certain(errs[0])):
+					t.Errorf("the culprit: %v, want a certain refusal", errs[0])
+				case i != bad && errs[0] != nil:
+					t.Errorf("neighbour %d failed with %v, want acked", i, errs[0])
+				}
+			}
+			rest := d.build(db)
+			if len(rest) != 1 || len(rest[0].msgs) != len(behind) || rest[0].seq != 3 {
+				t.Fatalf("records behind: %d batches, want one of %d with sequence 3", len(rest), len(behind))
+			}
+			d.answer(db, respond(rest, sarama.ErrNoError), nil)
+			if p.single != 0 || p.seq != 6 || d.newPID || d.pending != 0 {
+				t.Errorf("single %d seq %d newPID %v pending %d; want 0, 6, false, 0", p.single, p.seq, d.newPID, d.pending)
+			}
+		})
 	}
 }

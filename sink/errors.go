@@ -42,9 +42,12 @@ var Reasons = []string{
 func Classify(err error) (reason string, kind Kind) {
 	var kerr sarama.KError
 	var cerr sarama.ConfigurationError
+	var missing *MissingTopicError
 	switch {
 	case err == nil:
 		return "other", Transient
+	case errors.As(err, &missing):
+		return "unknown_topic", Poison // missing for kafka.missing_topic_timeout (topicGate)
 	case errors.As(err, &cerr) && strings.Contains(string(cerr), "larger than"):
 		return "message_too_large", Poison // rejected locally by kafka.max_message_bytes
 	case errors.As(err, &kerr):
@@ -69,8 +72,10 @@ func Classify(err error) (reason string, kind Kind) {
 			return "producer_state", Transient
 		case sarama.ErrMessageSizeTooLarge, sarama.ErrMessageSetSizeTooLarge:
 			return "message_too_large", Poison
-		case sarama.ErrInvalidRecord:
-			return "invalid_record", Poison // e.g. no key for a compacted topic
+		case sarama.ErrInvalidRecord, sarama.ErrInvalidTimestamp:
+			// No key for a compacted topic, a timestamp outside the
+			// topic's message.timestamp.*.max.ms.
+			return "invalid_record", Poison
 		case sarama.ErrInvalidTopic:
 			return "invalid_topic", Poison
 		case sarama.ErrTopicAuthorizationFailed:
@@ -106,8 +111,10 @@ func (e *SoleError) Unwrap() error { return e.Err }
 //   - The topic's: no write access (TOPIC_AUTHORIZATION_FAILED) or an
 //     invalid topic name hold for every record of the topic, whatever it
 //     was batched with.
+//   - A topic missing for kafka.missing_topic_timeout (MissingTopicError).
 //   - The record's: too large (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
-//     the client's own size check) or invalid (INVALID_RECORD), when the
+//     the client's own size check, a topic's max.message.bytes known
+//     before sending) or invalid (INVALID_RECORD, INVALID_TIMESTAMP), when the
 //     record was alone in the refused batch: a SoleError, the client's
 //     local refusal, or an exactly-once record sent alone (an Own
 //     AbortError). A refused batch of several records says nothing certain
@@ -123,14 +130,18 @@ func Certain(err error) bool {
 	var cerr sarama.ConfigurationError
 	var sole *SoleError
 	var abort *AbortError
+	var missing *MissingTopicError
 	switch {
+	case errors.As(err, &missing):
+		return true // looked up for the timeout already
 	case errors.As(err, &cerr):
 		return true // sarama's per-record check against kafka.max_message_bytes
 	case !errors.As(err, &kerr):
 		return false
 	case kerr == sarama.ErrTopicAuthorizationFailed, kerr == sarama.ErrInvalidTopic:
 		return true
-	case kerr == sarama.ErrMessageSizeTooLarge, kerr == sarama.ErrMessageSetSizeTooLarge, kerr == sarama.ErrInvalidRecord:
+	case kerr == sarama.ErrMessageSizeTooLarge, kerr == sarama.ErrMessageSetSizeTooLarge, kerr == sarama.ErrInvalidRecord,
+		kerr == sarama.ErrInvalidTimestamp:
 		return errors.As(err, &sole) || (errors.As(err, &abort) && abort.Own)
 	}
 	return false

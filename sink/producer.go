@@ -109,6 +109,7 @@ type Producer struct {
 	health    sarama.Client        // fails fast: answers "is the cluster reachable?"
 	ap        sarama.AsyncProducer // kafka.producer: sarama
 	dp        *direct              // kafka.producer: direct
+	gate      *topicGate           // before either engine: topics that do not exist, max.message.bytes
 	published sync.Map             // topic -> prometheus.Counter, for direct
 	connected atomic.Bool
 	ready     chan struct{} // closed once connected: Publish may go
@@ -138,6 +139,7 @@ type metrics struct {
 	requests  prometheus.Counter // produce requests of the direct engine
 	// metadataRetries counts sarama's metadata retries (metadataWatch).
 	metadataRetries prometheus.Counter
+	missingTopics   prometheus.Gauge // topicGate
 }
 
 // New validates cfg and builds the sarama configuration; it does not dial.
@@ -158,13 +160,15 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 		requests: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_produce_requests_total",
 			Help: "Produce requests sent (kafka.producer: direct); events published per request is the batching."}),
 		metadataRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_metadata_retries_total",
-			Help: "Metadata requests sarama retried: a topic that does not exist, or a partition without a leader; publishing to it waits meanwhile."}),
+			Help: "Metadata requests sarama retried: a partition without a leader; publishing to it waits meanwhile."}),
+		missingTopics: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_missing_topics",
+			Help: "Topics events were routed to that do not exist: their events wait up to kafka.missing_topic_timeout, then are poison (unknown_topic). The log names them; so does outbox-relay check."}),
 	}
 	for _, r := range Reasons {
 		m.errors.WithLabelValues(r) // export zeros, so rate() and alerts work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.errors, m.connected, m.requests, m.metadataRetries)
+		reg.MustRegister(m.published, m.errors, m.connected, m.requests, m.metadataRetries, m.missingTopics)
 	}
 	meta := &metadataWatch{retries: m.metadataRetries, log: log.With().Str("component", "sink").Logger()}
 	base := sc.Metadata.Retry.BackoffFunc
@@ -302,6 +306,10 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		health.Close()
 		return err
 	}
+	g := newTopicGate(p.cfg.MissingTopicTimeout, p.cfg.Compression == "none", p.log)
+	g.lookup = brokerLookup(client, p.sc, p.cfg.AutoCreateTopics)
+	g.fail, g.pass = p.complete, p.release
+	g.missing = func(n int) { p.metrics.missingTopics.Set(float64(n)) }
 	if p.cfg.Producer != ProducerSarama {
 		d := newDirect(client, p.sc, p.cfg, p.complete)
 		d.requests = p.metrics.requests
@@ -310,7 +318,9 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 			health.Close()
 			return err
 		}
-		p.health, p.client, p.dp = health, client, d
+		g.limit = d.setLimit
+		p.health, p.client, p.dp, p.gate = health, client, d, g
+		go g.refresh()
 		return nil
 	}
 	ap, err := sarama.NewAsyncProducerFromClient(client)
@@ -319,7 +329,8 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		health.Close()
 		return err
 	}
-	p.health, p.client, p.ap = health, client, ap
+	p.health, p.client, p.ap, p.gate = health, client, ap, g
+	go g.refresh()
 	return nil
 }
 
@@ -491,6 +502,9 @@ func (p *Producer) closeClients(stopProbe chan struct{}, probed <-chan struct{})
 	go func() {
 		defer close(closed)
 		close(stopProbe)
+		if p.gate != nil {
+			p.gate.close()
+		}
 		_ = p.health.Close() // cuts a metadata request in flight
 		<-probed
 		if p.dp != nil {
@@ -534,6 +548,25 @@ func (p *Producer) Publish(ctx context.Context, m *Message) error {
 	if p.closed || (p.ap == nil && p.dp == nil) {
 		return ErrClosed
 	}
+	if p.gate != nil && !p.gate.admit(m) {
+		return nil // held until its topic exists, or refused: the verdict comes later
+	}
+	return p.send(ctx, m)
+}
+
+// release hands a record the topic gate held to the engine, once its topic
+// exists; ErrClosed after Close.
+func (p *Producer) release(m *Message) error {
+	p.inputMu.RLock()
+	defer p.inputMu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	return p.send(context.Background(), m) // the sarama engine's wait ends with Run (stopped)
+}
+
+// send hands m to the engine; under inputMu (read).
+func (p *Producer) send(ctx context.Context, m *Message) error {
 	if p.dp != nil {
 		return p.dp.publish(m) // never blocks: the pipeline bounds what is in flight
 	}

@@ -45,6 +45,12 @@ type TxnProducer struct {
 	returned int
 	failed   map[*Message]error // per record errors of the current transaction
 	changed  chan struct{}      // closed and replaced when returned reaches sent
+	refused  error              // a record of the transaction the gate refused: Commit must not commit
+
+	// gate looks up the topics records are sent to (topicGate.wait), with
+	// the current producer's client (lookupClient).
+	gate         *topicGate
+	lookupClient atomic.Value // sarama.Client
 }
 
 // NewTxn validates cfg and builds the transactional sarama configuration
@@ -86,8 +92,19 @@ func NewTxn(cfg Config, id string, timeout time.Duration, log zerolog.Logger) (*
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka transactional producer config: %w", err)
 	}
-	return &TxnProducer{cfg: cfg, id: id, sc: sc, log: log.With().Str("component", "sink").Str("transactional_id", id).Logger(),
-		failed: map[*Message]error{}, changed: make(chan struct{})}, nil
+	p := &TxnProducer{cfg: cfg, id: id, sc: sc, log: log.With().Str("component", "sink").Str("transactional_id", id).Logger(),
+		failed: map[*Message]error{}, changed: make(chan struct{})}
+	// A topic's max.message.bytes is read when it is first used (not
+	// refreshed: the producer lives for one leadership term).
+	p.gate = newTopicGate(cfg.MissingTopicTimeout, cfg.Compression == "none", p.log)
+	p.gate.lookup = func(topic string) (topicMeta, error) {
+		c, _ := p.lookupClient.Load().(sarama.Client)
+		if c == nil || c.Closed() {
+			return topicMeta{}, sarama.ErrNotConnected
+		}
+		return brokerLookup(c, sc, cfg.AutoCreateTopics)(topic)
+	}
+	return p, nil
 }
 
 // txnRetryBackoff paces sarama's retries of a coordinator request (the
@@ -106,7 +123,10 @@ var txnRetry = backoff.Policy{Initial: 2 * time.Millisecond, Max: 500 * time.Mil
 
 // SetMetrics counts published records and errors in the same series as
 // the at-least-once producer (outbox_relay_events_published_total, ...).
-func (p *TxnProducer) SetMetrics(pr *Producer) { p.metrics = pr.metrics }
+func (p *TxnProducer) SetMetrics(pr *Producer) {
+	p.metrics = pr.metrics
+	p.gate.missing = func(n int) { pr.metrics.missingTopics.Set(float64(n)) }
+}
 
 // Open connects and initialises the producer (InitProducerId: fences older
 // producers with the same transactional id), retrying until ctx ends.
@@ -148,8 +168,9 @@ func (p *TxnProducer) open() error {
 		return err
 	}
 	p.client, p.ap = client, ap
+	p.lookupClient.Store(client)
 	p.mu.Lock()
-	p.sent, p.returned = 0, 0
+	p.sent, p.returned, p.refused = 0, 0, nil
 	clear(p.failed)
 	p.mu.Unlock()
 	p.drained = make(chan struct{})
@@ -228,8 +249,27 @@ func (p *TxnProducer) CheckTopic(topic string) error { return EnsureCheckpointTo
 func (p *TxnProducer) Begin() error { return p.ap.BeginTxn() }
 
 // Send hands m to the open transaction; it blocks while sarama's input is
-// full or until ctx ends.
+// full, while m's topic is looked up (up to kafka.missing_topic_timeout:
+// the Kafka transactions go in order, the later ones wait anyway), or until
+// ctx ends. A record the gate refuses (its topic missing, too large for the
+// topic) fails like one the broker refused, and the transaction is not
+// committed (Commit).
 func (p *TxnProducer) Send(ctx context.Context, m *Message) error {
+	if p.gate != nil {
+		if err := p.gate.wait(ctx, m); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			p.mu.Lock()
+			p.sent++
+			if p.refused == nil {
+				p.refused = err
+			}
+			p.mu.Unlock()
+			p.returnedOne(m, fmt.Errorf("publish to topic %s: %w", m.Topic, err))
+			return nil
+		}
+	}
 	pm := &sarama.ProducerMessage{Topic: m.Topic, Key: sarama.ByteEncoder(m.Key), Value: sarama.ByteEncoder(m.Value),
 		Headers: saramaHeaders(m.Headers), Timestamp: m.Timestamp, Partition: -1, Metadata: m}
 	p.mu.Lock()
@@ -249,6 +289,13 @@ func (p *TxnProducer) Send(ctx context.Context, m *Message) error {
 // from Commit itself (EndTxn attempted) leaves the outcome unknown: build a
 // new producer and read the checkpoint to learn it.
 func (p *TxnProducer) Commit(ctx context.Context) (err error, records map[*Message]error) {
+	p.mu.Lock()
+	refused := p.refused
+	p.mu.Unlock()
+	if refused != nil {
+		// Never commit the others without it: the owner aborts.
+		return fmt.Errorf("not committed, a record was refused before it was sent: %w", refused), p.settle(ctx)
+	}
 	err = p.ap.CommitTxn() // waits until every record sent has returned
 	return err, p.settle(ctx)
 }
@@ -265,7 +312,7 @@ func (p *TxnProducer) settle(ctx context.Context) map[*Message]error {
 	take := func() map[*Message]error { // caller holds mu
 		failed := p.failed
 		p.failed = map[*Message]error{}
-		p.sent, p.returned = 0, 0
+		p.sent, p.returned, p.refused = 0, 0, nil
 		return failed
 	}
 	for {

@@ -149,6 +149,8 @@ var keys = []key{
 		str(func(c *Config) *string { return &c.Kafka.TopicTemplate })},
 	{"kafka.auto_create_topics", "OUTBOX_RELAY_KAFKA_AUTO_CREATE_TOPICS", "kafka-auto-create-topics", "let the relay create a missing topic (needs the broker's auto.create.topics.enable); off: create topics beforehand",
 		boolean(func(c *Config) *bool { return &c.Kafka.AutoCreateTopics })},
+	{"kafka.missing_topic_timeout", "OUTBOX_RELAY_KAFKA_MISSING_TOPIC_TIMEOUT", "kafka-missing-topic-timeout", "how long events wait for a topic that does not exist (other topics go on) before they are poison (unknown_topic)",
+		dur(func(c *Config) *time.Duration { return &c.Kafka.MissingTopicTimeout })},
 	{"kafka.max_topics", "OUTBOX_RELAY_KAFKA_MAX_TOPICS", "kafka-max-topics", "most distinct topics events go to (dead-letter topic not counted); an event for one more is poison (topic_limit)",
 		integer(func(c *Config) *int { return &c.Kafka.MaxTopics })},
 	{"kafka.topic_allowlist", "OUTBOX_RELAY_KAFKA_TOPIC_ALLOWLIST", "kafka-topic-allowlist", "comma-separated topics or prefixes ending in * events may go to (empty = any); others are poison (topic_not_allowed)",
