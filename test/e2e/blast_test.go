@@ -355,32 +355,51 @@ func TestMissingTopicHalts(t *testing.T) {
 	}
 }
 
-// A record batch the broker refuses as a whole for one record in it (too
-// large once compressed for its topic's max.message.bytes, though within
-// kafka.max_message_bytes, so the producer sends it) dead-letters that
-// record only: every good record batched with it arrives, none is
-// dead-lettered.
+// A record batch the broker refuses as a whole for one record in it
+// dead-letters that record only: every good record batched with it
+// arrives, none is dead-lettered, nothing is rewound.
+//
+// The relay keeps its batches for a topic within the topic's
+// max.message.bytes as it last read it (every few minutes) and sends a
+// record larger than that alone, so the broker refuses a batch of several
+// only when the limit is lowered after the relay read it (or the relay may
+// not read topic configs). With compression the relay cannot tell the size
+// on the wire either: gzip lets full batches of the small, alike good
+// records through (300 KB at most, kafka.max_message_bytes) while the bad
+// record (random base64, gzip leaves about 3/4 of it) is over the limit.
 func TestRefusedBatchDeadLettersOnlyTheBadRecord(t *testing.T) {
 	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	const (
-		topicMax = 150000 // the order topic's max.message.bytes
+		topicMax = 150000 // the order topic's max.message.bytes once lowered
 		relayMax = 300000 // kafka.max_message_bytes: the producer's batches stay within it (uncompressed)
 		txn      = 1000
 	)
 	e := newEnv(t, "refusedbatch")
-	dlq := e.Prefix + ".dlq"
+	order, dlq := e.Prefix+".order", e.Prefix+".dlq"
 	// One partition: every order event shares its batches with the others.
-	createTopic(t, e.Prefix+".order", map[string]string{"max.message.bytes": strconv.Itoa(topicMax)})
+	// The broker's default limit (1 MB) for now.
+	createTopic(t, order, nil)
+	if err := testkit.CreateTopics(brokers, 4, nil, e.Prefix+".payment", dlq); err != nil {
+		t.Fatal(err)
+	}
 	r := e.startRelay("--on-poison", "dlq", "--dlq-topic", dlq, "--kafka-compression", "gzip",
 		"--kafka-max-message-bytes", strconv.Itoa(relayMax))
-	// Random bytes in base64: gzip leaves about 3/4 of it, 200 KB, over the
-	// topic's limit; the good records (~350 bytes, alike) compress to a
-	// fraction, so a full batch of them (300 KB) stays well under it.
+	ctx := context.Background()
+	w := e.newWriter(39)
+	// The relay reads the topic's limit with its first event for it.
+	if err := w.Write(ctx, 100, 30, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the first 100 events published", func() bool { return r.metric("outbox_relay_events_published_total") >= 100 })
+	// The operator lowers it.
+	alterTopic(t, order, map[string]string{"max.message.bytes": strconv.Itoa(topicMax)})
+	waitFor(t, 30*time.Second, "the broker to apply max.message.bytes", func() bool {
+		return describeTopic(t, order)["max.message.bytes"] == strconv.Itoa(topicMax)
+	})
+
 	raw := make([]byte, 200000)
 	rand.Read(raw)
 	bad := `{"blob":"` + base64.StdEncoding.EncodeToString(raw) + `"}`
-	ctx := context.Background()
-	w := e.newWriter(39)
 	var badID int64
 	for i := range 5 {
 		if i != 2 {
@@ -406,21 +425,26 @@ func TestRefusedBatchDeadLettersOnlyTheBadRecord(t *testing.T) {
 		t.Fatalf("slot not past the last commit: %v", err)
 	}
 
-	// The broker refused a batch of several records: the relay counts a
-	// refusal per record, so more than one message_too_large.
+	// The broker refused a batch of several records, then the bad one
+	// alone: at least two refusals counted (one per refused batch whose
+	// records go again, one per record completed with the refusal).
 	refused := scrape(t, r).sumWhere("outbox_relay_publish_errors_total", map[string]string{"reason": "message_too_large"})
-	logPublishErrors(t, r)
+	rewinds, others := logPublishErrors(t, r, "message_too_large")
 	if refused < 2 {
-		t.Errorf("%v records refused as message_too_large: the broker never refused a batch of several records, the test did not test it", refused)
+		t.Errorf("%v message_too_large refusals: the broker never refused a batch of several records, the test did not test it", refused)
+	}
+	if rewinds != 0 && others == 0 {
+		t.Errorf("%v rewinds without a transient publish error: a refused batch goes again one record per batch, nothing is rewound", rewinds)
 	}
 
 	letters := consume(t, []string{dlq}, 1, 60*time.Second, 3*time.Second)
 	var ids []string
 	for _, l := range letters {
-		ids = append(ids, l.Headers["dlq.event_id"]+":"+l.Headers["dlq.reason"])
+		ids = append(ids, l.Headers["dlq.event_id"]+":"+l.Headers["dlq.reason"]+":"+l.Headers["dlq.attempts"])
 	}
-	if len(letters) != 1 || letters[0].Headers["dlq.event_id"] != strconv.FormatInt(badID, 10) || letters[0].Headers["dlq.reason"] != "message_too_large" {
-		t.Errorf("%d dead letters (row:reason) %v, want only the bad row %d with message_too_large", len(letters), ids[:min(len(ids), 20)], badID)
+	if len(letters) != 1 || letters[0].Headers["dlq.event_id"] != strconv.FormatInt(badID, 10) ||
+		letters[0].Headers["dlq.reason"] != "message_too_large" || letters[0].Headers["dlq.attempts"] != "1" {
+		t.Errorf("%d dead letters (row:reason:attempts) %v, want only the bad row %d, message_too_large at attempt 1", len(letters), ids[:min(len(ids), 20)], badID)
 	}
 	if got := e.deadLettered(t); !slices.Equal(got, []int64{badID}) {
 		t.Errorf("%d rows marked dead-lettered (first %v), want only the bad row %d", len(got), got[:min(len(got), 20)], badID)
@@ -429,4 +453,24 @@ func TestRefusedBatchDeadLettersOnlyTheBadRecord(t *testing.T) {
 	rep := check(t, ws, rs, e.partitions(t))
 	t.Logf("duplicates=%d (records %d, distinct %d of %d)", rep.Duplicates, rep.Records, rep.Delivered, len(ws))
 	requireClean(t, rep, true)
+	if rep.Duplicates > 100 {
+		t.Errorf("%d duplicates, want at most 100 for one bad record", rep.Duplicates)
+	}
+}
+
+// alterTopic sets configs of topic (the others keep their values).
+func alterTopic(t *testing.T, topic string, configs map[string]string) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(brokers, testkit.SaramaConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	entries := map[string]sarama.IncrementalAlterConfigsEntry{}
+	for k, v := range configs {
+		entries[k] = sarama.IncrementalAlterConfigsEntry{Operation: sarama.IncrementalAlterConfigsOperationSet, Value: &v}
+	}
+	if err := admin.IncrementalAlterConfig(sarama.TopicResource, topic, entries, false); err != nil {
+		t.Fatalf("alter topic %s: %v", topic, err)
+	}
 }
