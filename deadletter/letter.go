@@ -115,6 +115,14 @@ func (l *Letter) Shrink(size int) bool {
 	return false
 }
 
+// Cuts is how many steps Shrink took; CutTo takes the same steps on a
+// letter made again (after an exactly-once rewind, the dead letter is built
+// anew from the event).
+func (l *Letter) Cuts() int { return l.cut }
+
+// CutTo sets the letter's cut to n steps (at most the least letter).
+func (l *Letter) CutTo(n int) { l.cut = min(max(n, 0), cutLeast) }
+
 // MaxField bounds the key of a dead letter and the value of each of the
 // relay's headers: a longer one is cut (BoundField). Applied to every dead
 // letter, so the same aggregate always has the same dead-letter key.

@@ -358,58 +358,55 @@ func safeSize(p *int64) string {
 
 func kafkaChecks(f Facts, add addFunc) {
 	o, k := f.Options, f.Kafka
+	plan := planRoutes(o, f.PG.Routes)
+	read := routeSummary(o, f.PG.Routes, plan)
+	readFix := readFailures(f.PG.Routes)
+	readVerdict := OK
+	if readFix != "" {
+		readVerdict = Warn
+	}
 	brokers := strings.Join(o.Kafka.Brokers, ",")
 	if k.ConnectError != "" {
 		add("kafka", Fail, "cannot reach "+brokers+": "+k.ConnectError,
 			"check kafka.brokers, kafka.tls.* and kafka.sasl.* (the relay connects with the same settings) and that the brokers are up")
-		add("kafka.topics", Skip, "Kafka unreachable", "")
+		if readVerdict == OK {
+			readVerdict = Skip
+		}
+		add("kafka.topics", readVerdict, strings.TrimSuffix("Kafka unreachable; "+read, "; "), readFix)
+		routesChecks(o, plan, add) // judged without Kafka
 		add("kafka.acls", Skip, "Kafka unreachable", "")
 		return
 	}
 	add("kafka", OK, "connected to "+brokers, "")
-	var ok, missing []string
-	var verdict = OK
-	var fixes []string
+
+	// The summary: what was read and which topics exist; each missing
+	// topic has its own line below.
+	var present, missing []string
 	for _, t := range k.Topics {
 		if t.Exists {
-			ok = append(ok, fmt.Sprintf("%s (%d partitions)", t.Name, t.Partitions))
-			continue
+			present = append(present, fmt.Sprintf("%s (%s)", t.Name, plural(int64(t.Partitions), "partition", "partitions")))
+		} else {
+			missing = append(missing, t.Name)
 		}
-		missing = append(missing, t.Name)
 	}
-	create := fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --create --topic %s --partitions N", o.Kafka.Brokers[0], strings.Join(missing, ","))
-	value := ""
+	var value []string
 	switch {
+	case len(k.Topics) == 0:
+		value = append(value, "no topic to check")
 	case len(missing) == 0:
-	case !o.Kafka.AutoCreateTopics:
-		verdict = Fail
-		value = "missing: " + strings.Join(missing, ", ") + " (kafka.auto_create_topics is false)"
-		fixes = append(fixes, "create each missing topic ("+create+"), or set kafka.auto_create_topics: true")
-	case k.BrokerAutoCreate != nil && !*k.BrokerAutoCreate:
-		verdict = Fail
-		value = "missing: " + strings.Join(missing, ", ") + " (the brokers' auto.create.topics.enable is false)"
-		fixes = append(fixes, "create each missing topic ("+create+"), or set auto.create.topics.enable=true on the brokers")
-	case k.BrokerAutoCreate == nil:
-		verdict = Warn
-		value = "missing: " + strings.Join(missing, ", ") + " (created at the first event if the brokers' auto.create.topics.enable is true: could not read it)"
-		fixes = append(fixes, "create each missing topic ("+create+")")
+		value = append(value, "every topic exists: "+cut(present, maxLines))
 	default:
-		value = "created at the first event (kafka.auto_create_topics, auto.create.topics.enable): " + strings.Join(missing, ", ")
-	}
-	if len(ok) > 0 {
-		value = strings.TrimPrefix(value+"; present: "+strings.Join(ok, ", "), "; ")
-	}
-	if !fixedTemplate(o.Kafka.TopicTemplate) {
-		note := "event topics follow " + o.Kafka.TopicTemplate + ": checked those of the rows in the table now"
-		if len(f.PG.AggregateTopics) == 0 {
-			note = "event topics follow " + o.Kafka.TopicTemplate + ": no rows in the table yet, so none checked"
+		value = append(value, fmt.Sprintf("%d of %d topics missing (kafka.topic lines)", len(missing), len(k.Topics)))
+		if len(present) > 0 {
+			value = append(value, "present: "+cut(present, maxLines))
 		}
-		if f.PG.AggregateTopicErr != "" {
-			note = "event topics follow " + o.Kafka.TopicTemplate + ": could not list the table's aggregate types (" + f.PG.AggregateTopicErr + ")"
-		}
-		value += "; " + note
 	}
-	add("kafka.topics", verdict, value, strings.Join(fixes, "; "))
+	if read != "" {
+		value = append(value, "routes read: "+read)
+	}
+	add("kafka.topics", readVerdict, strings.Join(value, "; "), readFix)
+	missingTopicChecks(f, plan, missing, add)
+	routesChecks(o, plan, add)
 
 	switch {
 	case k.ACL.Skipped != "":

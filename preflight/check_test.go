@@ -33,10 +33,10 @@ func healthy() Facts {
 	f.PG = PGFacts{Addr: "db:5432", Role: "relay", Replication: true, Version: "15.4", VersionNum: 150004, WalLevel: "logical",
 		MaxSlots: 10, UsedSlots: 1, MaxSenders: 10, ActiveSenders: 1, MaxSlotWALKeep: "10GB", SchemaUsage: true,
 		TableExists: true, OwnsTable: true, CanCreateInDB: true, EmitMessage: &yes,
-		Fence:           &leader.FenceRights{OK: true, Role: "relay"},
-		Publication:     PubFacts{Exists: true, Insert: true, HasTable: true},
-		Slot:            SlotFacts{Exists: true, Plugin: "pgoutput", SlotType: "logical", Database: "app", CurrentDB: "app", WALStatus: "reserved"},
-		AggregateTopics: []string{"outbox.event.order"}}
+		Fence:       &leader.FenceRights{OK: true, Role: "relay"},
+		Publication: PubFacts{Exists: true, Insert: true, HasTable: true},
+		Slot:        SlotFacts{Exists: true, Plugin: "pgoutput", SlotType: "logical", Database: "app", CurrentDB: "app", WALStatus: "reserved"},
+		Routes:      []RouteRead{{Table: "public.outbox", Values: []RouteValue{{AggregateType: ptr("order"), Rows: 5}}}}}
 	for _, n := range Needs(o) {
 		f.PG.Privs = append(f.PG.Privs, PrivFact{Need: n, Exists: true, Have: true})
 	}
@@ -144,10 +144,16 @@ func TestEvaluate(t *testing.T) {
 		{"topic missing, no auto-create", func(f *Facts) {
 			f.Options.Kafka.AutoCreateTopics = false
 			f.Kafka.Topics[1].Exists = false
-		}, "kafka.topics", Fail, report.ExitBad, []string{"--topic outbox.dlq", "kafka.auto_create_topics: true"}},
-		{"topic missing, broker creates it", func(f *Facts) { f.Kafka.Topics[1].Exists = false }, "kafka.topics", OK, report.ExitOK, nil},
+		}, "kafka.topic", Fail, report.ExitBad, []string{"--topic outbox.dlq", "kafka.auto_create_topics: true"}},
+		{"topic missing, broker creates it", func(f *Facts) { f.Kafka.Topics[1].Exists = false }, "kafka.topic", OK, report.ExitOK, nil},
 		{"topic missing, broker auto-create off", func(f *Facts) { no := false; f.Kafka.BrokerAutoCreate = &no; f.Kafka.Topics[1].Exists = false },
-			"kafka.topics", Fail, report.ExitBad, []string{"auto.create.topics.enable=true"}},
+			"kafka.topic", Fail, report.ExitBad, []string{"auto.create.topics.enable=true"}},
+		{"topic missing, broker setting unknown", func(f *Facts) { f.Kafka.BrokerAutoCreate = nil; f.Kafka.Topics[0].Exists = false },
+			"kafka.topic", Warn, report.ExitWarn, []string{"--topic outbox.event.order"}},
+		{"rows not readable", func(f *Facts) {
+			f.PG.Routes[0] = RouteRead{Table: "public.outbox", Err: "permission denied", SQL: "SELECT 1"}
+		},
+			"kafka.topics", Warn, report.ExitWarn, []string{"SELECT 1;"}},
 		{"ACLs deny the dead-letter topic", func(f *Facts) {
 			f.Kafka.ACL = ACLFacts{Principal: "User:relay", Acls: []sarama.ResourceAcls{{
 				Resource: sarama.Resource{ResourceType: sarama.AclResourceTopic, ResourceName: "outbox.event.", ResourcePatternType: sarama.AclPatternPrefixed},

@@ -16,7 +16,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/leader"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/pgsetup"
-	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Facts is everything the checks read; Evaluate judges it. Unknown values
@@ -34,34 +33,36 @@ type PGFacts struct {
 	Addr         string // host:port of postgres.url, never the password
 	ConnectError string // password removed
 
-	Role              string // current_user
-	Super             bool
-	Replication       bool
-	Version           string // server_version
-	VersionNum        int    // server_version_num
-	WalLevel          string
-	MaxSlots          int
-	UsedSlots         int
-	MaxSenders        int
-	ActiveSenders     int
-	MaxSlotWALKeep    string // SHOW max_slot_wal_keep_size: "-1" = unlimited
-	SchemaUsage       bool
-	SettingsErr       string
-	TableExists       bool
-	Partitioned       bool
-	OwnsTable         bool     // has the privileges of the outbox's owner
-	MissingRequired   []string // required columns absent
-	MissingBookkeep   []string // bookkeeping columns absent (migration 0003)
-	TableErr          string
-	Privs             []PrivFact
-	Fence             *leader.FenceRights
-	FenceErr          string
-	EmitMessage       *bool // EXECUTE on pg_logical_emit_message
-	Publication       PubFacts
-	Slot              SlotFacts
-	CanCreateInDB     bool // CREATE on the database (CREATE PUBLICATION needs it)
-	AggregateTopics   []string
-	AggregateTopicErr string
+	Role            string // current_user
+	Super           bool
+	Replication     bool
+	Version         string // server_version
+	VersionNum      int    // server_version_num
+	WalLevel        string
+	MaxSlots        int
+	UsedSlots       int
+	MaxSenders      int
+	ActiveSenders   int
+	MaxSlotWALKeep  string // SHOW max_slot_wal_keep_size: "-1" = unlimited
+	SchemaUsage     bool
+	SettingsErr     string
+	TableExists     bool
+	Partitioned     bool
+	OwnsTable       bool     // has the privileges of the outbox's owner
+	MissingRequired []string // required columns absent
+	MissingBookkeep []string // bookkeeping columns absent (migration 0003)
+	TableErr        string
+	Privs           []PrivFact
+	Fence           *leader.FenceRights
+	FenceErr        string
+	EmitMessage     *bool // EXECUTE on pg_logical_emit_message
+	Publication     PubFacts
+	Slot            SlotFacts
+	CanCreateInDB   bool // CREATE on the database (CREATE PUBLICATION needs it)
+
+	// Routes are the routing values of the rows in each outbox table now
+	// (Options.Routes, same index), bounded (MaxRouteValues).
+	Routes []RouteRead
 
 	// Failover is what the server says about phantom events
 	// (pgsetup.ReadFailover).
@@ -108,8 +109,7 @@ type SlotFacts struct {
 func Gather(ctx context.Context, o Options) Facts {
 	f := Facts{Options: o}
 	f.PG = gatherPG(ctx, o)
-	topics := eventTopics(o, f.PG.AggregateTopics)
-	f.Kafka = gatherKafka(ctx, o, topics)
+	f.Kafka = gatherKafka(ctx, o, planRoutes(o, f.PG.Routes).names())
 	return f
 }
 
@@ -180,21 +180,34 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 		}
 	}
 
+	// Why an outbox table's rows cannot be read for their routes ("" when
+	// they can): outbox_table reports it.
+	unreadable := map[outboxschema.Table]string{}
+	switch {
+	case f.TableErr != "" || !f.TableExists:
+		unreadable[t] = "the table cannot be read: see outbox_table"
+	case len(f.MissingRequired) > 0:
+		unreadable[t] = "required columns missing: see outbox_table"
+	}
 	if o.Mappings != nil {
 		// Read through a mapping: the column types count, not the relay's
 		// own columns (postgres.table may not even exist with tables).
 		f.TableErr, f.MissingRequired, f.MissingBookkeep = "", nil, nil
 		f.TableExists = true
+		unreadable = map[outboxschema.Table]string{}
 		for _, m := range o.Mappings {
 			types, err := pgsetup.ColumnTypes(ctx, conn, m.Table)
 			switch {
 			case err != nil:
 				f.MappingErrs = append(f.MappingErrs, scrub(err))
+				unreadable[m.Table] = "its columns cannot be read: see outbox_table"
 			case len(types) == 0:
 				f.MappingErrs = append(f.MappingErrs, fmt.Sprintf("outbox table %s does not exist", m.Table))
+				unreadable[m.Table] = "it does not exist"
 			default:
 				if err := m.CheckTypes("", types); err != nil {
 					f.MappingErrs = append(f.MappingErrs, strings.ReplaceAll(err.Error(), "\n", "; "))
+					unreadable[m.Table] = "its columns do not fit the mapping: see outbox_table"
 				}
 			}
 		}
@@ -280,8 +293,7 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 		_ = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+reg+" WHERE slot_name = $1)", o.Slot).Scan(&s.Registered)
 	}
 
-	// The topics of the events in the table now (the template decides the
-	// rest): bounded, so a huge outbox cannot hold the check.
+	// Publication membership of the mapped tables.
 	for _, m := range o.Mappings {
 		var in bool
 		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
@@ -289,12 +301,15 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 			f.PubMissing = append(f.PubMissing, m.Table.Quoted())
 		}
 	}
-	if f.TableExists && len(f.MissingRequired) == 0 && o.Mappings == nil && !fixedTemplate(o.Kafka.TopicTemplate) {
-		f.AggregateTopics, err = aggregateTopics(ctx, conn, o)
-		if err != nil {
-			f.AggregateTopicErr = scrub(err)
-		}
-	}
+
+	// The routing values of the rows in the tables now (the templates
+	// decide the rest): bounded, so a huge outbox cannot hold the check.
+	// The own table's dead-lettered rows were judged already.
+	hasMarks := !slices.Contains(f.MissingBookkeep, outboxschema.ColDeadLetteredAt)
+	f.Routes = readRoutes(ctx, conn, routes(o),
+		func(r Route) string { return unreadable[r.Table] },
+		func(r Route) bool { return r.Own && o.Mappings == nil && hasMarks },
+		scrub)
 	return f
 }
 
@@ -303,51 +318,4 @@ func deref(p *string) string {
 		return ""
 	}
 	return *p
-}
-
-// fixedTemplate reports whether the topic template has no placeholder.
-func fixedTemplate(s string) bool {
-	return !strings.Contains(s, "{aggregate_type}") && !strings.Contains(s, "{event_type}")
-}
-
-// aggregateTopics renders the topic of each distinct (aggregate_type,
-// event_type) in the outbox, at most 100, within a 2 s statement_timeout.
-func aggregateTopics(ctx context.Context, conn *pgx.Conn, o Options) ([]string, error) {
-	tmpl, err := sink.ParseTemplate(o.Kafka.TopicTemplate)
-	if err != nil {
-		return nil, err
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '2s'"); err != nil {
-		return nil, err
-	}
-	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT DISTINCT %s::text, %s::text FROM %s LIMIT 100",
-		outboxschema.ColAggregateType, outboxschema.ColEventType, o.Table.Quoted()))
-	if err != nil {
-		return nil, err
-	}
-	var topics []string
-	for rows.Next() {
-		var at, et string
-		if err := rows.Scan(&at, &et); err != nil {
-			return nil, err
-		}
-		if tp, err := tmpl.Render(at, et); err == nil && sink.ValidTopic(tp) == nil && !slices.Contains(topics, tp) {
-			topics = append(topics, tp)
-		}
-	}
-	return topics, rows.Err()
-}
-
-// eventTopics are the event topics to look for: the fixed topic, or those
-// of the rows in the table now.
-func eventTopics(o Options, fromRows []string) []string {
-	if fixedTemplate(o.Kafka.TopicTemplate) {
-		return []string{o.Kafka.TopicTemplate}
-	}
-	return fromRows
 }

@@ -22,7 +22,7 @@ type KafkaFacts struct {
 	ACL              ACLFacts
 }
 
-// TopicFact is one topic the relay will produce to.
+// TopicFact is one topic the relay will produce to (routePlan).
 type TopicFact struct {
 	Name       string
 	DeadLetter bool
@@ -40,9 +40,12 @@ type ACLFacts struct {
 }
 
 // gatherKafka connects with the relay's own client settings (SASL, TLS,
-// version), lists the topics and reads the ACLs. Bounded by short
-// timeouts, whatever ctx allows.
-func gatherKafka(ctx context.Context, o Options, events []string) KafkaFacts {
+// version), lists the topics and reads the ACLs; topics are those the
+// relay will publish to (routePlan.names). It never creates a topic: the
+// topics are listed with one metadata request for all topics, which names
+// none, so neither the client's nor the broker's auto-creation applies.
+// Bounded by short timeouts, whatever ctx allows.
+func gatherKafka(ctx context.Context, o Options, topics []string) KafkaFacts {
 	var f KafkaFacts
 	sc, err := sink.ClientConfig(o.Kafka)
 	if err != nil {
@@ -58,7 +61,7 @@ func gatherKafka(ctx context.Context, o Options, events []string) KafkaFacts {
 	sc.Net.ReadTimeout = 10 * time.Second
 	sc.Net.WriteTimeout = 5 * time.Second
 	done := make(chan KafkaFacts, 1)
-	go func() { done <- readKafka(o, sc, events) }()
+	go func() { done <- readKafka(o, sc, topics) }()
 	select {
 	case r := <-done:
 		return r
@@ -68,7 +71,7 @@ func gatherKafka(ctx context.Context, o Options, events []string) KafkaFacts {
 	}
 }
 
-func readKafka(o Options, sc *sarama.Config, events []string) KafkaFacts {
+func readKafka(o Options, sc *sarama.Config, topics []string) KafkaFacts {
 	var f KafkaFacts
 	client, err := sarama.NewClient(o.Kafka.Brokers, sc)
 	if err != nil {
@@ -84,7 +87,9 @@ func readKafka(o Options, sc *sarama.Config, events []string) KafkaFacts {
 		f.ConnectError = err.Error()
 		return f
 	}
-	topics, err := admin.ListTopics()
+	// ListTopics asks for the metadata of every topic (no name given):
+	// it cannot create one, whatever the broker's auto.create.topics.enable.
+	exist, err := admin.ListTopics()
 	if err != nil {
 		f.ConnectError = "list topics: " + err.Error()
 		return f
@@ -95,13 +100,12 @@ func readKafka(o Options, sc *sarama.Config, events []string) KafkaFacts {
 				return
 			}
 		}
-		d, ok := topics[name]
+		d, ok := exist[name]
 		f.Topics = append(f.Topics, TopicFact{Name: name, DeadLetter: dlq, Exists: ok, Partitions: int(d.NumPartitions)})
 	}
-	for _, t := range events {
-		add(t, false)
+	for _, t := range topics {
+		add(t, t == o.DeadLetterTopic && !o.PoisonHalts)
 	}
-	add(o.DeadLetterTopic, true)
 
 	if brokers := client.Brokers(); len(brokers) > 0 {
 		entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.BrokerResource,

@@ -41,6 +41,13 @@ type Options struct {
 	// checked (pgsetup.FailoverChecks).
 	SlotFailover bool
 	StandbySlots []string
+	// Routes are the outbox tables as the relay routes their rows (one per
+	// relay.Outbox); nil: Table, the relay's own way, under
+	// Kafka.TopicTemplate.
+	Routes []Route
+	// PoisonHalts is on_poison: halt: a poison event stops the relay and
+	// the dead-letter topic is not used.
+	PoisonHalts bool
 }
 
 // Need is one privilege the relay's role needs on a table.

@@ -317,6 +317,12 @@ func TestExactlyOnceFailuresDeliverOnce(t *testing.T) {
 			if h.restarts.Load() < 1 {
 				t.Errorf("no rewind")
 			}
+			// Exactly-once's way back is its own: the at-least-once skips
+			// and their counters stay out of it.
+			if h.p.resend.on || h.p.resend.republished.Load() != 0 || h.p.resend.skipped.Load() != 0 {
+				t.Errorf("resend log on=%v republished=%d skipped=%d under exactly-once", h.p.resend.on,
+					h.p.resend.republished.Load(), h.p.resend.skipped.Load())
+			}
 		})
 	}
 }
@@ -510,5 +516,75 @@ func TestExactlyOnceHaltCommitsWhatCameBefore(t *testing.T) {
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Handle = %v, want context.Canceled", err)
+	}
+}
+
+// Issue 36: in exactly-once mode too, a dead letter its topic refuses for
+// its size is cut down further (it is made again after each rewind, one
+// step smaller) instead of halting the relay; the events around it are
+// delivered once.
+func TestExactlyOnceDeadLetterCutToFit(t *testing.T) {
+	var refusedLetters int
+	f := &fakeTxn{record: func(m *sink.Message) error {
+		if m.Topic == testDLQ {
+			if len(m.Value) > 0 { // the topic takes no dead letter with its payload
+				refusedLetters++
+				return sarama.ErrMessageSizeTooLarge
+			}
+			return nil
+		}
+		if len(m.Headers) > 0 && string(m.Headers[0].Value) == "3" {
+			return sarama.ErrInvalidRecord
+		}
+		return nil
+	}}
+	h := newEOSHarness(t, f, 100, time.Millisecond, 0)
+	want := []string{}
+	for i := range 5 {
+		id := itoa(int64(i + 1))
+		if err := h.txn(pglogrepl.LSN(100*(i+1)), pglogrepl.LSN(100*(i+1)+10), order(id, "a")); err != nil {
+			t.Fatal(err)
+		}
+		if id != "3" {
+			want = append(want, id)
+		}
+	}
+	if m := h.waitMark(); !strings.HasPrefix(m, "dead 3") {
+		t.Fatalf("row mark %q, want dead 3", m)
+	}
+	h.waitFlushed(510)
+	if h.p.Halted() != nil {
+		t.Fatalf("halted: %v", h.p.Halted())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var events []string
+	var letter *sink.Message
+	for i, m := range f.visible {
+		switch m.Topic {
+		case testDLQ:
+			if letter != nil {
+				t.Fatal("two dead letters visible")
+			}
+			letter = &f.visible[i]
+		case cpTopic:
+		default:
+			events = append(events, string(m.Headers[0].Value))
+		}
+	}
+	if strings.Join(events, ",") != strings.Join(want, ",") {
+		t.Fatalf("events %v, want %v once", events, want)
+	}
+	if letter == nil || len(letter.Value) != 0 || refusedLetters == 0 {
+		t.Fatalf("dead letter %v after %d refusals, want one without its payload", letter, refusedLetters)
+	}
+	omitted := false
+	for _, hd := range letter.Headers {
+		if string(hd.Key) == "dlq.payload_omitted" && string(hd.Value) == "true" {
+			omitted = true
+		}
+	}
+	if !omitted {
+		t.Error("the cut dead letter does not say dlq.payload_omitted: true")
 	}
 }

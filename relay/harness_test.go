@@ -42,6 +42,9 @@ type scriptedPublisher struct {
 	// acked is what the pipeline gave OnAcked: a test may ack a held
 	// batch through it, as the direct engine does.
 	acked func(msgs []*sink.Message, at time.Time)
+	// partition, when set, picks each record's partition (0 otherwise).
+	// Set it before the first transaction.
+	partition func(m *sink.Message) int32
 }
 
 func (s *scriptedPublisher) OnAcked(f func([]*sink.Message, time.Time)) { s.acked = f }
@@ -57,7 +60,10 @@ func wireAcks(p *Pipeline, pub any) {
 }
 
 func (s *scriptedPublisher) Publish(_ context.Context, m *sink.Message) error {
-	m.Partition = 0 // one partition: every test event shares it
+	m.Partition = 0 // one partition: every test event shares it, unless partition says otherwise
+	if s.partition != nil {
+		m.Partition = s.partition(m)
+	}
 	if s.maxBytes > 0 && deadletter.RecordSize(m.Key, m.Value, m.Headers) > s.maxBytes {
 		// sarama's own check, before anything is sent
 		s.mu.Lock()

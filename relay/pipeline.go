@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +93,7 @@ type Pipeline struct {
 	retries *queue[*delivery] // failed dead letters, republished in the order they failed
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
 	rewind  rewind            // failed events: the stream restarts from the watermark
+	resend  resendLog         // what a rewind need not publish again (at-least-once)
 	order   orderWatch
 	mem     txnPool // transactions' deliveries and headers, reused
 	// Where sessions resume (resume.go); loop goroutine.
@@ -147,6 +149,8 @@ func NewPipeline(cfg PipelineConfig, out Delivery, marker RowMarker, log zerolog
 		p.tables = append(p.tables, o.Mapping.Table.String())
 	}
 	p.pts.last = cfg.Kept
+	_, alo := out.(atLeastOnce)
+	p.resend = resendLog{on: alo, seed: maphash.MakeSeed(), flushed: p.tracker.Flushed, limit: resendLimit(cfg.Limits)}
 	p.decodedBy = make([]atomic.Uint64, len(p.outboxes))
 	if err := p.resetDecoder(); err != nil {
 		return nil, err
@@ -275,6 +279,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		d.mark = ob.Own && fromTable && !message
 		d.lsn, d.txnLSN, d.pos, d.commit = ev.LSN, txn.CommitLSN, pos, at
 		d.size, d.attempts = int64(len(ev.Payload)), p.rewind.attemptsOf(pos)
+		d.gen = p.resend.gen
 		d.message, d.msgID = message, ev.MessageID
 		if p.format == record.FormatDebezium {
 			d.msg = record.Debezium(ev, at)
@@ -302,10 +307,21 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			last.ok, last.fromTable, last.table = true, fromTable, ev.TableIndex
 			last.aggType, last.eventType, last.topic = ev.AggregateType, ev.EventType, topic
 		}
-		if reason, cause, ok := p.rewind.deadNext(pos); ok {
+		if p.resend.skips(pos, txn.CommitLSN, d.msg.Topic, d.msg.Key) {
+			// Resent after a rewind, but acked before it with nothing
+			// before it on its partition (or with its key) published again.
+			d.finished, d.skipped = true, true
+			continue
+		}
+		if due, ok := p.rewind.deadNext(pos); ok {
 			// Its Kafka transaction was aborted after on_poison applied
-			// (lostBatch): its dead letter goes out in its place now.
-			p.toDeadLetter(d, reason, cause)
+			// (lostBatch): its dead letter goes out in its place now, cut
+			// as far as the dead-letter topic made it.
+			p.toDeadLetter(d, due.reason, due.cause)
+			if due.cut > 0 {
+				d.letter.CutTo(due.cut)
+				d.msg.Key, d.msg.Value, d.msg.Headers = d.letter.Record(d.letter.At)
+			}
 		}
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.
@@ -330,14 +346,21 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		d := &ds[i]
 		d.pend = pend
 		if d.finished {
+			if d.skipped {
+				p.resend.skipped.Add(1)
+			}
 			d.settle()
 			continue
 		}
 		if p.log.Debug().Enabled() {
 			d.logID(p.log.Debug()).Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).Msg("publish")
 		}
+		again := p.resend.on && p.resend.handed(d.txnLSN, d.pos)
 		if err := p.out.Publish(pubCtx, &d.msg); err != nil {
 			return fmt.Errorf("publish %s at LSN %s: %w", d.name(), d.lsn, err)
+		}
+		if again {
+			p.resend.republished.Add(1)
 		}
 	}
 	p.out.End(txn)

@@ -140,6 +140,7 @@ func (p *Pipeline) Reset(lsn pglogrepl.LSN) error {
 	// The kept position is read off the watermark before it moves down.
 	p.pts.passed(uint64(p.tracker.Flushed()))
 	p.pts.drop()
+	p.resend.reset = true // Session decides whether the skips still hold
 	return p.tracker.Reset(lsn)
 }
 
@@ -177,6 +178,7 @@ func (p *Pipeline) Drain(ctx context.Context) error {
 			}
 			p.countDecoder()
 			p.out.Restart()
+			p.resend.forget() // not a rewind: nothing is skipped, nothing counts as republished
 			return p.resetDecoder()
 		case <-poll.C:
 		case <-warn.C:
@@ -194,6 +196,7 @@ func (p *Pipeline) finishRewind(ctx context.Context) error {
 	if err := p.rewind.wait(ctx, inFlight); err != nil {
 		return err
 	}
+	p.resend.rewound() // before Abandon: what it decides is read off this session's acks
 	p.tracker.Abandon()
 	p.order.reset()
 	p.rewind.reset()

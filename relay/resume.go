@@ -100,11 +100,15 @@ func (p *Pipeline) Session(ctx context.Context, now history.Now) error {
 		}
 	}
 	var best *cand
+	ownOnHistory := false
 	for i := range cands {
 		c := &cands[i]
 		d := history.Decide(c.point, now)
 		if c.point == p.refuted && d.Verdict == history.Apply {
 			d = history.Decision{Verdict: history.Republish, Reason: "the stream showed another transaction at its commit LSN in an earlier session"}
+		}
+		if c.source == "watermark" && (d.Verdict == history.Apply || d.Verdict == history.Behind) {
+			ownOnHistory = true
 		}
 		p.m.history.WithLabelValues(c.source, d.Verdict.String()).Inc()
 		ev := p.log.Info()
@@ -132,6 +136,7 @@ func (p *Pipeline) Session(ctx context.Context, now history.Now) error {
 	if best != nil {
 		p.filter.Set(best.point)
 	}
+	p.resend.resumed(ownOnHistory)
 	return nil
 }
 

@@ -34,9 +34,11 @@ type delivery struct {
 	size     int64
 	attempts int                // failed publish attempts so far
 	letter   *deadletter.Letter // set once the event is being dead-lettered
-	finished bool               // dead-lettered before a rewind: acked without a record
+	finished bool               // dead-lettered before a rewind, or skipped: acked without a record
 	resized  bool               // its dead letter went again as it was after a batch was refused for its size
 	message  bool               // a message event (decoder.SourceMessage): no outbox row to mark
+	skipped  bool               // acked before a rewind with nothing before it to resend (resendLog.skips)
+	gen      uint32             // the session it was handed over in (resendLog.gen)
 	msgID    string             // its envelope id
 }
 
@@ -112,6 +114,9 @@ func (p *Pipeline) Acked(msgs []*sink.Message, at time.Time) {
 	}
 	if part >= 0 {
 		p.order.ack(topic, part, high)
+	}
+	if p.resend.on {
+		p.resend.acked(msgs)
 	}
 	// Settle (settleRun). A delivery is not read after its group settled
 	// (its memory may be reused at once); an unsettled one keeps its
@@ -199,6 +204,22 @@ func (d *delivery) done(err error) {
 	}
 	ev := lc.Str("lsn", d.lsn.String()).Str("topic", d.msg.Topic).
 		Str("reason", reason).Int("attempt", d.attempts).Logger()
+	if d.letter != nil && lost && certain && reason == "message_too_large" {
+		// Exactly-once: the dead letter, alone in its Kafka transaction,
+		// was refused for its size. It is made again after the rewind,
+		// one step smaller each time.
+		if _, ok := record.Shrink(d.letter, d.msg); ok {
+			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err), d.letter.Cuts())
+			p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+			ev.Warn().Err(err).Int("max_bytes", d.letter.MaxBytes).
+				Msg("the dead-letter topic refused the dead letter for its size; it is cut down further and written again after the rewind")
+			if p.rewind.park(d.pos, d.attempts, 0) {
+				p.m.rewinds.Inc()
+			}
+			return
+		}
+		err = fmt.Errorf("%w; even the least dead letter (no payload, no row headers, no error text) is too large: raise max.message.bytes of topic %s", err, d.msg.Topic)
+	}
 	if d.letter != nil && !lost && reason == "message_too_large" && kind == fault.Poison {
 		// The dead-letter topic's max.message.bytes is below
 		// kafka.max_message_bytes: cut the letter down further and send it
@@ -224,9 +245,9 @@ func (d *delivery) done(err error) {
 		// transaction after the rewind (deadNext).
 		switch {
 		case action == record.DeadLetter:
-			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err))
+			p.rewind.deadLater(d.pos, reason, fmt.Errorf("publish to topic %s: %w", d.msg.Topic, err), 0)
 		case d.letter != nil:
-			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err))
+			p.rewind.deadLater(d.pos, d.letter.Reason, errors.New(d.letter.Err), d.letter.Cuts())
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
 		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
@@ -249,6 +270,9 @@ func (d *delivery) done(err error) {
 			return
 		}
 		p.order.fail(d.msg.Topic, d.msg.Partition, d.pos)
+		if p.resend.on {
+			p.resend.failed(d)
+		}
 		if p.rewind.park(d.pos, d.attempts, p.policy.Delay(action, d.attempts)) {
 			p.m.rewinds.Inc()
 			ev.Warn().Err(err).Msg("publish failed: rewinding to the ack watermark, so the event and every later one are published again in order")

@@ -103,6 +103,17 @@ func (t Template) ForTable(schema, table string) (Template, error) {
 	return out.finish()
 }
 
+// Uses reports which of an event's routing fields the template renders:
+// when neither, every event (of its table, after ForTable) goes to one
+// topic. Pure; safe from any goroutine.
+func (t Template) Uses() (aggregateType, eventType bool) {
+	for _, p := range t.parts {
+		aggregateType = aggregateType || p.ref == 1
+		eventType = eventType || p.ref == 2
+	}
+	return aggregateType, eventType
+}
+
 // Render returns the topic for one event, or an error naming the value that
 // makes the name invalid for Kafka.
 // {schema} and {table} not replaced by ForTable render as "".

@@ -43,6 +43,12 @@ func (a *checkArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Write
 		HeartbeatInterval: cfg.Heartbeat.Interval, RetentionKeep: cfg.Retention.Keep, RetentionArchive: cfg.Retention.Archive,
 		Kafka: cfg.Kafka, DeadLetterTopic: cfg.DeadLetter.Topic, MessagesPrefix: cfg.Messages.Prefix, Mappings: cfg.Postgres.Mappings,
 		SlotFailover: cfg.Postgres.SlotFailover, StandbySlots: cfg.Postgres.StandbySlots,
+		PoisonHalts: cfg.OnPoison == "halt",
+	}
+	obs, _ := cfg.Outboxes() // valid: loadConfig resolved them
+	for _, ob := range obs {
+		m := ob.Mapping
+		o.Routes = append(o.Routes, preflight.Route{Table: m.Table, Template: ob.Template, RouteBy: m.RouteBy, Type: m.Type, Own: ob.Own})
 	}
 
 	if a.grants != "" {

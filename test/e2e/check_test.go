@@ -218,3 +218,126 @@ func TestHealthyStartNoWarning(t *testing.T) {
 		t.Errorf("retention's keep is not a duration string:\n%s", testkit.Tail(log, 3000))
 	}
 }
+
+// checksNamed returns every check of r named name (kafka.topic and
+// kafka.route repeat, one line per topic or routing value).
+func checksNamed(r preflight.Report, name string) []checkreport.Check {
+	var out []checkreport.Check
+	for _, c := range r.Checks {
+		if c.Name == name {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// topicLine returns the kafka.topic line naming topic as missing, if any.
+func topicLine(r preflight.Report, topic string) (checkreport.Check, bool) {
+	for _, c := range checksNamed(r, "kafka.topic") {
+		if strings.HasPrefix(c.Value, topic+" does not exist") {
+			return c, true
+		}
+	}
+	return checkreport.Check{}, false
+}
+
+// With kafka.auto_create_topics off, check reads the routing values of the
+// rows in the outbox, renders their topics and fails naming each missing
+// one with the rows' value and the fix; it creates no topic itself (the
+// test broker auto-creates on metadata requests); once the topic exists it
+// passes.
+func TestCheckMissingTopics(t *testing.T) {
+	t.Parallel() // own outbox and topics; no service fault, no shared proxy
+	e := newEnv(t, "checktopics")
+	present, missing, dlq := e.Prefix+".order", e.Prefix+".ordr", e.Prefix+".dlq"
+	if err := testkit.CreateTopics(brokers, 1, nil, present, dlq); err != nil {
+		t.Fatal(err)
+	}
+	e.insertRow(t, "order", "o-1", "created", `{"n":1}`, `{}`)
+	e.insertRow(t, "order", "o-2", "created", `{"n":2}`, `{}`)
+	e.insertRow(t, "ordr", "o-3", "created", `{"n":3}`, `{}`)
+	e.insertRow(t, "ordr", "o-4", "paid", `{"n":4}`, `{}`)
+	args := []string{"--kafka-auto-create-topics=false", "--dlq-topic", dlq}
+
+	r, out := e.runCheck(t, "", args...)
+	c, ok := topicLine(r, missing)
+	if !ok || c.Verdict != preflight.Fail || r.ExitCode != checkreport.ExitBad {
+		t.Fatalf("missing %s: line %+v (found %v), exit %d\n%s", missing, c, ok, r.ExitCode, out)
+	}
+	for _, w := range []string{`aggregate_type "ordr"`, "2 rows", e.Table, "kafka.auto_create_topics is false"} {
+		if !strings.Contains(c.Value, w) {
+			t.Errorf("kafka.topic value lacks %q: %s", w, c.Value)
+		}
+	}
+	for _, w := range []string{"--create --topic " + missing, "kafka.auto_create_topics: true", "fix the rows' aggregate_type"} {
+		if !strings.Contains(c.Fix, w) {
+			t.Errorf("kafka.topic fix lacks %q: %s", w, c.Fix)
+		}
+	}
+	if lines := checksNamed(r, "kafka.topic"); len(lines) != 1 {
+		t.Errorf("want one kafka.topic line (%s), got %+v", missing, lines)
+	}
+	noFailures(t, r, "kafka.topic")
+	if tps, err := testkit.Topics(brokers, missing); err != nil || len(tps) != 0 {
+		t.Fatalf("topics %v (%v): check created %s", tps, err, missing)
+	}
+
+	// The text report names it on one line, the fix on the next.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code, text, err := testkit.Run(ctx, os.Environ(), relayBin, append(append([]string{"check"}, e.flags()...), args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("check, exit %d:\n%s", code, text)
+	if code != checkreport.ExitBad || !strings.Contains(text, "FAIL  "+missing+" does not exist") ||
+		!strings.Contains(text, "-> create topic "+missing+" (kafka-topics.sh") {
+		t.Errorf("text report: exit %d\n%s", code, text)
+	}
+
+	// Once the topic exists, it passes.
+	if err := testkit.CreateTopics(brokers, 1, nil, missing); err != nil {
+		t.Fatal(err)
+	}
+	r, out = e.runCheck(t, "", args...)
+	noFailures(t, r)
+	if lines := checksNamed(r, "kafka.topic"); len(lines) != 0 || (r.ExitCode != checkreport.ExitOK && r.ExitCode != checkreport.ExitWarn) {
+		t.Errorf("after creating %s: kafka.topic %+v, exit %d\n%s", missing, lines, r.ExitCode, out)
+	}
+	if c := checkNamed(t, r, "kafka.topics"); !strings.Contains(c.Value, "every topic exists") || !strings.Contains(c.Value, "2 routing values (aggregate_type) in 4 rows") {
+		t.Errorf("kafka.topics: %+v", c)
+	}
+}
+
+// A mapped table: check reads the mapped routing columns (quoted), renders
+// {event_type} too, names each missing topic by the mapped columns' values
+// and reports a value that can never be a topic name.
+func TestCheckMissingTopicsMapped(t *testing.T) {
+	t.Parallel()
+	e := newMappedEnv(t, "checkmapped", `CREATE TABLE {schema}."Events" (
+		id bigserial PRIMARY KEY, tenant text NOT NULL, "Stream" text, kind text NOT NULL, body jsonb NOT NULL)`,
+		func(e *env) []string {
+			return append(e.baseArgs(), "--table", e.Schema+".Events", "--topic-template", e.Prefix+".{aggregate_type}.{event_type}",
+				"--columns-key", "tenant", "--columns-payload", "body", "--columns-route-by", "Stream", "--columns-type", "kind",
+				"--columns-headers", "none", "--dlq-topic", e.Prefix+".dlq", "--kafka-auto-create-topics=false")
+		})
+	if err := testkit.CreateTopics(brokers, 1, nil, e.Prefix+".order.Created", e.Prefix+".dlq"); err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range [][2]string{{"order", "Created"}, {"ordr", "Created"}, {"bad topic", "Created"}} {
+		mustExec(t, e, `INSERT INTO `+e.Schema+`."Events" (tenant, "Stream", kind, body) VALUES ('t1', $1, $2, '{}')`, row[0], row[1])
+	}
+	r, out := e.runCheck(t, "")
+	missing := e.Prefix + ".ordr.Created"
+	c, ok := topicLine(r, missing)
+	if !ok || c.Verdict != preflight.Fail || !strings.Contains(c.Value, `Stream "ordr", kind "Created"`) ||
+		!strings.Contains(c.Fix, "fix the rows' Stream or kind") || r.ExitCode != checkreport.ExitBad {
+		t.Errorf("missing %s: %+v (found %v), exit %d\n%s", missing, c, ok, r.ExitCode, out)
+	}
+	bad := checksNamed(r, "kafka.route")
+	if len(bad) != 1 || bad[0].Verdict != preflight.Warn || !strings.Contains(bad[0].Value, `Stream "bad topic"`) ||
+		!strings.Contains(bad[0].Value, "invalid_topic") {
+		t.Errorf("kafka.route: %+v\n%s", bad, out)
+	}
+	noFailures(t, r, "kafka.topic")
+}

@@ -116,10 +116,9 @@ func TestTopicLimitBoundsWhatWritersCreate(t *testing.T) {
 }
 
 // With kafka.auto_create_topics off (the default), the relay does not
-// create a topic that does not exist: its events wait, unconfirmed, until
-// the operator creates it, then flow. (A topic whose metadata sarama
-// already has keeps flowing meanwhile; one it has not seen yet waits
-// behind the missing topic's metadata retries.)
+// create a topic that does not exist: its events wait, unconfirmed, within
+// kafka.missing_topic_timeout, until the operator creates it, then flow;
+// other topics flow meanwhile (TestMissingTopicIsolated: after the timeout).
 func TestMissingTopicIsNotCreatedByTheRelay(t *testing.T) {
 	t.Parallel() // own outbox, relay and topics; no service fault, no shared proxy
 	e := newEnv(t, "nocreate")
@@ -134,13 +133,14 @@ func TestMissingTopicIsNotCreatedByTheRelay(t *testing.T) {
 	}
 	e.insertRow(t, "missing", "m-1", "created", `{"n":2}`, `{}`)
 	e.insertRow(t, "order", "o-2", "created", `{"n":3}`, `{}`)
-	// The order event arrives; the other waits in the producer while sarama
-	// asks the broker for the topic's metadata and gets none.
+	// The order event arrives; the other waits in the producer while the
+	// relay looks its topic up.
 	if rs := consume(t, []string{present}, 2, 60*time.Second, time.Second); len(rs) != 2 {
 		t.Fatalf("%d records on %s, want 2", len(rs), present)
 	}
-	waitFor(t, 60*time.Second, "sarama retrying the missing topic's metadata", func() bool {
-		return strings.Contains(r.log(), "client/metadata retrying") && r.metric("outbox_relay_inflight_events") == 1
+	waitFor(t, 30*time.Second, "the relay reporting the missing topic", func() bool {
+		return strings.Contains(r.log(), "topic does not exist") && r.metric("outbox_relay_kafka_missing_topics") == 1 &&
+			r.metric("outbox_relay_inflight_events") == 1
 	})
 	if tps, err := testkit.Topics(brokers, missing); err != nil || len(tps) != 0 {
 		t.Fatalf("topics %v (%v): the relay created %s with kafka.auto_create_topics off", tps, err, missing)
@@ -157,6 +157,12 @@ func TestMissingTopicIsNotCreatedByTheRelay(t *testing.T) {
 	}
 	if err := e.WaitConfirmed(context.Background(), e.currentLSN(t), 60*time.Second); err != nil {
 		t.Fatalf("slot not confirmed after the topic was created: %v", err)
+	}
+	if n := r.metric("outbox_relay_kafka_missing_topics"); n != 0 {
+		t.Errorf("outbox_relay_kafka_missing_topics = %v after the topic was created, want 0", n)
+	}
+	if n := r.metric("outbox_relay_dead_lettered_total"); n != 0 {
+		t.Errorf("%v events dead-lettered; the topic came within kafka.missing_topic_timeout", n)
 	}
 }
 
