@@ -162,10 +162,9 @@ const missingTopicTimeout = 10 * time.Second
 // from a consumer started before the writes (the topic exists: its first
 // records are not held up by the consumer's own metadata retries).
 type arrivals struct {
-	mu    sync.Mutex
-	at    map[string]time.Time
-	last  time.Time // of the latest first arrival
-	total int       // records read
+	mu   sync.Mutex
+	at   map[string]time.Time
+	last time.Time // of the latest first arrival
 }
 
 func watchArrivals(t *testing.T, topic string) *arrivals {
@@ -175,7 +174,6 @@ func watchArrivals(t *testing.T, topic string) *arrivals {
 		now := time.Now()
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		a.total++
 		for _, h := range m.Headers {
 			if string(h.Key) == "outbox_id" {
 				if _, ok := a.at[string(h.Value)]; !ok {
