@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -107,27 +108,8 @@ func (w *Writer) Exec(ctx context.Context, q string) error {
 // a note column) in the same transaction.
 func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) error {
 	w.txn++
-	types, aggs, nums, seqs := make([]string, n), make([]string, n), make([]int32, n), make([]int32, n)
-	next := map[string]int{}
-	for i := range n {
-		a := w.Rand.IntN(aggregates)
-		types[i], nums[i] = w.AggType(a), int32(a)
-		aggs[i] = fmt.Sprintf("%s-%d", types[i], a)
-		next[aggs[i]]++
-		seqs[i] = int32(w.seqs[aggs[i]] + next[aggs[i]])
-	}
-	otherSQL := "SELECT 1 WHERE false"
-	if other != "" {
-		otherSQL = "INSERT INTO " + other + " (note) VALUES ('not an event')"
-	}
-	q := `WITH other AS (` + otherSQL + `)
-		INSERT INTO ` + w.Table + ` AS o (aggregate_type, aggregate_id, event_type, payload, headers)
-		SELECT t, a, t || '.updated',
-		       jsonb_build_object('aggregate', a, 'seq', s, 'txn', $5::bigint, 'note', 'café "quoted"', 'amount', k + 0.5),
-		       jsonb_build_object('trace_id', 'trace-' || a || '-' || s, 'tenant_id', '` + TenantID + `', 'schema_version', 2,
-		                          'traceparent', '` + Traceparent + `')
-		FROM unnest($1::text[], $2::text[], $3::int[], $4::int[]) WITH ORDINALITY AS u(t, a, s, k, n) ORDER BY n
-		RETURNING id, aggregate_type, aggregate_id, (payload->>'seq')::int, ` + eventIDSQL + `, pg_current_wal_insert_lsn()::text`
+	types, aggs, nums, seqs := w.plan(n, aggregates)
+	q := w.insertSQL(other)
 	var got []Event
 	var last pglogrepl.LSN // stays 0 for a recovered commit: position unknown
 	tried := false
@@ -136,17 +118,83 @@ func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) err
 		if tried {
 			// The outcome of a statement cut off by a restart is unknown:
 			// look for its rows before writing them again.
-			if err := w.scan(ctx, &got, nil, `SELECT id, aggregate_type, aggregate_id, (payload->>'seq')::int, `+eventIDSQL+` FROM `+w.Table+
+			if err := w.scan(ctx, w.DB, &got, nil, `SELECT id, aggregate_type, aggregate_id, (payload->>'seq')::int, `+eventIDSQL+` FROM `+w.Table+
 				` o WHERE payload->>'txn' = $1 ORDER BY id`, strconv.FormatInt(w.txn, 10)); err != nil || len(got) > 0 {
 				return err
 			}
 		}
 		tried = true
-		return w.scan(ctx, &got, &last, q, types, aggs, seqs, nums, w.txn)
+		return w.scan(ctx, w.DB, &got, &last, q, types, aggs, seqs, nums, w.txn)
 	})
 	if err != nil {
 		return fmt.Errorf("transaction %d: %w", w.txn, err)
 	}
+	return w.commit(got, n, last)
+}
+
+// WriteAround commits one transaction of n events like Write (no other
+// table), with mid run inside it after the first half of the events and
+// before the rest: a test puts a row of its own (a poison one) among the
+// writer's, so the relay publishes it between them. mid's rows are not the
+// writer's events. Not retried, like BigTxn; one goroutine, like Write.
+func (w *Writer) WriteAround(ctx context.Context, n, aggregates int, mid func(context.Context, pgx.Tx) error) error {
+	w.txn++
+	types, aggs, nums, seqs := w.plan(n, aggregates)
+	q := w.insertSQL("")
+	var got []Event
+	var last pglogrepl.LSN
+	err := pgx.BeginFunc(ctx, w.DB, func(tx pgx.Tx) error {
+		h := n / 2
+		if err := w.scan(ctx, tx, &got, &last, q, types[:h], aggs[:h], seqs[:h], nums[:h], w.txn); err != nil {
+			return err
+		}
+		if err := mid(ctx, tx); err != nil {
+			return fmt.Errorf("mid: %w", err)
+		}
+		return w.scan(ctx, tx, &got, &last, q, types[h:], aggs[h:], seqs[h:], nums[h:], w.txn)
+	})
+	if err != nil {
+		return fmt.Errorf("transaction %d: %w", w.txn, err)
+	}
+	return w.commit(got, n, last)
+}
+
+// plan picks the aggregates of n events and their seqs (after the ones
+// written); the caller writes them in this order.
+func (w *Writer) plan(n, aggregates int) (types, aggs []string, nums, seqs []int32) {
+	types, aggs, nums, seqs = make([]string, n), make([]string, n), make([]int32, n), make([]int32, n)
+	next := map[string]int{}
+	for i := range n {
+		a := w.Rand.IntN(aggregates)
+		types[i], nums[i] = w.AggType(a), int32(a)
+		aggs[i] = fmt.Sprintf("%s-%d", types[i], a)
+		next[aggs[i]]++
+		seqs[i] = int32(w.seqs[aggs[i]] + next[aggs[i]])
+	}
+	return types, aggs, nums, seqs
+}
+
+// insertSQL is Write's statement: $1..$4 the plan's types, aggregates,
+// seqs and numbers, $5 the transaction number; it returns each row's id,
+// type, aggregate, seq, event_id and the WAL insert position.
+func (w *Writer) insertSQL(other string) string {
+	otherSQL := "SELECT 1 WHERE false"
+	if other != "" {
+		otherSQL = "INSERT INTO " + other + " (note) VALUES ('not an event')"
+	}
+	return `WITH other AS (` + otherSQL + `)
+		INSERT INTO ` + w.Table + ` AS o (aggregate_type, aggregate_id, event_type, payload, headers)
+		SELECT t, a, t || '.updated',
+		       jsonb_build_object('aggregate', a, 'seq', s, 'txn', $5::bigint, 'note', 'café "quoted"', 'amount', k + 0.5),
+		       jsonb_build_object('trace_id', 'trace-' || a || '-' || s, 'tenant_id', '` + TenantID + `', 'schema_version', 2,
+		                          'traceparent', '` + Traceparent + `')
+		FROM unnest($1::text[], $2::text[], $3::int[], $4::int[]) WITH ORDINALITY AS u(t, a, s, k, n) ORDER BY n
+		RETURNING id, aggregate_type, aggregate_id, (payload->>'seq')::int, ` + eventIDSQL + `, pg_current_wal_insert_lsn()::text`
+}
+
+// commit records the n events of the writer's current transaction, got,
+// committed with the WAL insert position last inside it.
+func (w *Writer) commit(got []Event, n int, last pglogrepl.LSN) error {
 	if len(got) != n {
 		return fmt.Errorf("transaction %d: %d rows back, want %d", w.txn, len(got), n)
 	}
@@ -163,7 +211,7 @@ func (w *Writer) Write(ctx context.Context, n, aggregates int, other string) err
 func (w *Writer) BigTxn(ctx context.Context, n, k int) error {
 	w.txn++
 	var got []Event
-	err := w.scan(ctx, &got, nil, `INSERT INTO `+w.Table+` AS o (aggregate_type, aggregate_id, event_type, payload, headers)
+	err := w.scan(ctx, w.DB, &got, nil, `INSERT INTO `+w.Table+` AS o (aggregate_type, aggregate_id, event_type, payload, headers)
 		SELECT 'order', 'order-' || (g % $2) * 3, 'order.updated',
 		       jsonb_build_object('aggregate', 'order-' || (g % $2) * 3, 'seq', g / $2 + 1),
 		       jsonb_build_object('trace_id', 'trace-order-' || (g % $2) * 3 || '-' || (g / $2 + 1), 'tenant_id', '`+TenantID+`',
@@ -193,11 +241,16 @@ func (w *Writer) add(got []Event, last pglogrepl.LSN) {
 	w.written.Store(int64(len(w.events)))
 }
 
-// scan runs q and appends its rows (id, type, aggregate, seq, event_id[,
-// lsn]) to got; with last non-nil the sixth column is a WAL position,
-// maximised into it.
-func (w *Writer) scan(ctx context.Context, got *[]Event, last *pglogrepl.LSN, q string, args ...any) error {
-	rows, err := w.DB.Query(ctx, q, args...)
+// querier runs a query on the pool or in a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// scan runs q on db and appends its rows (id, type, aggregate, seq,
+// event_id[, lsn]) to got; with last non-nil the sixth column is a WAL
+// position, maximised into it.
+func (w *Writer) scan(ctx context.Context, db querier, got *[]Event, last *pglogrepl.LSN, q string, args ...any) error {
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return err
 	}
