@@ -115,7 +115,7 @@ func (g *topicGate) admit(m *Message) bool {
 		err := g.tooLarge(t, m)
 		g.mu.Unlock()
 		if err != nil {
-			go g.fail(m.Topic, []*Message{m}, err)
+			go g.refuse(m.Topic, []*Message{m}, err)
 			return false
 		}
 		return true
@@ -127,7 +127,7 @@ func (g *topicGate) admit(m *Message) bool {
 			go g.resolve(m.Topic, t)
 		}
 		g.mu.Unlock()
-		go g.fail(m.Topic, []*Message{m}, err)
+		go g.refuse(m.Topic, []*Message{m}, err)
 		return false
 	}
 	t.held = append(t.held, m)
@@ -137,6 +137,14 @@ func (g *topicGate) admit(m *Message) bool {
 	}
 	g.mu.Unlock()
 	return false
+}
+
+// refuse completes msgs, refused before any partition was chosen.
+func (g *topicGate) refuse(topic string, msgs []*Message, err error) {
+	for _, m := range msgs {
+		m.Partition = -1
+	}
+	g.fail(topic, msgs, err)
 }
 
 // tooLarge refuses m before it is sent when its topic's max.message.bytes
@@ -195,7 +203,7 @@ func (g *topicGate) resolve(name string, t *gateTopic) {
 						Msg("topic does not exist after kafka.missing_topic_timeout: its events are poison (reason unknown_topic) until it is created; create the topic or fix the rows, then replay the dead letters")
 				}
 				if len(held) > 0 {
-					g.fail(name, held, &MissingTopicError{Topic: name, Waited: waited})
+					g.refuse(name, held, &MissingTopicError{Topic: name, Waited: waited})
 				}
 				return
 			}
@@ -274,7 +282,7 @@ func (g *topicGate) release(name string, t *gateTopic) {
 		}
 		g.mu.Unlock()
 		for i, m := range refused {
-			g.fail(name, []*Message{m}, errs[i])
+			g.refuse(name, []*Message{m}, errs[i])
 		}
 		for _, m := range pass {
 			if err := g.pass(m); err != nil {

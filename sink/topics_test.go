@@ -97,6 +97,7 @@ func TestGateMissingTopicIsolated(t *testing.T) {
 	r := newGateRig(t, 300*time.Millisecond, true)
 	r.exists["orders"] = 0
 	bad := msg("ordr", 0, 10)
+	bad.Partition = 3 // left from an earlier attempt
 	r.publish(bad)
 	var good []*Message
 	for i := range 1000 {
@@ -121,6 +122,9 @@ func TestGateMissingTopicIsolated(t *testing.T) {
 		t.Errorf("failed after %s, want about the 300ms timeout", waited)
 	}
 	err := r.failed[bad]
+	if bad.Partition != -1 {
+		t.Errorf("refused record has partition %d, want -1 (none chosen)", bad.Partition)
+	}
 	var missing *MissingTopicError
 	if !errors.As(err, &missing) || missing.Topic != "ordr" {
 		t.Fatalf("verdict %v, want a MissingTopicError naming ordr", err)
