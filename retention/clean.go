@@ -186,7 +186,8 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	return nil
 }
 
-// sample advances the horizon and refreshes the metrics.
+// sample advances the horizon and refreshes the metrics. The undelivered
+// count waits up to ProofWait for the slot to confirm past its snapshot.
 func (c *Cleaner) sample(ctx context.Context, conn *pgx.Conn) (State, error) {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -204,11 +205,16 @@ func (c *Cleaner) sample(ctx context.Context, conn *pgx.Conn) (State, error) {
 	} else {
 		c.m.horizonAge.Set(time.Since(c.started).Seconds())
 	}
-	n, _, err := c.h.Undelivered(qctx, conn, st, UndeliveredCap)
+	n, err := c.h.Count(qctx, conn, st, UndeliveredCap, ProofWait)
 	if err != nil {
 		return st, err
 	}
-	c.m.undelivered.Set(float64(n))
+	c.m.undelivered.Set(float64(n.N))
+	if n.Exact {
+		c.m.undeliveredExact.Set(1)
+	} else {
+		c.m.undeliveredExact.Set(0)
+	}
 	oldest, ok, err := c.h.OldestRow(qctx, conn)
 	if err != nil {
 		return st, err

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -55,26 +56,147 @@ func (h Horizon) IsDelivered(ctx context.Context, q RowQuerier, st State, id int
 	return delivered, true, nil
 }
 
-// Undelivered counts rows not yet proven delivered, cheaply: the rows
-// created after the delivered horizon's sample time (an index range scan
-// on created_at), at most limit (capped then reports true). The bound:
-// it over-counts the rows delivered since that sample (about two sample
-// intervals of writes when healthy) and misses undelivered rows whose
-// created_at is older than the sample: transactions open since before it,
-// or a created_at set by hand. Before the first promotion it counts the
-// rows with published_at unset.
-func (h Horizon) Undelivered(ctx context.Context, q RowQuerier, st State, limit int64) (n int64, capped bool, err error) {
-	sql := "SELECT count(*) FROM (SELECT 1 FROM " + h.Table.Quoted() + " WHERE published_at IS NULL"
-	args := []any{limit}
+// ProofWait is how long Count waits, at most, for the slot to confirm past
+// its snapshot. The relay confirms within about status_interval plus
+// heartbeat.interval (1 s each by default).
+const ProofWait = 3 * time.Second
+
+// Count is an undelivered count.
+type Count struct {
+	// N rows not proven delivered; with Capped the count stopped at the
+	// limit: at least N.
+	N      int64
+	Capped bool
+	// Exact: the slot confirmed past every transaction the count's
+	// snapshot saw, so every row it left out is delivered and each row
+	// it counted is not (published_at unset and below the slot's floor:
+	// written before the slot, never streamed by it). Then N is 0 when
+	// the relay is caught up.
+	//
+	// Not Exact: N is a bound by the stored delivered horizon. It
+	// over-counts the rows delivered since that horizon's sample (about
+	// two sample intervals of writes) and misses undelivered rows whose
+	// created_at is older than the sample (transactions open since before
+	// it, a created_at set by hand).
+	Exact bool
+}
+
+// TxQuerier is the part of a pgx connection Count uses.
+type TxQuerier interface {
+	RowQuerier
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Count counts the rows not proven delivered, cheaply: among the rows with
+// published_at unset and created_at after the delivered horizon's sample
+// (all of them before the first promotion; an index range scan on
+// created_at), at most limit, those the horizon does not prove.
+//
+// It counts in a read-only REPEATABLE READ snapshot S, then reads the WAL
+// insert position L. Every transaction S sees had inserted its commit
+// record before L. Once the slot has confirmed L, every row S sees with an
+// xid at or above the slot's floor is delivered, so the count is exact.
+// Count polls the slot for that (every 100 ms, up to wait; not at all when
+// no walsender streams from it), only while the state is proven sound (a
+// state row, retention not paused, the slot registered as the floor's and
+// healthy). Otherwise, or when the slot does not confirm in time, it
+// returns the bound by the stored horizon (Exact false). st is the state
+// as read or advanced just before. It blocks on q (at most about wait plus
+// the queries), which the caller must not use meanwhile.
+func (h Horizon) Count(ctx context.Context, q TxQuerier, st State, limit int64, wait time.Duration) (Count, error) {
+	provable := st.FloorXID != 0 && st.PausedReason == ""
+	tx, err := q.Begin(ctx)
+	if err != nil {
+		return Count{}, fmt.Errorf("count undelivered rows of %s: %w", h.Table, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
+		return Count{}, fmt.Errorf("count undelivered rows of %s: %w", h.Table, err)
+	}
+	// Two statements, in this order: the snapshot first (the first
+	// statement of the transaction takes it), then the insert position.
+	var xmax string
+	var recovery bool
+	if err := tx.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text, pg_is_in_recovery()").Scan(&xmax, &recovery); err != nil {
+		return Count{}, fmt.Errorf("count undelivered rows of %s: %w", h.Table, err)
+	}
+	provable = provable && !recovery
+	var at pglogrepl.LSN
+	if provable {
+		var l string
+		if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&l); err != nil {
+			return Count{}, fmt.Errorf("count undelivered rows of %s: read the WAL insert position: %w", h.Table, err)
+		}
+		if at, err = pglogrepl.ParseLSN(l); err != nil {
+			return Count{}, fmt.Errorf("parse insert lsn %q: %w", l, err)
+		}
+	}
+	floor, upto := st.Args()
+	fresh := int64(0) // proves nothing unless provable
+	if provable {
+		x, err := strconv.ParseUint(xmax, 10, 64)
+		if err != nil {
+			return Count{}, fmt.Errorf("parse snapshot xmax %q: %w", xmax, err)
+		}
+		fresh = int64(x)
+	}
+	sql := With() + "SELECT count(*), count(*) FILTER (WHERE NOT " + DeliveredCond("$2", "$3") + "), count(*) FILTER (WHERE NOT " + DeliveredCond("$4", "$5") + ")" +
+		" FROM (SELECT o.xmin, o.published_at FROM " + h.Table.Quoted() + " o WHERE o.published_at IS NULL"
+	args := []any{limit, floor, upto, int64(st.FloorXID), fresh}
 	if st.Proven() {
-		sql += " AND created_at > $2"
+		sql += " AND o.created_at > $6"
 		args = append(args, st.DeliveredAt)
 	}
-	sql += " LIMIT $1) u"
-	if err := q.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-		return 0, false, fmt.Errorf("count undelivered rows of %s: %w", h.Table, err)
+	sql += " LIMIT $1) o, c"
+	var seen, bound, exact int64
+	if err := tx.QueryRow(ctx, sql, args...).Scan(&seen, &bound, &exact); err != nil {
+		return Count{}, fmt.Errorf("count undelivered rows of %s: %w", h.Table, err)
 	}
-	return n, n >= limit, nil
+	if err := tx.Commit(ctx); err != nil {
+		return Count{}, fmt.Errorf("count undelivered rows of %s: %w", h.Table, err)
+	}
+	c := Count{N: bound, Capped: seen >= limit}
+	if !provable {
+		return c, nil
+	}
+	ok, err := h.waitConfirmed(ctx, q, at, wait)
+	if err != nil || !ok {
+		return c, err
+	}
+	// Read after the wait: a slot recreated meanwhile (registered with a
+	// newer created_xid) never streamed what the old one left.
+	reg, err := h.readRegistry(ctx, q)
+	if err != nil || reg.missing || reg.createdXID > st.FloorXID {
+		return c, err
+	}
+	c.N, c.Exact = exact, true
+	return c, nil
+}
+
+// waitConfirmed polls the slot until it is healthy and has confirmed lsn
+// (true), or wait passes, or no walsender streams from it (false).
+func (h Horizon) waitConfirmed(ctx context.Context, q RowQuerier, lsn pglogrepl.LSN, wait time.Duration) (bool, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		s, err := ReadSlot(ctx, q, h.Slot)
+		if err != nil {
+			return false, err
+		}
+		if s.Healthy() != "" {
+			return false, nil
+		}
+		if s.Confirmed >= lsn {
+			return true, nil
+		}
+		if !s.Active || !time.Now().Before(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(min(100*time.Millisecond, time.Until(deadline))):
+		}
+	}
 }
 
 // OldestRow returns the created_at of the oldest row (ok false when the

@@ -68,6 +68,7 @@ func (s State) Proven() bool { return s.DeliveredXID != 0 }
 // Slot is what the horizon reads of the replication slot.
 type Slot struct {
 	Exists    bool
+	Active    bool // a walsender streams from it now
 	Confirmed pglogrepl.LSN
 	WALStatus string
 }
@@ -162,7 +163,7 @@ func (h Horizon) ReadState(ctx context.Context, q RowQuerier) (State, error) {
 func ReadSlot(ctx context.Context, q RowQuerier, slot string) (Slot, error) {
 	var s Slot
 	var confirmed, status *string
-	err := q.QueryRow(ctx, "SELECT confirmed_flush_lsn::text, wal_status FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed, &status)
+	err := q.QueryRow(ctx, "SELECT confirmed_flush_lsn::text, wal_status, active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed, &status, &s.Active)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -297,7 +298,7 @@ type registration struct {
 	createdXID uint64 // 0 when unknown (registered before migration 0005)
 }
 
-func (h Horizon) readRegistry(ctx context.Context, conn *pgx.Conn) (registration, error) {
+func (h Horizon) readRegistry(ctx context.Context, conn RowQuerier) (registration, error) {
 	var r registration
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", h.registry()).Scan(&exists); err != nil || !exists {

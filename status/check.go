@@ -9,6 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/report"
+	"github.com/outbox-relay/outbox-relay/retention"
 )
 
 // Verdicts of status's checks, from best to worst (report's: status says
@@ -236,14 +237,24 @@ func deliveryChecks(f Facts, t outboxschema.Table, migrate func(string, int) str
 	if !unknown {
 		u.Name = "undelivered"
 		n := *d.Undelivered
-		u.Value = count(n, d.UndeliveredCapped) + " rows not proven delivered (bound: over-counts rows delivered since the horizon's sample, about two samples of writes; misses rows of transactions open since before it)"
-		if d.LagSecondsBound == nil {
-			u.Value = count(n, d.UndeliveredCapped) + " rows without published_at (no delivered horizon yet: nothing is proven by position)"
+		switch {
+		case d.UndeliveredExact:
+			u.Value = count(n, d.UndeliveredCapped) + " rows not proven delivered (exact: the slot confirmed past the count's snapshot)"
+		case d.LagSecondsBound == nil:
+			u.Value = count(n, d.UndeliveredCapped) + " rows not proven delivered (a bound, not exact: the slot did not confirm past the count within " +
+				secs(retention.ProofWait.Seconds()) + "; no delivered horizon yet, so every row without published_at is counted)"
+		default:
+			u.Value = count(n, d.UndeliveredCapped) + " rows not proven delivered (a bound, not exact: the slot did not confirm past the count within " +
+				secs(retention.ProofWait.Seconds()) + "; over-counts rows delivered since the horizon's sample, about two samples of writes; misses rows of transactions open since before it)"
 		}
 		lagOK := d.LagSecondsBound != nil && time.Duration(*d.LagSecondsBound*float64(time.Second)) <= LagSecondsOK
 		switch {
 		case n == 0:
 			u.Verdict = OK
+		case d.UndeliveredExact:
+			// The slot is past them: written below its floor (before the
+			// slot existed), it never streams them.
+			u.Verdict, u.Fix = Warn, "they were written before the slot's floor and the slot never streams them: see pre_slot_rows"
 		case !streaming:
 			u.Verdict, u.Fix = Bad, "nothing delivers them: no relay streams from the slot; "+startRelay
 		case !lagOK:

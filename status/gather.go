@@ -124,12 +124,15 @@ type DeliveryFacts struct {
 	SampleIntervalSeconds float64  `json:"sample_interval_seconds"`
 	Undelivered           *int64   `json:"undelivered"`
 	UndeliveredCapped     bool     `json:"undelivered_capped"`
-	PreSlotRows           *int64   `json:"pre_slot_rows"`
-	PreSlotMinID          int64    `json:"pre_slot_min_id,omitempty"`
-	PreSlotMaxID          int64    `json:"pre_slot_max_id,omitempty"`
-	PreSlotError          string   `json:"pre_slot_error,omitempty"`
-	PreSlotSQL            string   `json:"pre_slot_sql,omitempty"`
-	Error                 string   `json:"error,omitempty"`
+	// UndeliveredExact: the slot confirmed past the count's snapshot, so
+	// Undelivered is exact (retention.Count); false: a bound.
+	UndeliveredExact bool   `json:"undelivered_exact"`
+	PreSlotRows      *int64 `json:"pre_slot_rows"`
+	PreSlotMinID     int64  `json:"pre_slot_min_id,omitempty"`
+	PreSlotMaxID     int64  `json:"pre_slot_max_id,omitempty"`
+	PreSlotError     string `json:"pre_slot_error,omitempty"`
+	PreSlotSQL       string `json:"pre_slot_sql,omitempty"`
+	Error            string `json:"error,omitempty"`
 }
 
 // DLQFacts counts dead-lettered rows nobody replayed or resolved.
@@ -325,11 +328,11 @@ func gatherDelivery(ctx context.Context, q Querier, h retention.Horizon, o Optio
 	if o.EventID > 0 {
 		return d, st
 	}
-	n, capped, err := h.Undelivered(ctx, q, st, o.UndeliveredLimit)
+	n, err := h.Count(ctx, q, st, o.UndeliveredLimit, retention.ProofWait)
 	if err != nil {
 		d.Error = joinErr(d.Error, err.Error())
 	} else {
-		d.Undelivered, d.UndeliveredCapped = &n, capped
+		d.Undelivered, d.UndeliveredCapped, d.UndeliveredExact = &n.N, n.Capped, n.Exact
 	}
 	if d.StateFound {
 		d.PreSlotSQL = h.PreSlotSQL()

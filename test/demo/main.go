@@ -409,9 +409,9 @@ func statusLine(ctx context.Context, url string, db *pgxpool.Pool) string {
 	m, err := scrape(url)
 	relay := "relay DOWN (restarting?)"
 	if err == nil {
-		relay = fmt.Sprintf("relay ready=%.0f lag_seconds=%.1f slot_lag=%s undelivered=%.0f published=%.0f",
+		relay = fmt.Sprintf("relay ready=%.0f lag_seconds=%.1f slot_lag=%s %s published=%.0f",
 			m["outbox_relay_ready"], m["outbox_relay_lag_seconds"], bytes(m["outbox_relay_slot_lag_bytes"]),
-			m["outbox_relay_undelivered_events"], m["outbox_relay_events_published_total"])
+			undelivered(m), m["outbox_relay_events_published_total"])
 	}
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -424,6 +424,18 @@ func statusLine(ctx context.Context, url string, db *pgxpool.Pool) string {
 		return "status   " + relay
 	}
 	return fmt.Sprintf("status   %s | order events written=%d billed=%d | dead letters=%d", relay, written, billed, dead)
+}
+
+// undelivered shows outbox_relay_undelivered_events: "undelivered=N" when
+// it is exact (outbox_relay_undelivered_exact 1: the slot confirmed past
+// the count; 0 when the relay is caught up), "undelivered<=N" when it is a
+// bound by the delivered horizon's sample (the relay has not confirmed
+// past the count yet).
+func undelivered(m map[string]float64) string {
+	if m["outbox_relay_undelivered_exact"] == 1 {
+		return fmt.Sprintf("undelivered=%.0f", m["outbox_relay_undelivered_events"])
+	}
+	return fmt.Sprintf("undelivered<=%.0f", m["outbox_relay_undelivered_events"])
 }
 
 func bytes(f float64) string {

@@ -104,8 +104,8 @@ func TestDeliveryHorizonProvesOnlyDeliveredRows(t *testing.T) {
 		return delivered(before) && delivered(after) && delivered(held)
 	})
 	st := advance()
-	if n, _, err := h.Undelivered(ctx, conn, st, 1000); err != nil || n > 3 {
-		t.Fatalf("undelivered %d, %v", n, err)
+	if n, err := h.Count(ctx, conn, st, 1000, 0); err != nil || n.N > 3 {
+		t.Fatalf("undelivered %+v, %v", n, err)
 	}
 	// A row written now is not proven until the slot passes it.
 	fresh := insert(e.DB)
