@@ -88,8 +88,9 @@ type Event struct {
 	// required column NULL, empty, missing or not text, an integer id
 	// column whose text is not a 64-bit integer, an event_id that is not a
 	// UUID's text or a dlq_replay_of not a row id, a bytea payload that is
-	// not hex, headers that are not a JSON object or hold a reserved key
-	// (outboxschema.ReservedHeader), or a refused message event (RowError).
+	// not hex, headers that are not a JSON object or hold a key the
+	// header-name rule refuses (outboxschema.CheckHeaderName), or a
+	// refused message event (RowError).
 	// The other fields then hold what could be read (text columns as sent,
 	// Headers nil), so the caller can dead-letter the row or stop on it; the
 	// stream goes on.
@@ -816,8 +817,8 @@ func (d *Decoder) event(rel *relation, lsn pglogrepl.LSN) (Event, *RowError) {
 			return ev, d.rowError(ev, roleHeaders, r)
 		}
 		for _, h := range d.hdrs {
-			if h.reserved {
-				return ev, d.reservedHeader(ev, h.key)
+			if h.refused {
+				return ev, d.headerNameError(ev, h.key)
 			}
 		}
 		hasHeaders = true
@@ -948,13 +949,13 @@ func (d *Decoder) strLast(b []byte, last *string) string {
 
 // lastKey is a headers column key of the previous row and its verdict.
 type lastKey struct {
-	s        string
-	reserved bool
-	ok       bool
+	s       string
+	refused bool
+	ok      bool
 }
 
-// interned is a value of the intern map: the string, and whether it is a
-// reserved header key (reservedKey) once it was used as a key.
+// interned is a value of the intern map: the string, and whether the
+// header-name rule refuses it (refusedKey) once it was used as a key.
 type interned struct {
 	s   string
 	key keyCheck
@@ -965,29 +966,28 @@ type keyCheck uint8
 const (
 	keyUnchecked keyCheck = iota
 	keyFree
-	keyReserved
+	keyRefused
 )
 
-// headerKey is str for a key of the headers column, and reports whether it
-// is reserved (reservedKey), with the verdict kept in the intern map: the
-// few distinct keys are compared with the reserved ones once, not once per
-// row.
-func (d *Decoder) headerKey(b []byte) (key string, reserved bool) {
+// headerKey is str for a key of the headers column, and reports whether
+// the header-name rule refuses it (refusedKey), with the verdict kept in
+// the intern map: the few distinct keys are judged once, not once per row.
+func (d *Decoder) headerKey(b []byte) (key string, refused bool) {
 	e, ok := d.intern[string(b)]
 	if ok && e.key != keyUnchecked {
-		return e.s, e.key == keyReserved
+		return e.s, e.key == keyRefused
 	}
 	if !ok {
 		e.s = string(b)
 	}
 	e.key = keyFree
-	if d.reservedKey(e.s) {
-		e.key = keyReserved
+	if d.refusedKey(e.s) {
+		e.key = keyRefused
 	}
 	if ok || len(d.intern) < maxInterned && len(e.s) <= maxInternSize {
 		d.intern[e.s] = e
 	}
-	return e.s, e.key == keyReserved
+	return e.s, e.key == keyRefused
 }
 
 func (d *Decoder) rowError(ev Event, r role, why *reason) *RowError {
@@ -1005,32 +1005,42 @@ func (d *Decoder) rowError(ev Event, r role, why *reason) *RowError {
 	return e
 }
 
-// reservedKey reports whether a headers column key is reserved.
-func (d *Decoder) reservedKey(k string) bool {
-	if outboxschema.ReservedHeader(k) {
-		return true
-	}
-	for _, r := range d.reserved {
-		if strings.EqualFold(k, r) {
-			return true
-		}
-	}
-	return false
+// refusedKey reports whether the header-name rule refuses a key of the
+// headers column or of a message's headers: the one rule outbox.Write and
+// check apply too (outboxschema.CheckHeaderName), with the Decoder's extra
+// reserved keys.
+func (d *Decoder) refusedKey(k string) bool {
+	return outboxschema.CheckHeaderName(k, d.reserved...) != nil
 }
 
-// reservedHeader is the RowError of a headers column with a reserved key:
-// the relay's own header would be followed by the row's forged one.
-func (d *Decoder) reservedHeader(ev Event, key string) *RowError {
-	own := outboxschema.ReservedNames()
-	if len(d.reserved) > 0 {
-		own += ", " + strings.Join(d.reserved, ", ")
+// headerNameError is the RowError of a row whose headers column holds key,
+// a name the rule refuses: a reserved one (ReservedHeader set: the relay's
+// own header would be followed by the row's forged one), or a bad one.
+func (d *Decoder) headerNameError(ev Event, key string) *RowError {
+	r, reserved := headerNameReason(key, d.reserved, hintReserved, hintBadName)
+	e := d.rowError(ev, roleHeaders, r)
+	if reserved {
+		e.ReservedHeader = key
 	}
-	e := d.rowError(ev, roleHeaders, &reason{
-		"has the reserved key " + quoteKey(key) + ": the relay sets " + own +
-			" and every " + outboxschema.DeadLetterPrefix + "* header itself (keys compared ignoring case)",
-		hintReserved})
-	e.ReservedHeader = key
 	return e
+}
+
+// headerNameReason says why the rule refuses key (a refused one), with
+// the hint for a reserved or a bad name; reserved tells which.
+func headerNameReason(key string, extra []string, hintReserved, hintBad string) (r *reason, reserved bool) {
+	var he *outboxschema.HeaderNameError
+	if err := outboxschema.CheckHeaderName(key, extra...); !errors.As(err, &he) {
+		return &reason{"has the key " + quoteKey(key) + ", which the header-name rule refuses", hintBad}, false // unreachable
+	}
+	if he.Reserved != "" {
+		own := outboxschema.ReservedNames()
+		if len(extra) > 0 {
+			own += ", " + strings.Join(extra, ", ")
+		}
+		return &reason{"has the reserved key " + quoteKey(key) + ": the relay sets " + own +
+			" and every " + outboxschema.DeadLetterPrefix + "* header itself (keys compared ignoring case)", hintReserved}, true
+	}
+	return &reason{"has the key " + quoteKey(key) + ", a bad header name: it " + he.Problem, hintBad}, false
 }
 
 // quoteKey quotes a header key for an error, cut to 64 bytes: a writer's

@@ -10,8 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
-
-	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
 // Source says where an Event comes from.
@@ -73,6 +71,7 @@ const (
 	hintMsgTxn      = "write it with pg_logical_emit_message(true, ...) inside the business transaction (outbox.WriteMessage does)"
 	hintMsgSize     = "make the event smaller, or raise kafka.max_message_bytes (and the broker's and topic's limits)"
 	hintMsgReserved = "rename the key in the producer that writes the envelope (e.g. x-event_id); the relay sets these headers itself from the envelope's fields"
+	hintMsgBadName  = "rename the key in the producer that writes the envelope: a header name is not empty, has no whitespace at either end and no control or invisible character (docs/outbox-table.md#headers)"
 )
 
 // messageEvent handles a Message (its body after any xid) when its prefix
@@ -235,11 +234,12 @@ func (d *Decoder) envelope(lsn pglogrepl.LSN, content []byte) Event {
 			return bad(EnvelopeHeaders, r.text)
 		}
 		for _, h := range d.hdrs {
-			if outboxschema.ReservedHeader(h.key) {
-				ev = d.refuseMessage(ev, content, EnvelopeHeaders,
-					"has the reserved key "+quoteKey(h.key)+": the relay sets "+outboxschema.ReservedNames()+
-						" and every "+outboxschema.DeadLetterPrefix+"* header itself (keys compared ignoring case)", hintMsgReserved)
-				ev.Err.ReservedHeader = h.key
+			if h.refused {
+				r, reserved := headerNameReason(h.key, d.reserved, hintMsgReserved, hintMsgBadName)
+				ev = d.refuseMessage(ev, content, EnvelopeHeaders, r.text, r.hint)
+				if reserved {
+					ev.Err.ReservedHeader = h.key
+				}
 				return ev
 			}
 		}

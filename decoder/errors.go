@@ -34,8 +34,9 @@ func protocolError(lsn pglogrepl.LSN, msg, format string, args ...any) error {
 // required column that is NULL, missing or not text, an empty key
 // (aggregate_id) or text id, an integer id column whose text is not a
 // 64-bit integer, a bytea payload that is not hex, headers that are not a
-// JSON object, or headers with a key reserved for the relay
-// (ReservedHeader is set); or why a message event was refused (Prefix is
+// JSON object or hold a bad header name, or headers with a key reserved for
+// the relay (ReservedHeader is set; outboxschema.CheckHeaderName is the
+// rule for both); or why a message event was refused (Prefix is
 // set). The bytes in the WAL never change, so retrying cannot help: the
 // relay dead-letters the row or halts publishing at it (on_poison). The
 // text says what to do.
@@ -68,6 +69,8 @@ const (
 	hintBinary   = "start replication without the binary option"
 	hintReserved = "rename the key in the producer that writes the outbox rows (e.g. x-event_id); the relay " +
 		"sets these headers itself from the row's columns"
+	hintBadName = "rename the key in the producer that writes the outbox rows: a header name is not empty, " +
+		"has no whitespace at either end and no control or invisible character (docs/outbox-table.md#headers)"
 )
 
 // Error describes the row, the column and the fix, for example:

@@ -12,7 +12,7 @@ import (
 // sits in Decoder.vals.
 type hdrSpan struct {
 	key        string
-	reserved   bool // key is reserved (Decoder.reservedKey); set for the headers column's keys only
+	refused    bool // the name breaks the header-name rule (Decoder.refusedKey); set for the headers column's keys only
 	start, end int
 }
 
@@ -63,7 +63,7 @@ func (d *Decoder) parseHeadersJSON(doc []byte) *reason {
 		if err := appendValue(&d.vals, d.raw); err != nil {
 			return invalidJSON(err)
 		}
-		d.hdrs = append(d.hdrs, hdrSpan{key: key, reserved: d.reservedKey(key), start: start, end: d.vals.Len()})
+		d.hdrs = append(d.hdrs, hdrSpan{key: key, refused: d.refusedKey(key), start: start, end: d.vals.Len()})
 	}
 	if _, err := dec.Token(); err != nil { // the closing '}'
 		return invalidJSON(err)
@@ -179,18 +179,18 @@ func (d *Decoder) scanFlatHeaders(doc []byte) bool {
 		start := d.vals.Len()
 		d.vals.Write(val)
 		var k string
-		var reserved bool
+		var refused bool
 		if n := len(d.hdrs); n < len(d.last.keys) {
 			if l := &d.last.keys[n]; l.ok && l.s == string(key) { // the previous row's key here
-				k, reserved = l.s, l.reserved
+				k, refused = l.s, l.refused
 			} else {
-				k, reserved = d.headerKey(key)
-				*l = lastKey{s: k, reserved: reserved, ok: true}
+				k, refused = d.headerKey(key)
+				*l = lastKey{s: k, refused: refused, ok: true}
 			}
 		} else {
-			k, reserved = d.headerKey(key)
+			k, refused = d.headerKey(key)
 		}
-		d.hdrs = append(d.hdrs, hdrSpan{key: k, reserved: reserved, start: start, end: d.vals.Len()})
+		d.hdrs = append(d.hdrs, hdrSpan{key: k, refused: refused, start: start, end: d.vals.Len()})
 		i = skipSpace(doc, next)
 		if i >= len(doc) {
 			return false

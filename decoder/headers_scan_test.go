@@ -7,11 +7,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 )
 
-// headersOf returns the parsed headers as key/value/reserved triples.
+// headersOf returns the parsed headers as key/value/refused triples.
 func headersOf(d *Decoder) [][3]string {
 	out := make([][3]string, len(d.hdrs))
 	for i, h := range d.hdrs {
-		out[i] = [3]string{h.key, string(d.vals.Bytes()[h.start:h.end]), strconv.FormatBool(h.reserved)}
+		out[i] = [3]string{h.key, string(d.vals.Bytes()[h.start:h.end]), strconv.FormatBool(h.refused)}
 	}
 	return out
 }
@@ -89,8 +89,8 @@ func TestReservedKeyVerdictKept(t *testing.T) {
 					t.Fatalf("scan fell back on %s", tc.doc)
 				}
 				for i, h := range d.hdrs {
-					if h.reserved != tc.want[i] || h.reserved != d.reservedKey(h.key) {
-						t.Fatalf("round %d, %s: key %q reserved=%v, want %v", round, tc.doc, h.key, h.reserved, tc.want[i])
+					if h.refused != tc.want[i] || h.refused != d.refusedKey(h.key) {
+						t.Fatalf("round %d, %s: key %q refused=%v, want %v", round, tc.doc, h.key, h.refused, tc.want[i])
 					}
 				}
 			}

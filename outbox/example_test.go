@@ -54,7 +54,7 @@ func ExampleWrite_invalidEvents() {
 	// Output:
 	// outbox: event 1: EventType is empty
 	// outbox: event 1: Payload is not valid JSON (unexpected end of JSON input); pass JSON text as json.RawMessage, or a Go value to marshal
-	// outbox: event 1: Headers key "Event_ID" is reserved for the relay (event_id, event_type, aggregate_type, aggregate_id, pg_lsn, outbox_id, outbox_replayed_from, outbox_replay and any "dlq." key, in any letter case); rename it, e.g. "x-Event_ID"
+	// outbox: event 1: Headers: header name "Event_ID" is reserved: the relay sets event_id, event_type, aggregate_type, aggregate_id, pg_lsn, outbox_id, outbox_replayed_from, outbox_replay and every dlq.* header itself (names compared ignoring case); rename it, e.g. "x-Event_ID"
 }
 
 // Carry the W3C trace context of the request into the event's headers

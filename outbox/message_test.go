@@ -96,7 +96,7 @@ func TestWriteMessageValidation(t *testing.T) {
 		{"heartbeat prefix", "outbox-relay/outbox_relay", nil, []Event{ok}, "heartbeat namespace"},
 		{"heartbeat namespace", "outbox-relay", nil, []Event{ok}, "heartbeat namespace"},
 		{"control character", "a\nb", nil, []Event{ok}, "without control characters"},
-		{"invalid event", "orders-outbox", nil, []Event{ok, bad}, `event 1: Headers key "event_id" is reserved`},
+		{"invalid event", "orders-outbox", nil, []Event{ok, bad}, `event 1: Headers: header name "event_id" is reserved`},
 		{"empty aggregate id", "orders-outbox", nil, []Event{{AggregateType: "o", EventType: "e", Payload: 1}}, "event 0: AggregateID is empty"},
 		{"not a transaction", "orders-outbox", "tx", []Event{ok}, "pgx.Tx or *sql.Tx"},
 		{"nil", "orders-outbox", nil, []Event{ok}, "pgx.Tx or *sql.Tx"},

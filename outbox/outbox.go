@@ -81,10 +81,14 @@ type Event struct {
 	// JSON text and must be valid JSON; any other value (a struct, a map, a
 	// string, ...) is marshalled with encoding/json. nil is refused.
 	Payload any
-	// Headers become Kafka record headers. The relay's own names
-	// (outboxschema.RelayHeaders, outboxschema.MarkHeaders and any "dlq."
-	// key, in any letter case) are refused: rename such a key, e.g.
-	// "x-event_id".
+	// Headers become Kafka record headers. Their names follow the relay's
+	// one rule (outboxschema.CheckHeaderName, docs/outbox-table.md#headers):
+	// a name that is empty, not UTF-8, has whitespace at either end or
+	// holds a control or invisible character is refused, and so are the
+	// relay's own names (outboxschema.RelayHeaders,
+	// outboxschema.MarkHeaders and any "dlq." key, in any letter case):
+	// rename such a key, e.g. "x-event_id". The error wraps the
+	// *outboxschema.HeaderNameError.
 	Headers map[string]string
 	// SchemaVersion, when above 0, is written as the schema_version header
 	// (decimal), which consumers dispatch on (inbox.Router). Setting both
@@ -312,12 +316,14 @@ func encode(ctx context.Context, events []Event) ([]row, error) {
 		}
 		h := make(map[string]string, len(e.Headers)+3)
 		for k, v := range e.Headers {
-			switch {
-			case k == "":
-				return nil, bad("Headers has an empty key")
-			case outboxschema.ReservedHeader(k):
-				return nil, bad("Headers key %q is reserved for the relay (%s and any %q key, in any letter case); rename it, e.g. %q",
-					k, outboxschema.ReservedNames(), outboxschema.DeadLetterPrefix, "x-"+k)
+			// The relay's rule (outboxschema.CheckHeaderName): what it
+			// would dead-letter is refused here.
+			var he *outboxschema.HeaderNameError
+			switch err := outboxschema.CheckHeaderName(k); {
+			case errors.As(err, &he) && he.Reserved != "":
+				return nil, fmt.Errorf("outbox: event %d: Headers: %w; rename it, e.g. %q", i, err, "x-"+k)
+			case err != nil:
+				return nil, fmt.Errorf("outbox: event %d: Headers: %w: the relay would dead-letter the event (docs/outbox-table.md#headers); rename it", i, err)
 			case k == HeaderSchemaVersion && e.SchemaVersion > 0:
 				return nil, bad("both SchemaVersion and Headers[%q] are set; set only SchemaVersion", HeaderSchemaVersion)
 			}

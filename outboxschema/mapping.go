@@ -128,7 +128,7 @@ func ParsePlacements(key string, entries []string) ([]Placement, error) {
 }
 
 // Validate checks m without a database: required columns set, names valid,
-// placement header names not reserved (reserved reports the header keys the
+// placement header names good (CheckHeaderName) and not reserved (reserved reports the header keys the
 // relay sets itself in the chosen record format). prefix names the table's
 // keys in errors ("" for the top-level columns.*, "tables[1]." for a list
 // item).
@@ -155,7 +155,11 @@ func (m Mapping) Validate(prefix string, reserved func(string) bool) error {
 	for _, p := range m.Additional {
 		check(KeyColumnsAdditional, p.Column, true)
 		lower := strings.ToLower(p.Header)
+		var he *HeaderNameError
 		switch {
+		case errors.As(CheckHeaderName(p.Header), &he) && he.Problem != "":
+			errs = append(errs, fmt.Errorf("%s%s: %v (column %s): the relay refuses such a name in a row's headers too (docs/outbox-table.md#headers); give the column another name",
+				prefix, KeyColumnsAdditional, he, p.Column))
 		case reserved != nil && reserved(p.Header):
 			errs = append(errs, fmt.Errorf("%s%s: header name %q (column %s) is reserved: the relay sets it itself, so a consumer could not tell the two apart; give the column another name (%s:header:x-%s)",
 				prefix, KeyColumnsAdditional, p.Header, p.Column, p.Column, p.Header))

@@ -56,6 +56,8 @@ func TestMappingValidate(t *testing.T) {
 		{name: "placement forging id under compat", m: func(m *Mapping) { m.Additional = []Placement{{"aggregateid", "ID"}} },
 			err: []string{`header name "ID" (column aggregateid) is reserved`}},
 		{name: "placement forging dlq.*", m: func(m *Mapping) { m.Additional = []Placement{{"type", "dlq.reason"}} }, err: []string{"is reserved"}},
+		{name: "placement with a bad name", m: func(m *Mapping) { m.Additional = []Placement{{"type", "event\u200btype"}} },
+			err: []string{`columns.additional: header name "event\u200btype" contains the control or invisible character U+200B (column type)`}},
 		{name: "same header twice", m: func(m *Mapping) { m.Additional = []Placement{{"type", "t"}, {"aggregateid", "T"}} }, err: []string{`header name "T" is placed twice`}},
 	}
 	for _, tt := range tests {

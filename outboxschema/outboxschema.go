@@ -2,8 +2,8 @@
 // outbox table named by postgres.table and its one parser, the outbox columns
 // the relay reads and writes, the column mappings of outbox tables it reads
 // but does not own (mapping.go), the helper tables migrate creates beside
-// the outbox table, and the record header keys reserved for the relay
-// (headers.go). The SQL in migrations/*.sql refers to the same objects
+// the outbox table, and the record header keys reserved for the relay with
+// the one rule for header names (headers.go: CheckHeaderName). The SQL in migrations/*.sql refers to the same objects
 // through placeholders filled from here.
 //
 // It does no I/O and imports only the standard library, so that the pure

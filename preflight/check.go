@@ -47,6 +47,7 @@ func Evaluate(f Facts) Report {
 		cs = append(cs, report.Check{Name: name, Verdict: v, Value: value, Fix: fix})
 	}
 	pgChecks(f.PG, o, add)
+	headerChecks(o, f.PG.HeaderNames, add)
 	kafkaChecks(f, add)
 	return Report{Outcome: report.Judge(cs), Table: o.Table.String(), Slot: o.Slot, Checks: cs}
 }

@@ -63,6 +63,10 @@ type PGFacts struct {
 	// Routes are the routing values of the rows in each outbox table now
 	// (Options.Routes, same index), bounded (MaxRouteValues).
 	Routes []RouteRead
+	// HeaderNames are the header names of the rows in each outbox table
+	// now that the relay refuses (Options.Routes, same index), bounded
+	// (MaxHeaderNames).
+	HeaderNames []HeaderNamesRead
 
 	// Failover is what the server says about phantom events
 	// (pgsetup.ReadFailover).
@@ -307,6 +311,10 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 	// The own table's dead-lettered rows were judged already.
 	hasMarks := !slices.Contains(f.MissingBookkeep, outboxschema.ColDeadLetteredAt)
 	f.Routes = readRoutes(ctx, conn, routes(o),
+		func(r Route) string { return unreadable[r.Table] },
+		func(r Route) bool { return r.Own && o.Mappings == nil && hasMarks },
+		scrub)
+	f.HeaderNames = readHeaderNames(ctx, conn, routes(o), o.ReservedHeaders,
 		func(r Route) string { return unreadable[r.Table] },
 		func(r Route) bool { return r.Own && o.Mappings == nil && hasMarks },
 		scrub)

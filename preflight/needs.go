@@ -48,6 +48,10 @@ type Options struct {
 	// PoisonHalts is on_poison: halt: a poison event stops the relay and
 	// the dead-letter topic is not used.
 	PoisonHalts bool
+	// ReservedHeaders are the header names reserved besides the relay's
+	// own in its record format (record.ReservedExtra: compat: debezium's
+	// id).
+	ReservedHeaders []string
 }
 
 // Need is one privilege the relay's role needs on a table.

@@ -26,6 +26,10 @@ type Route struct {
 	Template sink.Template
 	RouteBy  string // columns.route_by
 	Type     string // columns.type
+	// Headers is the headers column (columns.headers; "" none) and ID the
+	// id column (columns.id): check reads the header names of the rows
+	// (headers.go).
+	Headers, ID string
 	// Own is the relay's own table: its dead-lettered rows
 	// (dead_lettered_at set) are not read, their routes were judged.
 	Own bool
@@ -82,7 +86,8 @@ func routes(o Options) []Route {
 	if err != nil {
 		return nil // the config was validated: not reached
 	}
-	return []Route{{Table: o.Table, Template: base, RouteBy: outboxschema.ColAggregateType, Type: outboxschema.ColEventType, Own: true}}
+	return []Route{{Table: o.Table, Template: base, RouteBy: outboxschema.ColAggregateType, Type: outboxschema.ColEventType,
+		Headers: outboxschema.ColHeaders, ID: outboxschema.ColID, Own: true}}
 }
 
 // columns returns the columns that fill r's template: "" for a

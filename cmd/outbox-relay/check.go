@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/preflight"
+	"github.com/outbox-relay/outbox-relay/record"
 )
 
 // checkCommand is `outbox-relay check`, the preflight before `run`, with
@@ -43,12 +44,13 @@ func (a *checkArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Write
 		HeartbeatInterval: cfg.Heartbeat.Interval, RetentionKeep: cfg.Retention.Keep, RetentionArchive: cfg.Retention.Archive,
 		Kafka: cfg.Kafka, DeadLetterTopic: cfg.DeadLetter.Topic, MessagesPrefix: cfg.Messages.Prefix, Mappings: cfg.Postgres.Mappings,
 		SlotFailover: cfg.Postgres.SlotFailover, StandbySlots: cfg.Postgres.StandbySlots,
-		PoisonHalts: cfg.OnPoison == "halt",
+		PoisonHalts: cfg.OnPoison == "halt", ReservedHeaders: record.ReservedExtra(cfg.Compat),
 	}
 	obs, _ := cfg.Outboxes() // valid: loadConfig resolved them
 	for _, ob := range obs {
 		m := ob.Mapping
-		o.Routes = append(o.Routes, preflight.Route{Table: m.Table, Template: ob.Template, RouteBy: m.RouteBy, Type: m.Type, Own: ob.Own})
+		o.Routes = append(o.Routes, preflight.Route{Table: m.Table, Template: ob.Template, RouteBy: m.RouteBy, Type: m.Type,
+			Headers: m.Headers, ID: m.ID, Own: ob.Own})
 	}
 
 	if a.grants != "" {
