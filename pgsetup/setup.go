@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
@@ -65,11 +66,16 @@ var ErrSlotVanished = errors.New("replication slot vanished")
 // explained as lost in a failover. Every problem an operator must fix comes
 // back marked fault.Fatal, saying how to fix it.
 //
+// While it creates the slot, which waits for every transaction holding an
+// xid in the cluster to end, it logs on log every few seconds which ones
+// hold one and how to end them (and an error when ctx ends first says so).
+//
 // Any goroutine; it blocks for its own connections (a normal one, and
 // replication ones to create the slot, turn on its failover or read the
-// server's history), all closed before it returns. It is safe to call
+// server's history, and one to watch the slot's creation), all closed
+// before it returns. It is safe to call
 // concurrently with another relay: creation races are tolerated.
-func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity) (SlotInfo, error) {
+func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity, log zerolog.Logger) (SlotInfo, error) {
 	conn, err := pg.Connect(ctx, cfg.URL)
 	if err != nil {
 		return SlotInfo{}, fmt.Errorf("connect to postgres: %w", err)
@@ -130,7 +136,7 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity)
 			cfg.Slot, vanishedCause(ctx, cfg, prev), ErrSlotVanished, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
 	if !found {
-		if err := createReplicationSlot(ctx, cfg); err != nil {
+		if err := createReplicationSlot(ctx, cfg, log); err != nil {
 			return SlotInfo{}, err
 		}
 		info, found, err = readSlot(ctx, conn, cfg.Slot, versionNum)

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
@@ -154,16 +156,40 @@ func readSlot(ctx context.Context, conn *pgx.Conn, slot string, versionNum int) 
 	return info, true, nil
 }
 
-func createReplicationSlot(ctx context.Context, cfg Config) error {
+// createReplicationSlot creates the slot on a replication connection of
+// its own. While it waits (for the transactions holding an xid, see
+// slotWatch) a watch logs what it waits for on log; when ctx ends first,
+// the creating backend is sent a cancel request (else it would go on
+// waiting, holding the half-made slot under its name, and could still
+// make it later) and the error says what it waited for.
+func createReplicationSlot(ctx context.Context, cfg Config, log zerolog.Logger) error {
 	conn, err := pg.ConnectReplication(ctx, cfg.URL, nil)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	w := &slotWatch{url: cfg.URL, slot: cfg.Slot, pid: int32(conn.PID()), start: time.Now(), log: log}
+	wctx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		w.run(wctx)
+	}()
+	defer func() {
+		stopWatch()
+		<-watched
+	}()
 	_, err = pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx, createSlotCommand(cfg.Slot, cfg.SlotFailover)))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created concurrently
 		return nil
+	}
+	if err != nil && ctx.Err() != nil {
+		// Here, not on a goroutine: the caller may exit right after.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = conn.CancelRequest(cctx) // best effort: the backend may be gone already
+		cancel()
+		return w.gaveUp(err)
 	}
 	if err != nil {
 		return fmt.Errorf("create slot %q: %w", cfg.Slot, err)

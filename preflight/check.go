@@ -194,6 +194,7 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 	}
 	pubCheck(p, o, add)
 	slotCheck(p, o, add)
+	xactChecks(p, o, add)
 	for _, c := range pgsetup.FailoverChecks(p.Failover, pgsetup.FailoverOptions{Slot: o.Slot, SlotFailover: o.SlotFailover, StandbySlots: o.StandbySlots, Advise: true}, Fail) {
 		add(c.Name, c.Verdict, c.Value, c.Fix)
 	}

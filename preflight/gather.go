@@ -76,6 +76,12 @@ type PGFacts struct {
 	// their mapping; PubMissing are mapped tables the publication lacks.
 	MappingErrs []string
 	PubMissing  []string
+
+	// XidHolders are the transactions holding an xid in the cluster now
+	// (pgsetup.ReadXidHolders), the checking session left out; XidErr says
+	// why they could not be read.
+	XidHolders []pgsetup.XidHolder
+	XidErr     string
 }
 
 // PrivFact is one Need and whether the role has it.
@@ -289,6 +295,7 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 		s.Exists = true
 		s.Plugin, s.SlotType, s.Database, s.WALStatus = deref(plugin), deref(slotType), deref(database), deref(walStatus)
 	}
+	gatherXacts(ctx, conn, &f, scrub)
 	f.Failover = pgsetup.ReadFailover(ctx, conn, o.Slot, o.StandbySlots)
 	f.Failover.Error = noSecret(f.Failover.Error, password)
 	reg := t.Sibling(outboxschema.SlotRegistry).Quoted()

@@ -83,7 +83,7 @@ type Stream struct {
 
 	// prepare checks the server, slot and publication before each session
 	// (pgsetup.Prepare; a test scripting a walsender replaces it).
-	prepare      func(ctx context.Context, cfg pgsetup.Config, createSlot bool, prev pg.Identity) (pgsetup.SlotInfo, error)
+	prepare      func(ctx context.Context, cfg pgsetup.Config, createSlot bool, prev pg.Identity, log zerolog.Logger) (pgsetup.SlotInfo, error)
 	slotSeen     bool          // the slot existed or was created in this process
 	identity     pg.Identity   // the server history the progress's watermark is on; the loop goroutine's
 	received     atomic.Uint64 // highest WAL position seen
@@ -258,7 +258,7 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	}
 	// Only a process that has never seen its slot may create it; a slot
 	// that disappears mid-run is an operator error worth stopping for.
-	info, err := s.prepare(ctx, s.cfg.Config, !s.slotSeen, s.identity)
+	info, err := s.prepare(ctx, s.cfg.Config, !s.slotSeen, s.identity, s.log)
 	if err != nil {
 		return err
 	}

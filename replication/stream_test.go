@@ -414,7 +414,7 @@ func startStream(t *testing.T, p *fakeProgress, statusInterval time.Duration, sc
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.prepare = func(context.Context, pgsetup.Config, bool, pg.Identity) (pgsetup.SlotInfo, error) {
+	s.prepare = func(context.Context, pgsetup.Config, bool, pg.Identity, zerolog.Logger) (pgsetup.SlotInfo, error) {
 		return pgsetup.SlotInfo{}, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -108,7 +108,7 @@ func migrate(ctx context.Context, cfg Config, _, _ io.Writer, log zerolog.Logger
 			return exitFatal
 		}
 		conn.Close(context.WithoutCancel(ctx))
-		info, err := pgsetup.Prepare(ctx, cfg.Postgres.Config, true, pg.Identity{})
+		info, err := pgsetup.Prepare(ctx, cfg.Postgres.Config, true, pg.Identity{}, log)
 		if err != nil {
 			log.Error().Err(err).Msg("migrate: outbox tables, slot and publication check failed")
 			return exitFatal
@@ -139,7 +139,7 @@ func migrate(ctx context.Context, cfg Config, _, _ io.Writer, log zerolog.Logger
 	conn.Close(context.WithoutCancel(ctx))
 	// The slot is created here too, so every row inserted after migrate is
 	// streamed even if the relay starts later.
-	info, err := pgsetup.Prepare(ctx, cfg.Postgres.Config, true, pg.Identity{})
+	info, err := pgsetup.Prepare(ctx, cfg.Postgres.Config, true, pg.Identity{}, log)
 	if err != nil {
 		log.Error().Err(err).Msg("migrate: slot and publication check failed")
 		return exitFatal

@@ -42,6 +42,9 @@ type PGPairOptions struct {
 	// PrimaryOnly starts the primary alone: no base backup, no standby (a
 	// throwaway single server; Standby is set but never started).
 	PrimaryOnly bool
+	// MaxPreparedXacts is the servers' max_prepared_transactions (0, the
+	// default, allows no PREPARE TRANSACTION). A standby copies it.
+	MaxPreparedXacts int
 }
 
 // PGServer is one server of a PGPair.
@@ -279,6 +282,9 @@ logging_collector = off
 `, p.dir)
 	if p.opts.FailoverSlots {
 		conf += "synchronized_standby_slots = '" + PairSlot + "'\n"
+	}
+	if p.opts.MaxPreparedXacts > 0 {
+		conf += fmt.Sprintf("max_prepared_transactions = %d\n", p.opts.MaxPreparedXacts)
 	}
 	if err := p.writeFile(filepath.Join(s.Data, "postgresql.conf"), "include_if_exists = 'pair.conf'\n", true); err != nil {
 		return err
