@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deleted: metric.Counter("outbox_relay_retention_deleted_rows_total",
 			"Outbox rows removed by retention (deleted, archived, or in dropped partitions)."),
 		paused: metric.Gauge("outbox_relay_retention_paused",
-			"1 while retention deletes nothing because the slot is missing or unhealthy (see outbox-relay status)."),
+			"1 while retention deletes nothing because delivery cannot be proven: the slot is missing or unhealthy, the publication does not stream every insert, or the outbox has inheritance children (see outbox-relay status)."),
 		undelivered: metric.Gauge("outbox_relay_undelivered_events",
 			"Outbox rows not proven delivered: created after the delivered horizon's sample and published_at unset (capped at 1000000; see README Retention)."),
 		oldestAge: metric.Gauge("outbox_relay_oldest_row_age_seconds",
