@@ -111,6 +111,11 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity,
 			}
 		}
 	}
+	for _, t := range cfg.Tables() {
+		if err := checkInheritance(ctx, conn, t); err != nil {
+			return SlotInfo{}, err
+		}
+	}
 	info, found, err := readSlot(ctx, conn, cfg.Slot, versionNum)
 	if err != nil {
 		return SlotInfo{}, err

@@ -150,6 +150,7 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 		}
 		add("outbox_table", OK, v, "")
 	}
+	inheritCheck(p, add)
 	if p.SchemaUsage {
 		add("privileges.schema", OK, "USAGE on schema "+t.Schema, "")
 	} else {
@@ -197,6 +198,26 @@ func pgChecks(p PGFacts, o Options, add addFunc) {
 	xactChecks(p, o, add)
 	for _, c := range pgsetup.FailoverChecks(p.Failover, pgsetup.FailoverOptions{Slot: o.Slot, SlotFailover: o.SlotFailover, StandbySlots: o.StandbySlots, Advise: true}, Fail) {
 		add(c.Name, c.Verdict, c.Value, c.Fix)
+	}
+}
+
+// inheritCheck fails while an outbox table has inheritance children: the
+// relay refuses to start (their rows are never streamed).
+func inheritCheck(p PGFacts, add addFunc) {
+	if !p.TableExists && len(p.Inheritance) == 0 {
+		return
+	}
+	bad := false
+	for _, in := range p.Inheritance {
+		bad = true
+		if in.Err != "" {
+			add("inheritance", Fail, "cannot read the inheritance children of "+in.Table+": "+in.Err, "grant the role SELECT on pg_inherits (readable by default)")
+			continue
+		}
+		add("inheritance", Fail, in.Problem+": the relay refuses to start", in.Fix)
+	}
+	if !bad {
+		add("inheritance", OK, "no inheritance children: the outbox's rows are all streamed", "")
 	}
 }
 

@@ -67,6 +67,14 @@ func TestEvaluate(t *testing.T) {
 		fix     []string // substrings of the check's fix
 	}{
 		{"healthy", func(*Facts) {}, "wal_level", OK, report.ExitOK, nil},
+		{"no inheritance child", func(*Facts) {}, "inheritance", OK, report.ExitOK, nil},
+		{"an inheritance child", func(f *Facts) {
+			in := pgsetup.Inheritance{Table: f.Options.Table, Columns: []string{`"id"`, `"payload"`},
+				Children: []pgsetup.Child{{Table: outboxschema.Table{Schema: "public", Name: "outbox_legacy"}, Parent: f.Options.Table}}}
+			f.PG.Inheritance = []InheritFact{{Table: "public.outbox", Children: in.Names(), Problem: in.Problem(), Fix: in.Fix()}}
+		}, "inheritance", Fail, report.ExitBad, []string{
+			`INSERT INTO "public"."outbox" ("id", "payload") SELECT "id", "payload" FROM ONLY "public"."outbox_legacy";`,
+			`ALTER TABLE "public"."outbox_legacy" NO INHERIT "public"."outbox";`}},
 		{"wal_level replica", func(f *Facts) { f.PG.WalLevel = "replica" }, "wal_level", Fail, report.ExitBad,
 			[]string{"ALTER SYSTEM SET wal_level = logical", "restart PostgreSQL"}},
 		{"PostgreSQL 13", func(f *Facts) { f.PG.VersionNum, f.PG.Version = 130011, "13.11" }, "server_version", Warn, report.ExitWarn, []string{"14..18"}},

@@ -82,6 +82,20 @@ type PGFacts struct {
 	// why they could not be read.
 	XidHolders []pgsetup.XidHolder
 	XidErr     string
+
+	// Inheritance are the outbox tables (own or mapped) that have
+	// inheritance children (pgsetup.ReadInheritance), or whose children
+	// could not be read.
+	Inheritance []InheritFact
+}
+
+// InheritFact is one outbox table's inheritance children.
+type InheritFact struct {
+	Table    string
+	Children string // schema-qualified, comma-separated
+	Problem  string
+	Fix      string
+	Err      string
 }
 
 // PrivFact is one Need and whether the role has it.
@@ -220,6 +234,25 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 					unreadable[m.Table] = "its columns do not fit the mapping: see outbox_table"
 				}
 			}
+		}
+	}
+
+	// Inheritance children of each outbox table: their rows are never
+	// streamed (the relay refuses to start).
+	tables := []outboxschema.Table{t}
+	if o.Mappings != nil {
+		tables = nil
+		for _, m := range o.Mappings {
+			tables = append(tables, m.Table)
+		}
+	}
+	for _, x := range tables {
+		in, err := pgsetup.ReadInheritance(ctx, conn, x)
+		switch {
+		case err != nil:
+			f.Inheritance = append(f.Inheritance, InheritFact{Table: x.String(), Err: scrub(err)})
+		case len(in.Children) > 0:
+			f.Inheritance = append(f.Inheritance, InheritFact{Table: x.String(), Children: in.Names(), Problem: in.Problem(), Fix: in.Fix()})
 		}
 	}
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -104,8 +105,10 @@ func (r Route) columns() (aggCol, typeCol string) {
 }
 
 // routeSQL is the query reading the distinct routing values of r's rows,
-// with their row counts, the commonest first.
-func routeSQL(r Route, skipDeadLettered bool) string {
+// with their row counts, the commonest first; from is r's table as a FROM
+// item (pgsetup.FromItem: ONLY for a plain table, whose inheritance
+// children's rows are never streamed).
+func routeSQL(r Route, from string, skipDeadLettered bool) string {
 	aggCol, typeCol := r.columns()
 	sel := func(c string) string {
 		if c == "" {
@@ -118,7 +121,7 @@ func routeSQL(r Route, skipDeadLettered bool) string {
 		where = " WHERE " + outboxschema.QuoteIdent(outboxschema.ColDeadLetteredAt) + " IS NULL"
 	}
 	return fmt.Sprintf("SELECT %s, %s, count(*) FROM %s%s GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT %d",
-		sel(aggCol), sel(typeCol), r.Table.Quoted(), where, MaxRouteValues+1)
+		sel(aggCol), sel(typeCol), from, where, MaxRouteValues+1)
 }
 
 // readRoutes reads the routing values of each route's rows. skip says why
@@ -139,7 +142,12 @@ func readRoutes(ctx context.Context, conn *pgx.Conn, rs []Route, skip func(Route
 			rr.Skipped = why
 			continue
 		}
-		rr.SQL = routeSQL(r, skipDeadLettered(r))
+		from, err := pgsetup.From(ctx, conn, r.Table)
+		if err != nil {
+			rr.Err = scrub(err)
+			continue
+		}
+		rr.SQL = routeSQL(r, from, skipDeadLettered(r))
 		if time.Since(start) > routeBudget {
 			rr.Err = fmt.Sprintf("not read: the check spent its %s on the tables before", routeBudget)
 			continue

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/report"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -247,24 +248,26 @@ func TestManyMissingTopics(t *testing.T) {
 	}
 }
 
-// The query quotes the mapped columns and the table, reads only the
+// The query quotes the mapped columns and the table (ONLY for a plain
+// table), reads only the
 // columns the template renders, skips the own table's dead-lettered rows,
 // and asks one value more than the bound to see it hit.
 func TestRouteSQL(t *testing.T) {
 	tests := []struct {
-		r    Route
-		skip bool
-		want string
+		r           Route
+		partitioned bool
+		skip        bool
+		want        string
 	}{
-		{route(t, "public.outbox", "outbox.event.{aggregate_type}", "aggregate_type", "event_type", true), true,
-			`SELECT left("aggregate_type"::text, 256), '', count(*) FROM "public"."outbox" WHERE "dead_lettered_at" IS NULL GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT 10001`},
-		{route(t, `Billing.Events`, "{event_type}.{aggregate_type}", `Stream "x"`, "kind", false), false,
+		{route(t, "public.outbox", "outbox.event.{aggregate_type}", "aggregate_type", "event_type", true), false, true,
+			`SELECT left("aggregate_type"::text, 256), '', count(*) FROM ONLY "public"."outbox" WHERE "dead_lettered_at" IS NULL GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT 10001`},
+		{route(t, `Billing.Events`, "{event_type}.{aggregate_type}", `Stream "x"`, "kind", false), true, false,
 			`SELECT left("Stream ""x"""::text, 256), left("kind"::text, 256), count(*) FROM "Billing"."Events" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT 10001`},
-		{route(t, "public.outbox", "e.{event_type}", "aggregate_type", "", false), false,
-			`SELECT '', '', count(*) FROM "public"."outbox" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT 10001`},
+		{route(t, "public.outbox", "e.{event_type}", "aggregate_type", "", false), false, false,
+			`SELECT '', '', count(*) FROM ONLY "public"."outbox" GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT 10001`},
 	}
 	for _, tt := range tests {
-		if got := routeSQL(tt.r, tt.skip); got != tt.want {
+		if got := routeSQL(tt.r, pgsetup.FromItem(tt.r.Table, tt.partitioned), tt.skip); got != tt.want {
 			t.Errorf("routeSQL\n  got  %s\n  want %s", got, tt.want)
 		}
 	}

@@ -85,11 +85,11 @@ func ensureArchive(ctx context.Context, conn *pgx.Conn, t outboxschema.Table, lo
 }
 
 // ensureMonths creates the archive's monthly partitions from the month of
-// src's oldest row to next month, so archived rows do not pile up in the
+// src's oldest row (a FROM item) to next month, so archived rows do not pile up in the
 // DEFAULT partition.
-func (a *archive) ensureMonths(ctx context.Context, conn *pgx.Conn, src outboxschema.Table, log zerolog.Logger) error {
+func (a *archive) ensureMonths(ctx context.Context, conn *pgx.Conn, src string, log zerolog.Logger) error {
 	var oldest *time.Time
-	if err := conn.QueryRow(ctx, "SELECT min(created_at) FROM "+src.Quoted()).Scan(&oldest); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT min(created_at) FROM "+src).Scan(&oldest); err != nil {
 		return fmt.Errorf("read the oldest row of %s: %w", src, err)
 	}
 	if oldest == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 )
 
 // SampleInterval is how often the leader samples the delivery horizon. Not
@@ -37,21 +38,23 @@ func Removable(cutoff, floor, delivered string) string {
 	return "o.created_at < " + cutoff + " AND " + DeliveredCond(floor, delivered) + " AND NOT " + keptDeadLetter
 }
 
-// DeleteBatchSQL is one retention batch on table (a quoted name): the
-// oldest removable rows, at most $4 of them, created before now() - $1
-// seconds, proven with floor $2 and delivered $3 (State.Args). The
-// condition is checked again on the rows the DELETE locks, so a row
-// updated meanwhile is judged by its new version. With archive (a quoted
-// name) and cols (quoted, comma-separated) the deleted rows are inserted
-// there in the same statement. Exec it; RowsAffected is the rows removed.
-func DeleteBatchSQL(table, archive, cols string) string {
+// DeleteBatchSQL is one retention batch on outbox t (partitioned or
+// plain: then read with ONLY, see pgsetup.FromItem): the oldest removable
+// rows, at most $4 of them, created before now() - $1 seconds, proven with
+// floor $2 and delivered $3 (State.Args). The condition is checked again
+// on the rows the DELETE locks, so a row updated meanwhile is judged by
+// its new version. With archive (a quoted name) and cols (quoted,
+// comma-separated) the deleted rows are inserted there in the same
+// statement. Exec it; RowsAffected is the rows removed.
+func DeleteBatchSQL(t outboxschema.Table, partitioned bool, archive, cols string) string {
+	from := pgsetup.FromItem(t, partitioned)
 	cond := Removable("now() - make_interval(secs => $1)", "$2", "$3")
-	del := "DELETE FROM " + table + " o USING c WHERE (o.id, o.created_at) IN (SELECT o.id, o.created_at FROM " + table + " o, c WHERE " +
+	del := "DELETE FROM " + from + " o USING c WHERE (o.id, o.created_at) IN (SELECT o.id, o.created_at FROM " + from + " o, c WHERE " +
 		cond + " ORDER BY o.created_at LIMIT $4) AND " + cond
 	if archive == "" {
-		return With() + del
+		return With(t.Quoted()) + del
 	}
-	return With() + ", d AS (" + del + " RETURNING " + prefixed("o.", cols) + ") INSERT INTO " + archive + " (" + cols + ") SELECT " + cols + " FROM d"
+	return With(t.Quoted()) + ", d AS (" + del + " RETURNING " + prefixed("o.", cols) + ") INSERT INTO " + archive + " (" + cols + ") SELECT " + cols + " FROM d"
 }
 
 func prefixed(p, cols string) string {
@@ -65,17 +68,20 @@ func prefixed(p, cols string) string {
 	return out
 }
 
-// DryRunSQL counts, among the rows of table created before now() - $1
-// seconds, those retention would remove and why the others stay: below
-// the slot's floor (written before the slot existed: replay them), not
-// yet below the delivered horizon, or unresolved dead letters.
-func DryRunSQL(table string) string {
+// DryRunSQL counts, among the rows of outbox t created before now() - $1
+// seconds, those retention would remove and why the others stay: unresolved
+// dead letters, written into a partition before it was attached (never
+// streamed: replay them), below the slot's floor $4 (written before the
+// slot existed: replay them), or not yet below the delivered horizon.
+func DryRunSQL(t outboxschema.Table, partitioned bool) string {
 	w := widened
-	return With() + "SELECT count(*) FILTER (WHERE " + DeliveredCond("$2", "$3") + " AND NOT " + keptDeadLetter + "),\n" +
+	notDelivered := "NOT " + keptDeadLetter + " AND NOT " + DeliveredCond("$2", "$3")
+	return With(t.Quoted()) + "SELECT count(*) FILTER (WHERE " + DeliveredCond("$2", "$3") + " AND NOT " + keptDeadLetter + "),\n" +
 		"count(*) FILTER (WHERE " + keptDeadLetter + "),\n" +
-		"count(*) FILTER (WHERE NOT " + keptDeadLetter + " AND NOT " + DeliveredCond("$2", "$3") + " AND " + w + " < $4),\n" +
-		"count(*) FILTER (WHERE NOT " + keptDeadLetter + " AND NOT " + DeliveredCond("$2", "$3") + " AND " + w + " >= $4)\n" +
-		"FROM " + table + " o, c WHERE o.created_at < now() - make_interval(secs => $1)"
+		"count(*) FILTER (WHERE " + notDelivered + " AND NOT " + unstreamed + " AND " + w + " < $4),\n" +
+		"count(*) FILTER (WHERE " + notDelivered + " AND NOT " + unstreamed + " AND " + w + " >= $4),\n" +
+		"count(*) FILTER (WHERE " + notDelivered + " AND " + unstreamed + ")\n" +
+		"FROM " + pgsetup.FromItem(t, partitioned) + " o, c WHERE o.created_at < now() - make_interval(secs => $1)"
 }
 
 // Report is what one retention run did (or, dry, would do).
@@ -86,7 +92,10 @@ type Report struct {
 	Deleted           int64
 	DroppedPartitions []string
 	// Dry run: rows older than keep that would go, and those that stay.
-	Removable, DeadLetters, BelowFloor, AboveHorizon int64
+	Removable, DeadLetters, BelowFloor, AboveHorizon, Unstreamed int64
+	// Dry run of a partitioned outbox: the partitions past keep, each
+	// with what a run would do and why.
+	Partitions []PartitionVerdict
 }
 
 // ErrKeepForever is returned by Once when retention.keep is 0.
@@ -115,6 +124,7 @@ type Cleaner struct {
 	closing   chan struct{}
 	closeOnce sync.Once
 	started   time.Time
+	pausedFor string // the last paused reason logged (Run's goroutine)
 }
 
 // New validates cfg and allocates. connect opens a normal (not
@@ -200,6 +210,14 @@ func (c *Cleaner) sample(ctx context.Context, conn *pgx.Conn) (State, error) {
 	} else {
 		c.m.paused.Set(0)
 	}
+	if st.PausedReason != c.pausedFor {
+		if st.PausedReason != "" {
+			c.log.Warn().Str("reason", st.PausedReason).Msg("retention paused: no row is deleted")
+		} else {
+			c.log.Info().Msg("retention resumed")
+		}
+		c.pausedFor = st.PausedReason
+	}
 	if st.Proven() {
 		c.m.horizonAge.Set(time.Since(st.DeliveredAt).Seconds())
 	} else {
@@ -246,13 +264,20 @@ func (c *Cleaner) Once(ctx context.Context, conn *pgx.Conn, dryRun bool) (Report
 		return rep, &PausedError{Reason: st.PausedReason}
 	}
 	if dryRun {
+		parted, err := isPartitioned(ctx, conn, c.h.Table)
+		if err != nil {
+			return rep, err
+		}
 		floor, upto := st.Args()
-		err := conn.QueryRow(ctx, DryRunSQL(c.h.Table.Quoted()), c.cfg.Keep.Seconds(), floor, upto, int64(st.FloorXID)).
-			Scan(&rep.Removable, &rep.DeadLetters, &rep.BelowFloor, &rep.AboveHorizon)
+		err = conn.QueryRow(ctx, DryRunSQL(c.h.Table, parted), c.cfg.Keep.Seconds(), floor, upto, int64(st.FloorXID)).
+			Scan(&rep.Removable, &rep.DeadLetters, &rep.BelowFloor, &rep.AboveHorizon, &rep.Unstreamed)
 		if err != nil {
 			return rep, fmt.Errorf("count the rows of %s older than %s: %w", c.h.Table, c.cfg.Keep, err)
 		}
-		return rep, nil
+		if parted {
+			rep.Partitions, err = c.partitionVerdicts(ctx, conn, st)
+		}
+		return rep, err
 	}
 	r, err := c.run(ctx, conn, st, false)
 	r.State, r.Slot = st, slot
@@ -286,17 +311,16 @@ func (c *Cleaner) run(ctx context.Context, conn *pgx.Conn, st State, sampling bo
 			return rep, err
 		}
 	}
-	table := c.h.Table.Quoted()
 	var sql string
 	if arch == nil {
-		sql = DeleteBatchSQL(table, "", "")
+		sql = DeleteBatchSQL(c.h.Table, parted, "", "")
 	} else {
-		sql = DeleteBatchSQL(table, arch.name, arch.cols)
+		sql = DeleteBatchSQL(c.h.Table, parted, arch.name, arch.cols)
 	}
 	floor, upto := st.Args()
 	sampled := time.Now()
 	if arch != nil {
-		if err := arch.ensureMonths(ctx, conn, c.h.Table, c.log); err != nil {
+		if err := arch.ensureMonths(ctx, conn, pgsetup.FromItem(c.h.Table, parted), c.log); err != nil {
 			return rep, err
 		}
 	}
@@ -355,8 +379,14 @@ func (r Report) Summary(t outboxschema.Table, cfg Config, dryRun bool) string {
 		fmt.Fprintf(&b, "%d rows older than keep are not proven delivered: %d below the slot's floor (written before the slot existed: `outbox-relay replay` them), %d newer than the delivered horizon (the relay has not confirmed past them yet)\n",
 			n, r.BelowFloor, r.AboveHorizon)
 	}
+	if r.Unstreamed > 0 {
+		fmt.Fprintf(&b, "%d rows older than keep were written into a partition before it was attached to %s: the slot never streamed them, so they are kept until `outbox-relay replay` publishes them\n", r.Unstreamed, t)
+	}
 	if r.DeadLetters > 0 {
 		fmt.Fprintf(&b, "%d rows older than keep are unresolved dead letters, kept until `outbox-relay dlq replay` or `dlq resolve`\n", r.DeadLetters)
+	}
+	for _, p := range r.Partitions {
+		fmt.Fprintf(&b, "%s\n", p)
 	}
 	return b.String()
 }

@@ -18,8 +18,16 @@
 //
 // A row is delivered iff published_at IS NOT NULL (set by `outbox-relay
 // replay` after the ack, or by an earlier publisher) or the xid of its
-// xmin is in [floor_xid, delivered_xid). An UPDATE gives a row a newer
-// xmin, which only delays its proof.
+// xmin is in [floor_xid, delivered_xid) and, in a partitioned outbox,
+// above the xid that made its partition part of the outbox (the xmin of its
+// pg_inherits rows: a row loaded into a table before ATTACH PARTITION was
+// never streamed). An UPDATE gives a row a newer xmin, which only delays
+// its proof.
+//
+// Every statement reads exactly the rows the slot streams: a plain outbox
+// with FROM ONLY (an inheritance child's rows are never streamed as the
+// outbox's; while it has children retention pauses, naming them), a
+// partitioned one through its root.
 //
 // The Cleaner is the leader's loop: it samples the horizon, deletes (or
 // archives) proven rows, and for a partitioned outbox keeps the partitions
@@ -27,7 +35,8 @@
 // no outbox table: `migrate` does (package migrations).
 //
 // The SQL builders (With, Removable, DeliveredCond, DeleteBatchSQL,
-// DryRunSQL, KeepsRowSQL, CreatePartitionSQL, Horizon.PreSlotSQL) and the
+// DryRunSQL, KeepsRowSQL, UnstreamedSQL, PartitionVerdictSQL, CreatePartitionSQL,
+// Horizon.PreSlotSQL) and the
 // name and range helpers are pure: any goroutine, never blocking. The
 // functions and methods that take a connection or a RowQuerier block on
 // it, and the caller must not use it from another goroutine meanwhile.
@@ -45,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 )
 
 // State is one slot's row of the delivery table.
@@ -217,6 +227,16 @@ func (h Horizon) Advance(ctx context.Context, conn *pgx.Conn) (State, Slot, erro
 	if pubProblem != "" {
 		reason = PublicationPause + pubProblem
 	}
+	// Inheritance children: their rows are never streamed, and every
+	// statement here reads the outbox with ONLY, so none is deleted; but
+	// the events written into them are lost until moved: say so.
+	in, err := pgsetup.ReadInheritance(ctx, conn, h.Table)
+	if err != nil {
+		return st, slot, err
+	}
+	if p := in.Problem(); p != "" && reason == "" {
+		reason = InheritancePause + p + ". Move their rows into the outbox and detach them: " + in.Fix()
+	}
 	if raise {
 		var xmax string
 		if err := conn.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&xmax); err != nil {
@@ -331,6 +351,10 @@ func nullTime(t time.Time) *time.Time {
 // PublicationPause starts the paused_reason Advance records while the
 // publication does not stream every insert of the outbox.
 const PublicationPause = "the publication does not stream every insert of the outbox table, so the slot passes rows it never delivered (rows written until it is fixed stay until replayed): "
+
+// InheritancePause starts the paused_reason Advance records while a plain
+// outbox table has inheritance children (pgsetup.Inheritance).
+const InheritancePause = "inheritance children of the outbox table hold events the slot never streams: "
 
 // publicationProblem says why h.Publication does not stream every insert
 // of h.Table, or "".

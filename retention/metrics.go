@@ -27,7 +27,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		deleted: metric.Counter("outbox_relay_retention_deleted_rows_total",
 			"Outbox rows removed by retention (deleted, archived, or in dropped partitions)."),
 		paused: metric.Gauge("outbox_relay_retention_paused",
-			"1 while retention deletes nothing because the slot is missing or unhealthy (see outbox-relay status)."),
+			"1 while retention deletes nothing because delivery cannot be proven: the slot is missing or unhealthy, the publication does not stream every insert, or the outbox has inheritance children (see outbox-relay status)."),
 		undelivered: metric.Gauge("outbox_relay_undelivered_events",
 			"Outbox rows not proven delivered (capped at 1000000): exact when outbox_relay_undelivered_exact is 1 (the slot confirmed past the count's snapshot; 0 when the relay is caught up), else a bound by the delivered horizon's sample (see docs/metrics.md)."),
 		undeliveredExact: metric.Gauge("outbox_relay_undelivered_exact",

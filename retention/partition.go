@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -185,22 +185,19 @@ func CreatePartitionsAhead(ctx context.Context, conn *pgx.Conn, t outboxschema.T
 
 // dropPartitions drops each non-default partition whose upper bound is at
 // or before now - keep and that holds no row retention must keep (not
-// proven delivered, or an unresolved dead letter): it is locked first, so
+// proven delivered, among them rows written before the partition was
+// attached, or an unresolved dead letter): it is locked first, so
 // no row can arrive between the check and the drop. With an archive its
 // rows are copied there in the same transaction.
 func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, st State, arch *archive) (dropped []string, rows int64, err error) {
-	ps, err := listPartitions(ctx, conn, c.h.Table)
+	ps, err := c.oldPartitions(ctx, conn)
 	if err != nil {
-		return nil, 0, err
-	}
-	var cutoff time.Time
-	if err := conn.QueryRow(ctx, "SELECT now() - make_interval(secs => $1)", c.cfg.Keep.Seconds()).Scan(&cutoff); err != nil {
 		return nil, 0, err
 	}
 	floor, upto := st.Args()
 	for _, p := range ps {
-		if p.isDefault || p.until.After(cutoff) || ctx.Err() != nil {
-			continue
+		if ctx.Err() != nil {
+			break
 		}
 		n, ok, err := c.dropPartition(ctx, conn, p.table, floor, upto, arch)
 		if err != nil {
@@ -214,20 +211,126 @@ func (c *Cleaner) dropPartitions(ctx context.Context, conn *pgx.Conn, st State, 
 	return dropped, rows, nil
 }
 
-// KeepsRowSQL is true when partition part (quoted) holds a row retention
-// must keep; $1 floor, $2 delivered.
-func KeepsRowSQL(part string) string {
-	return With() + "SELECT EXISTS (SELECT 1 FROM " + part + " o, c WHERE NOT " + DeliveredCond("$1", "$2") + " OR " + keptDeadLetter + ")"
+// KeepsRowSQL is true when partition part (quoted) of outbox root (quoted)
+// holds a row retention must keep; $1 floor, $2 delivered.
+func KeepsRowSQL(root, part string) string {
+	return With(root) + "SELECT EXISTS (SELECT 1 FROM " + part + " o, c WHERE NOT " + DeliveredCond("$1", "$2") + " OR " + keptDeadLetter + ")"
+}
+
+// UnstreamedSQL is true when partition part (quoted) of outbox root
+// (quoted) holds a row written before it was attached and not published.
+func UnstreamedSQL(root, part string) string {
+	return With(root) + "SELECT EXISTS (SELECT 1 FROM " + part + " o, c WHERE o.published_at IS NULL AND " + unstreamed + ")"
+}
+
+// PartitionVerdictSQL counts the rows of partition part (quoted) of outbox
+// root (quoted) by what keeps them, $1 floor, $2 delivered: all rows,
+// unresolved dead letters, rows written before the partition was attached
+// (with their least and greatest id), and rows not proven yet.
+func PartitionVerdictSQL(root, part string) string {
+	notDelivered := "NOT " + keptDeadLetter + " AND NOT " + DeliveredCond("$1", "$2")
+	return With(root) + "SELECT count(*), count(*) FILTER (WHERE " + keptDeadLetter + "), " +
+		"count(*) FILTER (WHERE " + notDelivered + " AND " + unstreamed + "), " +
+		"coalesce(min(o.id) FILTER (WHERE " + notDelivered + " AND " + unstreamed + "), 0), " +
+		"coalesce(max(o.id) FILTER (WHERE " + notDelivered + " AND " + unstreamed + "), 0), " +
+		"count(*) FILTER (WHERE " + notDelivered + " AND NOT " + unstreamed + ") FROM " + part + " o, c"
+}
+
+// PartitionVerdict is what a retention run does with one partition past
+// retention.keep, and why (cleanup --dry-run).
+type PartitionVerdict struct {
+	Partition   outboxschema.Table
+	Rows        int64
+	DeadLetters int64
+	// Unstreamed rows were written before the partition was attached to
+	// the outbox (ATTACH PARTITION of a table loaded apart): the slot never
+	// streamed them. MinID..MaxID bound their ids.
+	Unstreamed   int64
+	MinID, MaxID int64
+	Unproven     int64 // not yet below the delivered horizon, or below the slot's floor
+}
+
+// Drop reports whether a run drops the partition.
+func (v PartitionVerdict) Drop() bool {
+	return v.DeadLetters == 0 && v.Unstreamed == 0 && v.Unproven == 0
+}
+
+// String says what a run does with the partition and why.
+func (v PartitionVerdict) String() string {
+	if v.Drop() {
+		return fmt.Sprintf("partition %s (%d rows, all delivered) would be dropped", v.Partition, v.Rows)
+	}
+	var why []string
+	if v.Unstreamed > 0 {
+		why = append(why, fmt.Sprintf("%d rows (ids %d..%d) were written into it before it was attached to the outbox, so the slot never streamed them: publish them with `outbox-relay replay --from-id %d --to-id %d` (or, if another publisher sent them: UPDATE %s SET published_at = now() WHERE published_at IS NULL;)",
+			v.Unstreamed, v.MinID, v.MaxID, v.MinID, v.MaxID, v.Partition.Quoted()))
+	}
+	if v.Unproven > 0 {
+		why = append(why, fmt.Sprintf("%d rows are not proven delivered yet (newer than the delivered horizon, or older than the slot)", v.Unproven))
+	}
+	if v.DeadLetters > 0 {
+		why = append(why, fmt.Sprintf("%d rows are unresolved dead letters (`outbox-relay dlq replay` or `dlq resolve`)", v.DeadLetters))
+	}
+	return fmt.Sprintf("partition %s (%d rows) is kept: %s", v.Partition, v.Rows, strings.Join(why, "; "))
+}
+
+// oldPartitions are the non-default partitions whose upper bound is at or
+// before now - keep: those a run may drop.
+func (c *Cleaner) oldPartitions(ctx context.Context, conn *pgx.Conn) ([]partition, error) {
+	ps, err := listPartitions(ctx, conn, c.h.Table)
+	if err != nil {
+		return nil, err
+	}
+	var cutoff time.Time
+	if err := conn.QueryRow(ctx, "SELECT now() - make_interval(secs => $1)", c.cfg.Keep.Seconds()).Scan(&cutoff); err != nil {
+		return nil, err
+	}
+	var out []partition
+	for _, p := range ps {
+		if !p.isDefault && !p.until.After(cutoff) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// partitionVerdicts says, for each partition past keep, what a run would
+// do with it and why.
+func (c *Cleaner) partitionVerdicts(ctx context.Context, conn *pgx.Conn, st State) ([]PartitionVerdict, error) {
+	ps, err := c.oldPartitions(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	floor, upto := st.Args()
+	var out []PartitionVerdict
+	for _, p := range ps {
+		v := PartitionVerdict{Partition: p.table}
+		if err := conn.QueryRow(ctx, PartitionVerdictSQL(c.h.Table.Quoted(), p.table.Quoted()), floor, upto).
+			Scan(&v.Rows, &v.DeadLetters, &v.Unstreamed, &v.MinID, &v.MaxID, &v.Unproven); err != nil {
+			return out, fmt.Errorf("count the rows of partition %s: %w", p.table, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, part outboxschema.Table, floor, upto int64, arch *archive) (int64, bool, error) {
 	// A cheap check without the lock first: most old partitions of a
 	// healthy relay pass it, and a failing one is not locked at all.
+	root := c.h.Table.Quoted()
 	var keeps bool
-	if err := conn.QueryRow(ctx, KeepsRowSQL(part.Quoted()), floor, upto).Scan(&keeps); err != nil {
+	if err := conn.QueryRow(ctx, KeepsRowSQL(root, part.Quoted()), floor, upto).Scan(&keeps); err != nil {
 		return 0, false, fmt.Errorf("check partition %s: %w", part, err)
 	}
 	if keeps {
+		var loaded bool
+		if err := conn.QueryRow(ctx, UnstreamedSQL(root, part.Quoted())).Scan(&loaded); err != nil {
+			return 0, false, fmt.Errorf("check partition %s: %w", part, err)
+		}
+		if loaded {
+			c.log.Warn().Str("partition", part.String()).
+				Msg("partition kept: it holds rows written before it was attached to the outbox, which the slot never streamed; `outbox-relay cleanup --dry-run` names them and the replay that publishes them")
+		}
 		return 0, false, nil
 	}
 	tx, err := conn.Begin(ctx)
@@ -245,7 +348,7 @@ func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, part outbox
 		}
 		return 0, false, fmt.Errorf("lock partition %s: %w", part, err)
 	}
-	if err := tx.QueryRow(ctx, KeepsRowSQL(part.Quoted()), floor, upto).Scan(&keeps); err != nil || keeps {
+	if err := tx.QueryRow(ctx, KeepsRowSQL(root, part.Quoted()), floor, upto).Scan(&keeps); err != nil || keeps {
 		return 0, false, err
 	}
 	var n int64
@@ -253,7 +356,7 @@ func (c *Cleaner) dropPartition(ctx context.Context, conn *pgx.Conn, part outbox
 		return 0, false, err
 	}
 	if arch != nil && n > 0 {
-		if err := arch.ensureMonths(ctx, conn, part, c.log); err != nil {
+		if err := arch.ensureMonths(ctx, conn, part.Quoted(), c.log); err != nil {
 			return 0, false, err
 		}
 		if _, err := tx.Exec(ctx, "INSERT INTO "+arch.name+" ("+arch.cols+") SELECT "+arch.cols+" FROM "+part.Quoted()); err != nil {

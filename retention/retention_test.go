@@ -61,27 +61,38 @@ func TestDescribe(t *testing.T) {
 }
 
 func TestDeleteBatchSQL(t *testing.T) {
-	tbl := `"s"."outbox"`
+	tbl := outboxschema.Table{Schema: "s", Name: "outbox"}
+	q := `"s"."outbox"`
 	tests := []struct {
 		name, archive, cols string
+		partitioned         bool
 		want                []string
 	}{
-		{"delete", "", "", []string{
-			"DELETE FROM " + tbl + " o USING c WHERE (o.id, o.created_at) IN (SELECT o.id, o.created_at FROM " + tbl + " o, c WHERE ",
+		{"delete", "", "", false, []string{
+			// A plain table is read with ONLY: an inheritance child's rows
+			// were never streamed.
+			"DELETE FROM ONLY " + q + " o USING c WHERE (o.id, o.created_at) IN (SELECT o.id, o.created_at FROM ONLY " + q + " o, c WHERE ",
 			"ORDER BY o.created_at LIMIT $4)",
 			"o.created_at < now() - make_interval(secs => $1)",
 			"o.published_at IS NOT NULL OR (",
-			" >= $2 AND ", " < $3))",
+			" >= $2 AND ", " < $3 AND NOT ",
 			"NOT (o.dead_lettered_at IS NOT NULL AND o.dlq_resolved_at IS NULL)",
 		}},
-		{"archive", `"s"."outbox_archive"`, `"id", "created_at"`, []string{
-			", d AS (DELETE FROM " + tbl + " o USING c WHERE",
+		{"partitioned", "", "", true, []string{
+			// A partitioned one through its root (ONLY would read nothing).
+			"DELETE FROM " + q + " o USING c WHERE (o.id, o.created_at) IN (SELECT o.id, o.created_at FROM " + q + " o, c WHERE ",
+			// Each row is judged against its partition's attach.
+			`pg_partition_tree(to_regclass('"s"."outbox"'))`,
+			"(SELECT a.x FROM a WHERE a.rel = o.tableoid)",
+		}},
+		{"archive", `"s"."outbox_archive"`, `"id", "created_at"`, false, []string{
+			", d AS (DELETE FROM ONLY " + q + " o USING c WHERE",
 			`RETURNING o."id", o."created_at") INSERT INTO "s"."outbox_archive" ("id", "created_at") SELECT "id", "created_at" FROM d`,
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sql := DeleteBatchSQL(tbl, tt.archive, tt.cols)
+			sql := DeleteBatchSQL(tbl, tt.partitioned, tt.archive, tt.cols)
 			if !strings.HasPrefix(sql, "WITH c AS (SELECT pg_snapshot_xmax(pg_current_snapshot())") {
 				t.Errorf("no xid CTE first:\n%s", sql)
 			}
@@ -89,6 +100,9 @@ func TestDeleteBatchSQL(t *testing.T) {
 				if !strings.Contains(sql, w) {
 					t.Errorf("missing %q in\n%s", w, sql)
 				}
+			}
+			if tt.partitioned && strings.Contains(sql, "ONLY") {
+				t.Errorf("ONLY on a partitioned outbox reads no row:\n%s", sql)
 			}
 			// The rule is checked in the subquery and again on the locked rows.
 			if n := strings.Count(sql, DeliveredCond("$2", "$3")); n != 2 {
@@ -99,15 +113,39 @@ func TestDeleteBatchSQL(t *testing.T) {
 }
 
 func TestDryRunAndKeepsRowSQL(t *testing.T) {
-	sql := DryRunSQL(`"s"."outbox"`)
-	for _, w := range []string{"count(*) FILTER (WHERE " + DeliveredCond("$2", "$3"), " < $4)", " >= $4)", `FROM "s"."outbox" o, c WHERE o.created_at < now() - make_interval(secs => $1)`} {
+	tbl := outboxschema.Table{Schema: "s", Name: "outbox"}
+	sql := DryRunSQL(tbl, false)
+	for _, w := range []string{"count(*) FILTER (WHERE " + DeliveredCond("$2", "$3"), " < $4)", " >= $4)", " AND " + unstreamed + ")\n",
+		`FROM ONLY "s"."outbox" o, c WHERE o.created_at < now() - make_interval(secs => $1)`} {
 		if !strings.Contains(sql, w) {
 			t.Errorf("DryRunSQL lacks %q:\n%s", w, sql)
 		}
 	}
-	k := KeepsRowSQL(`"s"."outbox_p20260101"`)
+	if sql := DryRunSQL(tbl, true); !strings.Contains(sql, `FROM "s"."outbox" o, c WHERE`) {
+		t.Errorf("DryRunSQL (partitioned) does not read the root:\n%s", sql)
+	}
+	k := KeepsRowSQL(`"s"."outbox"`, `"s"."outbox_p20260101"`)
 	if !strings.Contains(k, "SELECT EXISTS (SELECT 1 FROM \"s\".\"outbox_p20260101\" o, c WHERE NOT "+DeliveredCond("$1", "$2")+" OR ") {
 		t.Errorf("KeepsRowSQL: %s", k)
+	}
+	if !strings.Contains(k, `pg_partition_tree(to_regclass('"s"."outbox"'))`) {
+		t.Errorf("KeepsRowSQL does not judge by the root's tree: %s", k)
+	}
+}
+
+func TestPartitionVerdict(t *testing.T) {
+	keep := PartitionVerdict{Partition: outboxschema.Table{Schema: "s", Name: "outbox_p20260101"}, Rows: 5, Unstreamed: 5, MinID: 11, MaxID: 15}
+	if keep.Drop() {
+		t.Fatal("a partition with unstreamed rows is dropped")
+	}
+	for _, w := range []string{"s.outbox_p20260101 (5 rows) is kept", "before it was attached", "outbox-relay replay --from-id 11 --to-id 15", `UPDATE "s"."outbox_p20260101" SET published_at = now() WHERE published_at IS NULL;`} {
+		if !strings.Contains(keep.String(), w) {
+			t.Errorf("%q lacks %q", keep, w)
+		}
+	}
+	drop := PartitionVerdict{Partition: outboxschema.Table{Schema: "s", Name: "outbox_p20260102"}, Rows: 3}
+	if !drop.Drop() || !strings.Contains(drop.String(), "would be dropped") {
+		t.Errorf("%q", drop)
 	}
 }
 

@@ -373,6 +373,9 @@ func eventCheck(f Facts, t outboxschema.Table) report.Check {
 	case ReasonNoHorizon:
 		c.Verdict, c.Value = Warn, "not proven: no delivered horizon yet"
 		c.Fix = "the leader samples every " + SampleInterval.String() + ": " + startRelay + " and ask again"
+	case ReasonUnstreamed:
+		c.Verdict, c.Value = Bad, fmt.Sprintf("not proven: it was written into its partition before the partition was attached to %s (xid %d): the slot never streamed it", t, e.XID)
+		c.Fix = fmt.Sprintf("if no earlier publisher sent it: `outbox-relay replay --from-id %d --to-id %d`", e.ID, e.ID)
 	case ReasonPredates:
 		c.Verdict, c.Value = Bad, fmt.Sprintf("not proven: its transaction predates the slot (xid %d below the floor): the slot never streamed it", e.XID)
 		c.Fix = fmt.Sprintf("if no earlier publisher sent it: `outbox-relay replay --from-id %d --to-id %d`", e.ID, e.ID)

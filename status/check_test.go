@@ -186,6 +186,8 @@ func TestEventReason(t *testing.T) {
 		{"no promotion yet", retention.Row{XID: 150}, retention.State{FloorXID: 100}, ReasonNoHorizon},
 		{"no promotion, below floor", retention.Row{XID: 50}, retention.State{FloorXID: 100}, ReasonPredates},
 		{"no state", retention.Row{XID: 50}, retention.State{}, ReasonNoHorizon},
+		{"before its partition was attached", retention.Row{XID: 150, Unstreamed: true}, st, ReasonUnstreamed},
+		{"before attach, published", retention.Row{XID: 150, Unstreamed: true, PublishedAt: pub}, st, ReasonPublished},
 	}
 	for _, tt := range tests {
 		if got := EventReason(tt.row, tt.st); got != tt.want {

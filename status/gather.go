@@ -176,6 +176,7 @@ const (
 	ReasonHorizon     = "horizon"            // its xid is in [floor_xid, delivered_xid)
 	ReasonNewer       = "newer_than_horizon" // not yet: at or above delivered_xid
 	ReasonPredates    = "predates_slot"      // below floor_xid: never proven by position
+	ReasonUnstreamed  = "before_attach"      // written into its partition before it was attached: never streamed
 	ReasonNoHorizon   = "no_horizon"         // no delivery state (or no promotion) yet
 	ReasonNotFound    = "not_found"          // no such row: never inserted, or deleted after delivery
 	ReasonUnreadable  = "error"              // the row or the state could not be read
@@ -335,7 +336,9 @@ func gatherDelivery(ctx context.Context, q Querier, h retention.Horizon, o Optio
 		d.Undelivered, d.UndeliveredCapped, d.UndeliveredExact = &n.N, n.Capped, n.Exact
 	}
 	if d.StateFound {
-		d.PreSlotSQL = h.PreSlotSQL()
+		if from, err := h.From(ctx, q); err == nil {
+			d.PreSlotSQL = h.PreSlotSQL(from)
+		}
 		p, err := preSlot(ctx, q, h, st, o.ScanTimeout)
 		if err != nil {
 			d.PreSlotError = err.Error()
@@ -378,7 +381,12 @@ func gatherDLQ(ctx context.Context, q Querier, o Options) *DLQFacts {
 		d.ColumnsMissing = true
 		return d
 	}
-	if err := q.QueryRow(ctx, "SELECT count(*) FROM "+o.Table.Quoted()+" WHERE dead_lettered_at IS NOT NULL AND dlq_resolved_at IS NULL").Scan(&d.Unresolved); err != nil {
+	from, err := pgsetup.From(ctx, q, o.Table)
+	if err != nil {
+		d.Error = err.Error()
+		return d
+	}
+	if err := q.QueryRow(ctx, "SELECT count(*) FROM "+from+" WHERE dead_lettered_at IS NOT NULL AND dlq_resolved_at IS NULL").Scan(&d.Unresolved); err != nil {
 		d.Error = fmt.Sprintf("count dead-lettered rows of %s: %v", o.Table, err)
 	}
 	return d
@@ -433,6 +441,8 @@ func EventReason(r retention.Row, st retention.State) string {
 	switch {
 	case r.PublishedAt != nil:
 		return ReasonPublished
+	case r.Unstreamed:
+		return ReasonUnstreamed
 	case st.FloorXID != 0 && r.XID < st.FloorXID:
 		return ReasonPredates
 	case !st.Proven():
