@@ -18,15 +18,27 @@ const strippedColumns = "(id, aggregate_type, aggregate_id, event_type, payload,
 
 // insertTenantRow writes one outbox row with headers {"tenant_id": "acme"}
 // under aggregate id.
+// (A generated headers column, still generated, computes them from the
+// payload's meta.)
 func (e *env) insertTenantRow(t *testing.T, id string) {
 	t.Helper()
+	var gen string
+	if err := e.DB.QueryRow(context.Background(), "SELECT attgenerated::text FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'headers'",
+		e.Table).Scan(&gen); err != nil {
+		t.Fatal(err)
+	}
+	if gen != "" {
+		mustExec(t, e, "INSERT INTO "+e.Table+` (aggregate_type, aggregate_id, event_type, payload)
+			VALUES ('order', $1, 'created', '{"meta": {"tenant_id": "acme"}}')`, id)
+		return
+	}
 	mustExec(t, e, "INSERT INTO "+e.Table+` (aggregate_type, aggregate_id, event_type, payload, headers)
 		VALUES ('order', $1, 'created', '{}', '{"tenant_id": "acme"}')`, id)
 }
 
 // A publication that drops or strips the outbox's inserts (a column list
-// leaving headers out, a row filter, publish without insert) is refused at
-// start with the ALTER PUBLICATION that fixes it, and `check` fails naming
+// leaving headers out, a row filter, a generated headers column, publish
+// without insert) is refused at start with the ALTER PUBLICATION that fixes it, and `check` fails naming
 // the same statement; run as printed, it lets the relay start and publish
 // the row whole, headers included.
 func TestPublicationShapeRefused(t *testing.T) {
@@ -45,6 +57,14 @@ func TestPublicationShapeRefused(t *testing.T) {
 		{"row filter", func(e *env) string {
 			return "ALTER PUBLICATION " + e.Pub + " SET TABLE " + e.Table + " WHERE (aggregate_type <> 'audit')"
 		}, "has a row filter on", func(e *env) string { return `ALTER PUBLICATION "` + e.Pub + `" SET TABLE "` + e.Schema + `"."outbox";` }},
+		{"generated headers", func(e *env) string {
+			return "ALTER TABLE " + e.Table + " DROP COLUMN headers, ADD COLUMN headers JSONB GENERATED ALWAYS AS (payload -> 'meta') STORED"
+		}, "which the relay reads, is a", func(e *env) string {
+			if e.pgVersion(e.t) >= 180000 {
+				return `ALTER PUBLICATION "` + e.Pub + `" SET (publish_generated_columns = stored);`
+			}
+			return `ALTER TABLE "` + e.Schema + `"."outbox" ALTER COLUMN "headers" DROP EXPRESSION;`
+		}},
 		{"publish update only", func(e *env) string { return "ALTER PUBLICATION " + e.Pub + " SET (publish = 'update')" },
 			"does not publish inserts", func(e *env) string { return `ALTER PUBLICATION "` + e.Pub + `" SET (publish = 'insert');` }},
 	} {
@@ -149,6 +169,16 @@ func TestPublicationColumnListAddedWhileRunning(t *testing.T) {
 }
 
 func must(r preflight.Report, _ string) preflight.Report { return r }
+
+// pgVersion is the server's server_version_num.
+func (e *env) pgVersion(t *testing.T) int {
+	t.Helper()
+	var v int
+	if err := e.DB.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
 
 // unescaped undoes the JSON log's escaping of double quotes, so the SQL
 // the relay logged reads as printed.
