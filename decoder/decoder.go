@@ -198,6 +198,15 @@ type Decoder struct {
 	tbl      *tableMap  // the table of the row being built, for errors
 
 	rels map[uint32]*relation
+	// publication names the stream's publication in errors (SetPublication);
+	// expect are the columns each outbox table had when it was checked
+	// (Expect), by table index, nil entries for none.
+	publication string
+	expect      []*expectation
+	// pos is the highest WALStart seen: the stream decodes the WAL in
+	// order, so every later message was decoded at or past it (pgoutput
+	// sends Relation messages with WALStart 0).
+	pos pglogrepl.LSN
 
 	inTxn  bool
 	txn    Txn // the open transaction; Events grows until Commit hands it off
@@ -334,6 +343,7 @@ func (d *Decoder) Decode(walStart pglogrepl.LSN, walData []byte) (*Txn, error) {
 	}
 	body := walData[1:]
 	d.hbOK, d.streamMsg = false, false
+	d.pos = max(d.pos, walStart)
 	if d.replay != nil {
 		return nil, protocolError(walStart, "message", "the chunks of streamed transaction %d were not all taken (Next)", d.replay.txn.Xid)
 	}

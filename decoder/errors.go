@@ -64,7 +64,9 @@ type RowError struct {
 const (
 	hintProducer = "fix the producer that wrote it"
 	hintMissing  = "restore the column (ALTER TABLE ... ADD COLUMN); rows inserted while it was missing " +
-		"cannot be published as they are"
+		"cannot be published as they are. If the table has the column, the publication's column list " +
+		"leaves it out: publish the table whole (`outbox-relay check` prints the ALTER PUBLICATION), then " +
+		"`outbox-relay dlq replay` the rows"
 	hintToast    = "check that the slot uses the pgoutput plugin"
 	hintBinary   = "start replication without the binary option"
 	hintReserved = "rename the key in the producer that writes the outbox rows (e.g. x-event_id); the relay " +

@@ -93,6 +93,9 @@ type relation struct {
 	// payloadBytea: the payload column is bytea, published as its raw
 	// bytes (pgoutput sends the hex text \x...).
 	payloadBytea bool
+	// read are the columns of the message the relay reads (outbox tables
+	// only), to tell a Relation that lost one (checkNarrowed).
+	read []string
 	// missing names the first mapped column the table lacks, or is empty.
 	// It is reported on the first Insert, not here: a table without the
 	// column is only a problem once a row arrives.
@@ -153,6 +156,9 @@ func (d *Decoder) relation(lsn pglogrepl.LSN, b []byte) error {
 		if tm == nil {
 			continue
 		}
+		if tm.readColumn(col) {
+			rel.read = append(rel.read, string(col))
+		}
 		for r, want := range tm.cols {
 			if want != "" && string(col) == want {
 				rel.idx[r] = i
@@ -184,6 +190,9 @@ func (d *Decoder) relation(lsn pglogrepl.LSN, b []byte) error {
 		return protocolError(lsn, "Relation", "%d bytes after the columns of %s", len(b)-c.off, rel.table)
 	}
 	if tm != nil {
+		if err := d.checkNarrowed(lsn, tm, rel, d.rels[id]); err != nil {
+			return err
+		}
 		for r, want := range tm.cols {
 			// A table without its headers column has no headers (start-up
 			// validation refuses a configured one that is missing).

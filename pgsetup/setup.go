@@ -34,6 +34,13 @@ type SlotInfo struct {
 	// (postgres.slot_failover on, postgres.standby_slots): the caller logs
 	// them.
 	Warnings []string
+	// Columns are, for each outbox table (Config.Tables order), the
+	// columns the relay reads that the table has, all streamed by the
+	// publication as Prepare checked it, the server's WAL then at
+	// CheckedAt: a later Relation message without one of them means the
+	// publication changed (decoder.Decoder.Expect).
+	Columns   [][]string
+	CheckedAt pglogrepl.LSN
 	// Registry is the slot's row in the slot registry, its generation
 	// raised by this call (history.Mark); zero without a registry.
 	Registry Registry
@@ -129,8 +136,17 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity,
 		return info, fault.Fatal.Wrap(fmt.Errorf("slot %q is invalidated (wal_status = lost): PostgreSQL removed WAL it still needed, so events after its last confirmed position %s may never be streamed. Retrying cannot fix this. Recover: SELECT pg_drop_replication_slot('%s'); %s. Raise max_slot_wal_keep_size or alert on slot lag to prevent it",
 			cfg.Slot, info.ConfirmedFlush, cfg.Slot, recoverySteps(created, registered, registry, cfg.Slot)))
 	}
-	if err := ensurePublication(ctx, conn, cfg, found, info.ConfirmedFlush); err != nil {
+	cols, err := ensurePublication(ctx, conn, cfg, found, info.ConfirmedFlush)
+	if err != nil {
 		return SlotInfo{}, err
+	}
+	var at string
+	if err := conn.QueryRow(ctx, "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END::text").Scan(&at); err != nil {
+		return SlotInfo{}, fmt.Errorf("read the WAL position: %w", err)
+	}
+	checkedAt, err := pglogrepl.ParseLSN(at)
+	if err != nil {
+		return SlotInfo{}, fmt.Errorf("parse WAL position %q: %w", at, err)
 	}
 	if !found && registered {
 		return SlotInfo{}, fault.Fatal.Wrap(fmt.Errorf("slot %q was created at %s (LSN %s) and is gone (%s): %w. Events committed while it was missing were not streamed, and the relay will not create a fresh slot silently. Recover: %s",
@@ -153,6 +169,7 @@ func Prepare(ctx context.Context, cfg Config, createSlot bool, prev pg.Identity,
 		}
 		info.Created = true
 	}
+	info.Columns, info.CheckedAt = cols, checkedAt
 	if cfg.SlotFailover && !info.Failover {
 		if err := alterSlotFailover(ctx, cfg); err != nil {
 			return SlotInfo{}, err

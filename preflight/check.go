@@ -316,6 +316,15 @@ func pubCheck(p PGFacts, o Options, add addFunc) {
 	case p.Partitioned && !pub.ViaRoot:
 		add("publication", Fail, fmt.Sprintf("%s is partitioned but publication %s lacks publish_via_partition_root: its inserts would be skipped", t, o.Publication),
 			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true);", q))
+	case len(pub.Shape) > 0:
+		var what, fixes []string
+		for _, pr := range pub.Shape {
+			what = append(what, pr.What)
+			if f := pgsetup.Statement(pr.Fix); !contains(fixes, f) {
+				fixes = append(fixes, f)
+			}
+		}
+		add("publication", Fail, strings.Join(what, "; "), strings.Join(fixes, " "))
 	case pub.Update || pub.Delete || pub.Truncat:
 		var extra []string
 		for _, e := range []struct {

@@ -140,6 +140,19 @@ func TestEvaluate(t *testing.T) {
 			[]string{`ALTER PUBLICATION "outbox_pub" SET (publish = 'insert')`}},
 		{"publication lacks the table", func(f *Facts) { f.PG.Publication.HasTable = false }, "publication", Fail, report.ExitBad,
 			[]string{`ALTER PUBLICATION "outbox_pub" ADD TABLE "public"."outbox"`}},
+		{"publication has a column list", func(f *Facts) {
+			f.PG.Publication.Shape = []pgsetup.Problem{{Kind: pgsetup.KindColumnList, What: "publication \"outbox_pub\" streams only the columns (id) of public.outbox",
+				Fix: `ALTER PUBLICATION "outbox_pub" SET TABLE "public"."outbox"`}}
+		}, "publication", Fail, report.ExitBad, []string{`ALTER PUBLICATION "outbox_pub" SET TABLE "public"."outbox";`}},
+		{"publication has a column list and a row filter", func(f *Facts) {
+			f.PG.Publication.Shape = []pgsetup.Problem{
+				{Kind: pgsetup.KindColumnList, What: "column list", Fix: `ALTER PUBLICATION "outbox_pub" SET TABLE "public"."outbox"`},
+				{Kind: pgsetup.KindRowFilter, What: "row filter", Fix: `ALTER PUBLICATION "outbox_pub" SET TABLE "public"."outbox"`}}
+		}, "publication", Fail, report.ExitBad, []string{`ALTER PUBLICATION "outbox_pub" SET TABLE "public"."outbox";`}},
+		{"publication publishes updates and has a row filter", func(f *Facts) {
+			f.PG.Publication.Update = true
+			f.PG.Publication.Shape = []pgsetup.Problem{{Kind: pgsetup.KindRowFilter, What: "row filter", Fix: `ALTER PUBLICATION "outbox_pub" SET TABLE "public"."outbox"`}}
+		}, "publication", Fail, report.ExitBad, []string{`SET TABLE "public"."outbox"`}},
 		{"partitioned, not via root", func(f *Facts) { f.PG.Partitioned = true }, "publication", Fail, report.ExitBad,
 			[]string{"publish_via_partition_root = true"}},
 		{"slot test_decoding", func(f *Facts) { f.PG.Slot.Plugin = "test_decoding" }, "slot", Fail, report.ExitBad, []string{"pg_drop_replication_slot('outbox_relay')"}},

@@ -112,8 +112,17 @@ type PubFacts struct {
 	Insert, Update, Delete, Truncat bool
 	ViaRoot                         bool
 	HasTable                        bool
-	Err                             string
+	// Shape are the problems of the column lists, row filters, generated
+	// columns and names the outbox tables are streamed with
+	// (pgsetup.Shape.Problems of the shapeKinds).
+	Shape []pgsetup.Problem
+	Err   string
 }
+
+// shapeKinds are the pgsetup.Problem kinds PubFacts.Shape holds; the
+// others (missing, publish, not included, via root) have their own facts.
+var shapeKinds = map[string]bool{pgsetup.KindColumnList: true, pgsetup.KindRowFilter: true,
+	pgsetup.KindGenerated: true, pgsetup.KindStreamedAs: true}
 
 // SlotFacts describes the relay's slot.
 type SlotFacts struct {
@@ -313,6 +322,30 @@ func gatherPG(ctx context.Context, o Options) PGFacts {
 		// only with publish_via_partition_root; without it, its leaves.
 		_ = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
 			WHERE p.pubname = $1 AND pr.prrelid = $2::text::regclass)`, o.Publication, t.Quoted()).Scan(&p.HasTable)
+	}
+
+	// What the publication does with each outbox table's inserts:
+	// column lists, row filters, generated columns, another name.
+	if p.Exists {
+		ms, tables := o.Mappings, []outboxschema.Table{}
+		if ms == nil {
+			ms = []outboxschema.Mapping{outboxschema.DefaultMapping(t)}
+		}
+		for _, m := range ms {
+			tables = append(tables, m.Table)
+		}
+		for _, m := range ms {
+			shape, err := pgsetup.ReadShape(ctx, conn, o.Publication, m, tables)
+			if err != nil {
+				p.Err = scrub(err)
+				break
+			}
+			for _, pr := range shape.Problems() {
+				if shapeKinds[pr.Kind] {
+					p.Shape = append(p.Shape, pr)
+				}
+			}
+		}
 	}
 
 	// The slot, and whether the registry knows it.

@@ -60,6 +60,8 @@ type PipelineConfig struct {
 	Outboxes []Outbox
 	// Format is the record format: record.FormatOwn or record.FormatDebezium (compat).
 	Format string
+	// Publication is postgres.publication, named in errors.
+	Publication string
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -88,7 +90,15 @@ type Pipeline struct {
 	prevDec   decoder.Counts
 	hbPrefix  string
 	msgPrefix string
-	beats     *beats // the lag clock: heartbeats emitted and not yet passed by the watermark
+	// publication names the stream's publication in the decoder's errors;
+	// expect is what the last session's check found (Prepared): the
+	// columns of each outbox table and the WAL position then.
+	publication string
+	expect      struct {
+		cols [][]string
+		at   pglogrepl.LSN
+	}
+	beats *beats // the lag clock: heartbeats emitted and not yet passed by the watermark
 
 	retries *queue[*delivery] // failed dead letters, republished in the order they failed
 	marks   *queue[rowMark]   // row marks, written in order, PostgreSQL outages waited out
@@ -144,7 +154,7 @@ func NewPipeline(cfg PipelineConfig, out Delivery, marker RowMarker, log zerolog
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
-		hbPrefix: cfg.HeartbeatPrefix, msgPrefix: cfg.MessagePrefix, beats: newBeats(0, time.Now)}
+		hbPrefix: cfg.HeartbeatPrefix, msgPrefix: cfg.MessagePrefix, publication: cfg.Publication, beats: newBeats(0, time.Now)}
 	for _, o := range p.outboxes {
 		p.tables = append(p.tables, o.Mapping.Table.String())
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/record"
 )
 
@@ -65,6 +66,10 @@ func (p *Pipeline) resetDecoder() error {
 	dec.SetChunk(min(1000, max(1, events/2)), int(max(1, bytes/2)))
 	dec.SetSpill("", int(min(max(1, bytes/2), spoolMemory)))
 	dec.SetHeartbeatPrefix(p.hbPrefix)
+	dec.SetPublication(p.publication)
+	for i, cols := range p.expect.cols {
+		dec.Expect(i, cols, p.expect.at)
+	}
 	dec.SetMessagePrefix(p.msgPrefix, p.policy.MaxMessageBytes)
 	if p.dec != nil {
 		p.dec.Close()
@@ -72,6 +77,20 @@ func (p *Pipeline) resetDecoder() error {
 	p.dec, p.prevDec, p.prevStream = dec, decoder.Counts{}, decoder.Counts{}
 	p.countStream()
 	return nil
+}
+
+// Prepared implements the stream's OnPrepared: the decoder refuses, from
+// the session's check on, a Relation message of an outbox table without a
+// column the relay reads that the table had then (decoder.Decoder.Expect):
+// the publication changed to strip it. Called on the loop goroutine.
+func (p *Pipeline) Prepared(info pgsetup.SlotInfo) {
+	if len(info.Columns) != len(p.outboxes) {
+		return // a stream tested without a server
+	}
+	p.expect.cols, p.expect.at = info.Columns, info.CheckedAt
+	for i, cols := range info.Columns {
+		p.dec.Expect(i, cols, info.CheckedAt)
+	}
 }
 
 // spoolMemory bounds the memory of streamed, uncommitted transactions. With

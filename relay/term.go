@@ -128,9 +128,9 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	}
 	t.pipe, err = NewPipeline(PipelineConfig{Table: cfg.Postgres.Table, Template: r.tmpl, Outboxes: r.outboxes, Format: cfg.Compat, Start: r.acked, Kept: r.kept,
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
-		MessagePrefix: cfg.Messages.Prefix,
-		Limits:        checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
-		Policy:        cfg.Policy(),
+		MessagePrefix: cfg.Messages.Prefix, Publication: cfg.Postgres.Publication,
+		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
+		Policy: cfg.Policy(),
 	}, out, store, t.log, reg)
 	if err != nil {
 		return err
@@ -146,6 +146,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	}
 	t.stream.Fence = t.fence
 	t.stream.OnCatchUp = catchingUp
+	t.stream.OnPrepared = t.pipe.Prepared
 	t.stream.Messages = cfg.Heartbeat.Interval > 0 || cfg.Messages.Prefix != ""
 	t.stream.MessagePrefix = cfg.Messages.Prefix
 	// The stream compares the server it streams from with this history and

@@ -109,7 +109,12 @@ type Stream struct {
 	// OnCatchUp, when set, hears when the stream starts or stops catching
 	// up (far behind the server's WAL end: catchUpReader), from the loop
 	// goroutine: the relay's producer batches harder meanwhile. Set before Run.
-	OnCatchUp  func(catchingUp bool)
+	OnCatchUp func(catchingUp bool)
+	// OnPrepared, when set, hears what each session's check of the server
+	// found (pgsetup.Prepare), from the loop goroutine, before any WAL of
+	// the session is handled: the relay's decoder learns which columns
+	// each outbox table must be streamed with. Set before Run.
+	OnPrepared func(pgsetup.SlotInfo)
 	catchingUp bool             // what OnCatchUp last heard; the loop goroutine's
 	oldWarned  bool             // the server is too old for Messages; said once
 	warned     map[string]bool  // the failover warnings (pgsetup.SlotInfo.Warnings) logged so far
@@ -264,6 +269,9 @@ func (s *Stream) session(ctx, hard context.Context, h Handler) error {
 	}
 	s.slotSeen = true
 	s.registry = info.Registry
+	if s.OnPrepared != nil {
+		s.OnPrepared(info)
+	}
 	if w := info.Registry.Warning; w != "" && !s.warned[w] {
 		s.warned[w] = true
 		s.log.Warn().Msg(w)

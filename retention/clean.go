@@ -124,7 +124,7 @@ type Cleaner struct {
 	closing   chan struct{}
 	closeOnce sync.Once
 	started   time.Time
-	pausedFor string // the last paused reason logged (Run's goroutine)
+	lastPause string // the paused_reason report last logged; Run's goroutine
 }
 
 // New validates cfg and allocates. connect opens a normal (not
@@ -196,6 +196,25 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	return nil
 }
 
+// report logs a change of the pause: a publication that stopped streaming
+// the outbox whole at Error (every insert since is streamed stripped or
+// not at all, and the relay cannot publish it right), any other pause at
+// Warn, the end of a pause at Info. Run's goroutine.
+func (c *Cleaner) report(reason string) {
+	if reason == c.lastPause {
+		return
+	}
+	switch {
+	case strings.HasPrefix(reason, PublicationPause):
+		c.log.Error().Str("reason", reason).Msg("retention paused: the publication drops or strips outbox inserts; fix it with the SQL in the reason")
+	case reason != "":
+		c.log.Warn().Str("reason", reason).Msg("retention paused")
+	default:
+		c.log.Info().Str("was", c.lastPause).Msg("retention resumed")
+	}
+	c.lastPause = reason
+}
+
 // sample advances the horizon and refreshes the metrics. The undelivered
 // count waits up to ProofWait for the slot to confirm past its snapshot.
 func (c *Cleaner) sample(ctx context.Context, conn *pgx.Conn) (State, error) {
@@ -210,14 +229,7 @@ func (c *Cleaner) sample(ctx context.Context, conn *pgx.Conn) (State, error) {
 	} else {
 		c.m.paused.Set(0)
 	}
-	if st.PausedReason != c.pausedFor {
-		if st.PausedReason != "" {
-			c.log.Warn().Str("reason", st.PausedReason).Msg("retention paused: no row is deleted")
-		} else {
-			c.log.Info().Msg("retention resumed")
-		}
-		c.pausedFor = st.PausedReason
-	}
+	c.report(st.PausedReason)
 	if st.Proven() {
 		c.m.horizonAge.Set(time.Since(st.DeliveredAt).Seconds())
 	} else {

@@ -357,34 +357,18 @@ const PublicationPause = "the publication does not stream every insert of the ou
 const InheritancePause = "inheritance children of the outbox table hold events the slot never streams: "
 
 // publicationProblem says why h.Publication does not stream every insert
-// of h.Table, or "".
+// of h.Table whole (pgsetup.Shape.Problems, with their fixes), or "".
 func (h Horizon) publicationProblem(ctx context.Context, conn *pgx.Conn) (string, error) {
 	if h.Publication == "" {
 		return "", nil
 	}
-	var exists, insert, viaRoot, partitioned, covered, filtered bool
-	err := conn.QueryRow(ctx, `SELECT p.oid IS NOT NULL, coalesce(p.pubinsert, false), coalesce(p.pubviaroot, false),
-		coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($2)), false),
-		EXISTS (SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $3 AND pt.tablename = $4),
-		EXISTS (SELECT 1 FROM pg_publication_tables pt WHERE pt.pubname = $1 AND pt.schemaname = $3 AND pt.tablename = $4
-			AND to_jsonb(pt) ->> 'rowfilter' IS NOT NULL)
-		FROM (SELECT 1) one LEFT JOIN pg_publication p ON p.pubname = $1`,
-		h.Publication, h.Table.Quoted(), h.Table.Schema, h.Table.Name).Scan(&exists, &insert, &viaRoot, &partitioned, &covered, &filtered)
+	shape, err := pgsetup.ReadShape(ctx, conn, h.Publication, outboxschema.DefaultMapping(h.Table), []outboxschema.Table{h.Table})
 	if err != nil {
-		return "", fmt.Errorf("read publication %q: %w", h.Publication, err)
+		return "", err
 	}
-	pub := outboxschema.QuoteIdent(h.Publication)
-	switch {
-	case !exists:
-		return fmt.Sprintf("publication %s does not exist", pub), nil
-	case !insert:
-		return fmt.Sprintf("publication %s does not publish inserts (ALTER PUBLICATION %s SET (publish = 'insert'))", pub, pub), nil
-	case partitioned && !viaRoot:
-		return fmt.Sprintf("publication %s lacks publish_via_partition_root (ALTER PUBLICATION %s SET (publish_via_partition_root = true))", pub, pub), nil
-	case !covered:
-		return fmt.Sprintf("publication %s does not include %s (ALTER PUBLICATION %s ADD TABLE %s)", pub, h.Table, pub, h.Table.Quoted()), nil
-	case filtered:
-		return fmt.Sprintf("publication %s has a row filter on %s: the rows it filters out are never streamed", pub, h.Table), nil
+	var ps []string
+	for _, p := range shape.Problems() {
+		ps = append(ps, p.What+" (fix: "+pgsetup.Statement(p.Fix)+")")
 	}
-	return "", nil
+	return strings.Join(ps, "; "), nil
 }
