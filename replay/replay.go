@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/decoder"
 	"github.com/outbox-relay/outbox-relay/fault"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
+	"github.com/outbox-relay/outbox-relay/pgsetup"
 	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -56,6 +57,7 @@ type Replayer struct {
 	opts   Options
 	deps   Deps
 	table  outboxschema.Table
+	from   string // the FROM item of the rows the slot streams (pgsetup.From): ONLY for a plain table; set by plan
 	policy record.Policy
 	router *sink.Router
 	dec    *decoder.Decoder
@@ -261,9 +263,14 @@ func (r *Replayer) plan(ctx context.Context, db *pgxpool.Pool) (q queries, lo, h
 			return q, 0, 0, fmt.Errorf("outbox table %s has no column %s: replay reads it", r.table, c)
 		}
 	}
+	// Exactly the rows the slot streams: an inheritance child's rows are
+	// not the outbox's (pgsetup.Inheritance).
+	if r.from, err = pgsetup.From(ctx, db, r.table); err != nil {
+		return q, 0, 0, err
+	}
 	// The identity columns are read as the decoder reads them: only of
 	// their types (a table not migrated to 0006 has neither).
-	q = buildQueries(r.table.Quoted(), columns{headers: has[outboxschema.ColHeaders] != "",
+	q = buildQueries(r.from, columns{headers: has[outboxschema.ColHeaders] != "",
 		eventID: has[outboxschema.ColEventID] == "uuid", replayOf: has[outboxschema.ColDLQReplayOf] == "bigint"}, r.opts)
 	lo, hi = r.opts.FromID, r.opts.ToID
 	bound := func(sql string, args []any, dst *int64) error {
@@ -538,7 +545,7 @@ var markBackoff = backoff.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.
 // = ANY(...)), off the publish path, and records dead letters and halts on
 // their rows like the relay. A transient error is retried until hard ends.
 func (r *Replayer) markLoop(hard context.Context, db *pgxpool.Pool, store *deadletter.Store) {
-	upd := "UPDATE " + r.table.Quoted() + " SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL"
+	upd := "UPDATE " + r.from + " SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL"
 	for {
 		ms, ok := r.marks.take(markBatch, 200*time.Millisecond)
 		if !ok {
