@@ -34,7 +34,8 @@ func init() { gometrics.UseNilMetrics = true }
 // handed to that function instead, which then owns the record's completion.
 // There is no verdict for a Publish that returned an error, nor for records
 // still unacked when Run's ctx ends (the hard stop abandons them: their
-// events stay unconfirmed). Done must not block. TxnProducer never calls
+// events stay unconfirmed), nor for records held while their topic is
+// looked up when the producer stops (topicGate: abandoned the same way). Done must not block. TxnProducer never calls
 // Done: its owner does, once the transaction's outcome is known.
 type Message struct {
 	Topic     string

@@ -105,38 +105,48 @@ func (g *topicGate) close() { g.stop.Do(func() { close(g.stopped) }) }
 // (its verdict comes through fail). It never blocks on the network.
 func (g *topicGate) admit(m *Message) bool {
 	g.mu.Lock()
-	t := g.topics[m.Topic]
+	t, decided, err := g.lookLocked(m)
+	if !decided {
+		t.held = append(t.held, m)
+		g.mu.Unlock()
+		return false
+	}
+	g.mu.Unlock()
+	if err != nil {
+		go g.refuse(m.Topic, []*Message{m}, err)
+		return false
+	}
+	return true
+}
+
+// lookLocked is the gate's word on m: decided, with m's verdict (nil: it
+// may go; too large for its topic; its topic missing), when m's topic is
+// open or known missing; otherwise the topic is being looked up (a lookup
+// is running). A known missing topic is looked up again every
+// missingRecheck. The path of nearly every record (open) reads no clock
+// and allocates nothing. Under mu.
+func (g *topicGate) lookLocked(m *Message) (t *gateTopic, decided bool, err error) {
+	t = g.topics[m.Topic]
 	if t == nil {
 		t = &gateTopic{}
 		g.topics[m.Topic] = t
 	}
 	switch t.state {
-	case gateOpen: // the path of nearly every record: no clock, no allocation
-		err := g.tooLarge(t, m)
-		g.mu.Unlock()
-		if err != nil {
-			go g.refuse(m.Topic, []*Message{m}, err)
-			return false
-		}
-		return true
+	case gateOpen:
+		return t, true, g.tooLarge(t, m)
 	case gateMissing:
 		now := g.now()
-		err := &MissingTopicError{Topic: m.Topic, Waited: now.Sub(t.since)}
 		if !t.busy && now.Sub(t.checked) >= missingRecheck {
 			t.busy = true
 			go g.resolve(m.Topic, t)
 		}
-		g.mu.Unlock()
-		go g.refuse(m.Topic, []*Message{m}, err)
-		return false
+		return t, true, &MissingTopicError{Topic: m.Topic, Waited: now.Sub(t.since)}
 	}
-	t.held = append(t.held, m)
 	if !t.busy {
 		t.busy = true
 		go g.resolve(m.Topic, t)
 	}
-	g.mu.Unlock()
-	return false
+	return t, false, nil
 }
 
 // refuse completes msgs, refused before any partition was chosen.
@@ -423,31 +433,11 @@ func describeMaxBytes(b *sarama.Broker, sc *sarama.Config, topic string) int {
 func (g *topicGate) wait(ctx context.Context, m *Message) error {
 	for {
 		g.mu.Lock()
-		t := g.topics[m.Topic]
-		if t == nil {
-			t = &gateTopic{}
-			g.topics[m.Topic] = t
-		}
-		now := g.now()
-		switch t.state {
-		case gateOpen:
-			err := g.tooLarge(t, m)
-			g.mu.Unlock()
-			return err
-		case gateMissing:
-			err := &MissingTopicError{Topic: m.Topic, Waited: now.Sub(t.since)}
-			if !t.busy && now.Sub(t.checked) >= missingRecheck {
-				t.busy = true
-				go g.resolve(m.Topic, t)
-			}
-			g.mu.Unlock()
-			return err
-		}
-		if !t.busy {
-			t.busy = true
-			go g.resolve(m.Topic, t)
-		}
+		_, decided, err := g.lookLocked(m)
 		g.mu.Unlock()
+		if decided {
+			return err
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

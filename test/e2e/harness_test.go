@@ -93,6 +93,18 @@ func newEnv(t *testing.T, name string, configure ...func(*testkit.Outbox)) *env 
 // with the shared Kafka.
 func newEnvAt(t *testing.T, name, url string, configure ...func(*testkit.Outbox)) *env {
 	t.Helper()
+	e := newEnvUnmigrated(t, name, url, configure...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if code, out, err := testkit.Run(ctx, os.Environ(), relayBin, append([]string{"migrate"}, e.flags()...)...); err != nil || code != 0 {
+		t.Fatalf("migrate: exit %d %v\n%s", code, err, out)
+	}
+	return e
+}
+
+// newEnvUnmigrated is newEnvAt without the migrate: the test runs it.
+func newEnvUnmigrated(t *testing.T, name, url string, configure ...func(*testkit.Outbox)) *env {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s := *svcs
@@ -104,7 +116,6 @@ func newEnvAt(t *testing.T, name, url string, configure ...func(*testkit.Outbox)
 	for _, f := range configure {
 		f(o)
 	}
-	e := &env{Outbox: o, t: t, name: name, url: url}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -112,10 +123,7 @@ func newEnvAt(t *testing.T, name, url string, configure ...func(*testkit.Outbox)
 			t.Logf("cleanup: %v", err)
 		}
 	})
-	if code, out, err := testkit.Run(ctx, os.Environ(), relayBin, append([]string{"migrate"}, e.flags()...)...); err != nil || code != 0 {
-		t.Fatalf("migrate: exit %d %v\n%s", code, err, out)
-	}
-	return e
+	return &env{Outbox: o, t: t, name: name, url: url}
 }
 
 func (e *env) flags() []string {

@@ -18,27 +18,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
-// newEnvUnmigrated is newEnvAt without the migrate: the test runs it.
-func newEnvUnmigrated(t *testing.T, name, url string) *env {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s := *svcs
-	s.PGURL = url
-	o, err := testkit.NewOutbox(ctx, &s, "e2e", name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := o.Close(ctx); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	return &env{Outbox: o, t: t, name: name, url: url}
-}
-
 // startMigrate starts `outbox-relay migrate` without waiting for it.
 func (e *env) startMigrate() *testkit.Relay {
 	e.t.Helper()
