@@ -43,11 +43,14 @@ func Classify(err error) (reason string, kind Kind) {
 	var kerr sarama.KError
 	var cerr sarama.ConfigurationError
 	var missing *MissingTopicError
+	var endpoint *TokenEndpointError
 	switch {
 	case err == nil:
 		return "other", Transient
 	case errors.As(err, &missing):
 		return "unknown_topic", Poison // missing for kafka.missing_topic_timeout (topicGate)
+	case errors.As(err, &endpoint) && endpoint.refused():
+		return "authorization", Refused // the OAuth token endpoint refused the relay's client
 	case errors.As(err, &cerr) && strings.Contains(string(cerr), "larger than"):
 		return "message_too_large", Poison // rejected locally by kafka.max_message_bytes
 	case errors.As(err, &kerr):

@@ -278,8 +278,7 @@ func (p *Producer) connect(ctx context.Context) error {
 			return fmt.Errorf("kafka broker certificate not trusted: %w; set kafka.tls.ca_file to the CA that signed it (kafka.tls.server_name if the name differs)", err)
 		}
 		if IsAuthError(err) {
-			return fmt.Errorf("kafka refused the credentials of user %q (SASL %s): %w; check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)",
-				p.cfg.SASL.Username, p.cfg.SASL.Mechanism, err)
+			return authError(p.cfg.SASL, err)
 		}
 		wait := b.Next()
 		p.log.Warn().Err(err).Strs("brokers", p.cfg.Brokers).Dur("retry_in", wait).Msg("kafka not reachable; retrying")

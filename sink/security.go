@@ -15,12 +15,20 @@ import (
 
 // SASLConfig authenticates the producer. Mechanism "" means no SASL.
 type SASLConfig struct {
-	Mechanism string `yaml:"mechanism"` // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	Mechanism string `yaml:"mechanism"` // PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER
 	Username  string `yaml:"username"`
 	// Password is a secret: it is redacted from the logged config and never
 	// appears in errors. Prefer OUTBOX_RELAY_KAFKA_SASL_PASSWORD over the file.
 	Password string `yaml:"password"`
+	// OAuth configures the token of OAUTHBEARER.
+	OAuth OAuthConfig `yaml:"oauth"`
+	// Source, when set, gives the OAUTHBEARER tokens instead of the
+	// built-in source OAuth names (for programs that embed the relay).
+	Source TokenSource `yaml:"-"`
 }
+
+// mechanisms lists the values of kafka.sasl.mechanism, for errors.
+const mechanisms = "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER"
 
 // TLSConfig encrypts (and optionally authenticates) the broker connections.
 type TLSConfig struct {
@@ -37,17 +45,30 @@ func (c SASLConfig) validate(bad func(key, format string, a ...any)) {
 	case "":
 		// Credentials without a mechanism are a half-done setup, not a default.
 		if c.Username != "" {
-			bad("sasl.username", "is set but kafka.sasl.mechanism is empty: set the mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+			bad("sasl.username", "is set but kafka.sasl.mechanism is empty: set the mechanism (%s)", mechanisms)
 		}
 		if c.Password != "" {
-			bad("sasl.password", "is set but kafka.sasl.mechanism is empty: set the mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+			bad("sasl.password", "is set but kafka.sasl.mechanism is empty: set the mechanism (%s)", mechanisms)
+		}
+		c.OAuth.unused(bad, "empty")
+		return
+	case sarama.SASLTypeOAuth:
+		if c.Username != "" {
+			bad("sasl.username", "is set but kafka.sasl.mechanism is OAUTHBEARER, which authenticates with a token (kafka.sasl.oauth.*)")
+		}
+		if c.Password != "" {
+			bad("sasl.password", "is set but kafka.sasl.mechanism is OAUTHBEARER, which authenticates with a token (kafka.sasl.oauth.*)")
+		}
+		if c.Source == nil {
+			c.OAuth.validate(bad)
 		}
 		return
 	case sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512:
 	default:
-		bad("sasl.mechanism", "%q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", c.Mechanism)
+		bad("sasl.mechanism", "%q is not one of %s", c.Mechanism, mechanisms)
 		return
 	}
+	c.OAuth.unused(bad, c.Mechanism)
 	if c.Username == "" {
 		bad("sasl.username", "is empty but sasl.mechanism is %s", c.Mechanism)
 	}
@@ -114,6 +135,15 @@ func applySecurity(cfg Config, sc *sarama.Config) error {
 		sc.Net.SASL.User = cfg.SASL.Username
 		sc.Net.SASL.Password = cfg.SASL.Password
 		switch m {
+		case sarama.SASLTypeOAuth:
+			src := cfg.SASL.Source
+			if src == nil {
+				var err error
+				if src, err = NewTokenSource(cfg.SASL.OAuth); err != nil {
+					return err
+				}
+			}
+			sc.Net.SASL.TokenProvider = saramaTokens{src}
 		case sarama.SASLTypeSCRAMSHA256:
 			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.HashGeneratorFcn(sha256.New)} }
 		case sarama.SASLTypeSCRAMSHA512:
@@ -143,7 +173,24 @@ func (c *scramClient) Done() bool                            { return c.conv.Don
 
 // IsAuthError reports whether err means the broker refused our credentials:
 // retrying cannot fix that, so the relay stops and says which keys to check.
+// A token endpoint that refuses the relay's client (HTTP 400, 401, 403)
+// is one too.
 func IsAuthError(err error) bool {
+	var te *TokenEndpointError
 	return errors.Is(err, sarama.ErrSASLAuthenticationFailed) || errors.Is(err, sarama.ErrIllegalSASLState) ||
-		errors.Is(err, sarama.ErrUnsupportedSASLMechanism)
+		errors.Is(err, sarama.ErrUnsupportedSASLMechanism) || (errors.As(err, &te) && te.refused())
+}
+
+// authError explains a refusal of the relay's SASL credentials by the
+// broker (or the token endpoint) and names the keys to check.
+func authError(c SASLConfig, err error) error {
+	if c.Mechanism == sarama.SASLTypeOAuth {
+		src := c.OAuth.Source
+		if c.Source != nil {
+			src = "set by the program"
+		}
+		return fmt.Errorf("kafka refused the relay's SASL OAUTHBEARER authentication (token source %s): %w; check kafka.sasl.oauth.* and that the token is valid, unexpired and meant for this cluster", src, err)
+	}
+	return fmt.Errorf("kafka refused the credentials of user %q (SASL %s): %w; check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)",
+		c.Username, c.Mechanism, err)
 }

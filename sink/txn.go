@@ -142,8 +142,7 @@ func (p *TxnProducer) Open(ctx context.Context) error {
 			return nil
 		}
 		if IsAuthError(err) {
-			return fmt.Errorf("kafka refused the credentials of user %q (SASL %s): %w; check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)",
-				p.cfg.SASL.Username, p.cfg.SASL.Mechanism, err)
+			return authError(p.cfg.SASL, err)
 		}
 		if errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed) || errors.Is(err, sarama.ErrClusterAuthorizationFailed) {
 			return fmt.Errorf("init transactional producer %q: %w; grant the relay's Kafka user Write on TransactionalId %q (and IdempotentWrite on the cluster)", p.id, err, p.id)

@@ -166,8 +166,8 @@ func (w *wire) roundTrip(wait time.Duration) ([]byte, error) {
 	return w.resp, nil
 }
 
-// authenticate runs SaslHandshake v1 and SaslAuthenticate v1 for PLAIN or
-// SCRAM (the mechanisms kafka.sasl offers). A refusal is the broker's
+// authenticate runs SaslHandshake v1 and SaslAuthenticate v1 for PLAIN,
+// SCRAM or OAUTHBEARER (the mechanisms kafka.sasl offers). A refusal is the broker's
 // error code as a sarama.KError, so IsAuthError and Classify know it.
 func (w *wire) authenticate() error {
 	s := w.sc.Net.SASL
@@ -205,6 +205,25 @@ func (w *wire) authenticate() error {
 		return reply, nil
 	}
 	switch s.Mechanism {
+	case sarama.SASLTypeOAuth:
+		tok, err := s.TokenProvider.Token()
+		if err != nil {
+			return err // the source's error names it, never the token
+		}
+		challenge, err := step(oauthClientFirst(tok))
+		if err != nil || len(challenge) == 0 {
+			return err
+		}
+		// RFC 7628 3.2.2: a refusal comes as a JSON status; the client
+		// answers %x01 and the broker then fails the exchange.
+		status := string(challenge)
+		if len(status) > 256 {
+			status = status[:256]
+		}
+		if _, err := step([]byte{1}); err != nil {
+			return fmt.Errorf("%w (status %s)", err, status)
+		}
+		return fmt.Errorf("%w: the broker answered %s", sarama.ErrSASLAuthenticationFailed, status)
 	case sarama.SASLTypePlaintext:
 		_, err := step([]byte(s.AuthIdentity + "\x00" + s.User + "\x00" + s.Password))
 		return err

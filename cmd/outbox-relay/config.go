@@ -112,6 +112,25 @@ func commaList(f func(c *Config) *[]string) func(*Config, string) error {
 	}
 }
 
+// keyValues sets a map from key=value pairs separated by commas.
+func keyValues(f func(c *Config) *map[string]string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		m := map[string]string{}
+		for _, e := range strings.Split(v, ",") {
+			if e = strings.TrimSpace(e); e == "" {
+				continue
+			}
+			k, val, ok := strings.Cut(e, "=")
+			if !ok || strings.TrimSpace(k) == "" {
+				return fmt.Errorf("%q is not key=value", e)
+			}
+			m[strings.TrimSpace(k)] = strings.TrimSpace(val)
+		}
+		*f(c) = m
+		return nil
+	}
+}
+
 var keys = []key{
 	{"postgres.url", "OUTBOX_RELAY_POSTGRES_URL", "postgres-url", "PostgreSQL connection URL (direct, not through a transaction pooler)",
 		str(func(c *Config) *string { return &c.Postgres.URL })},
@@ -179,12 +198,34 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.Kafka.RetryBackoffMax })},
 	{"kafka.retry_max", "OUTBOX_RELAY_KAFKA_RETRY_MAX", "kafka-retry-max", "sarama's retries of one batch before it hands the error back; the relay then requeues the events itself and retries for ever, dropping nothing",
 		integer(func(c *Config) *int { return &c.Kafka.RetryMax })},
-	{"kafka.sasl.mechanism", "OUTBOX_RELAY_KAFKA_SASL_MECHANISM", "kafka-sasl-mechanism", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (empty = no SASL)",
+	{"kafka.sasl.mechanism", "OUTBOX_RELAY_KAFKA_SASL_MECHANISM", "kafka-sasl-mechanism", "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (empty = no SASL)",
 		str(func(c *Config) *string { return &c.Kafka.SASL.Mechanism })},
 	{"kafka.sasl.username", "OUTBOX_RELAY_KAFKA_SASL_USERNAME", "kafka-sasl-username", "SASL user",
 		str(func(c *Config) *string { return &c.Kafka.SASL.Username })},
 	{"kafka.sasl.password", "OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "kafka-sasl-password", "SASL password (prefer the env variable; never logged)",
 		str(func(c *Config) *string { return &c.Kafka.SASL.Password })},
+	{"kafka.sasl.oauth.token_source", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_TOKEN_SOURCE", "kafka-sasl-oauth-token-source", "OAUTHBEARER token source: static, file, client_credentials or aws_msk_iam",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.Source })},
+	{"kafka.sasl.oauth.token", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_TOKEN", "kafka-sasl-oauth-token", "static OAUTHBEARER token (prefer the env variable; never logged)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.Token })},
+	{"kafka.sasl.oauth.token_file", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_TOKEN_FILE", "kafka-sasl-oauth-token-file", "file holding the OAUTHBEARER token, read again when it changes",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.TokenFile })},
+	{"kafka.sasl.oauth.token_url", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_TOKEN_URL", "kafka-sasl-oauth-token-url", "OAuth 2 token endpoint (client_credentials)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.TokenURL })},
+	{"kafka.sasl.oauth.client_id", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_CLIENT_ID", "kafka-sasl-oauth-client-id", "OAuth 2 client id (client_credentials)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.ClientID })},
+	{"kafka.sasl.oauth.client_secret", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_CLIENT_SECRET", "kafka-sasl-oauth-client-secret", "OAuth 2 client secret (prefer the env variable; never logged)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.ClientSecret })},
+	{"kafka.sasl.oauth.scope", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_SCOPE", "kafka-sasl-oauth-scope", "OAuth 2 scope to ask for (client_credentials; empty = none)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.Scope })},
+	{"kafka.sasl.oauth.extensions", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_EXTENSIONS", "kafka-sasl-oauth-extensions", "SASL extensions sent with the token, key=value,... (e.g. logicalCluster=lkc-1,identityPoolId=pool-2)",
+		keyValues(func(c *Config) *map[string]string { return &c.Kafka.SASL.OAuth.Extensions })},
+	{"kafka.sasl.oauth.aws_region", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_AWS_REGION", "kafka-sasl-oauth-aws-region", "AWS region of the MSK cluster (aws_msk_iam)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.AWSRegion })},
+	{"kafka.sasl.oauth.aws_profile", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_AWS_PROFILE", "kafka-sasl-oauth-aws-profile", "AWS named profile for the MSK IAM credentials (empty = the default chain)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.AWSProfile })},
+	{"kafka.sasl.oauth.aws_role_arn", "OUTBOX_RELAY_KAFKA_SASL_OAUTH_AWS_ROLE_ARN", "kafka-sasl-oauth-aws-role-arn", "IAM role to assume for MSK IAM (empty = the default chain's identity)",
+		str(func(c *Config) *string { return &c.Kafka.SASL.OAuth.AWSRoleARN })},
 	{"kafka.tls.enabled", "OUTBOX_RELAY_KAFKA_TLS_ENABLED", "kafka-tls", "connect to the brokers with TLS",
 		boolean(func(c *Config) *bool { return &c.Kafka.TLS.Enabled })},
 	{"kafka.tls.ca_file", "OUTBOX_RELAY_KAFKA_TLS_CA_FILE", "kafka-tls-ca-file", "PEM CA bundle (empty = system roots)",
@@ -518,6 +559,12 @@ func (c Config) redacted() string {
 	c.Postgres.URL = replication.RedactURL(c.Postgres.URL)
 	if c.Kafka.SASL.Password != "" {
 		c.Kafka.SASL.Password = "xxxxx"
+	}
+	if c.Kafka.SASL.OAuth.Token != "" {
+		c.Kafka.SASL.OAuth.Token = "xxxxx"
+	}
+	if c.Kafka.SASL.OAuth.ClientSecret != "" {
+		c.Kafka.SASL.OAuth.ClientSecret = "xxxxx"
 	}
 	b, _ := yaml.Marshal(c)
 	return string(b)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/sink"
+
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -317,9 +319,20 @@ var invalidCases = []struct {
 	{key: "kafka.version", env: []string{"banana", "0.10.2.0"}, flag: []string{""}, file: []any{"0.8.2.0", "3.x"}},
 	{key: "kafka.retry_backoff_max", env: []string{"1ms", "long"}, flag: []string{"0s"}, file: []any{"9ms", 5}},
 	{key: "kafka.retry_max", env: []string{"0", "many"}, flag: []string{"100001", "-1"}, file: []any{0, "lots"}},
-	{key: "kafka.sasl.mechanism", env: []string{"GSSAPI"}, flag: []string{"scram"}, file: []any{"OAUTHBEARER"}},
+	{key: "kafka.sasl.mechanism", env: []string{"GSSAPI"}, flag: []string{"scram"}, file: []any{"oauthbearer"}},
 	{key: "kafka.sasl.username", env: []string{"bob"}, flag: []string{"bob"}, file: []any{"bob"}},
 	{key: "kafka.sasl.password", env: []string{"s3cret"}, flag: []string{"s3cret"}, file: []any{"s3cret"}, never: "s3cret"},
+	{key: "kafka.sasl.oauth.token_source", env: []string{"jwt", "static"}, flag: []string{"file"}, file: []any{"Static", []string{"x"}}},
+	{key: "kafka.sasl.oauth.token", env: []string{"s3cret"}, flag: []string{"s3cret"}, file: []any{"s3cret"}, never: "s3cret"},
+	{key: "kafka.sasl.oauth.token_file", env: []string{"/nonexistent/token"}, flag: []string{"/t"}, file: []any{"/t"}},
+	{key: "kafka.sasl.oauth.token_url", env: []string{"https://idp/token"}, flag: []string{"x"}, file: []any{"x"}},
+	{key: "kafka.sasl.oauth.client_id", env: []string{"relay"}, flag: []string{"relay"}, file: []any{"relay"}},
+	{key: "kafka.sasl.oauth.client_secret", env: []string{"s3cret"}, flag: []string{"s3cret"}, file: []any{"s3cret"}, never: "s3cret"},
+	{key: "kafka.sasl.oauth.scope", env: []string{"kafka"}, flag: []string{"kafka"}, file: []any{"kafka"}},
+	{key: "kafka.sasl.oauth.extensions", env: []string{"novalue", "a=b"}, flag: []string{"=x", "a=b"}, file: []any{map[string]string{"a": "b"}, "a=b"}},
+	{key: "kafka.sasl.oauth.aws_region", env: []string{"us-east-1"}, flag: []string{"us-east-1"}, file: []any{"us-east-1"}},
+	{key: "kafka.sasl.oauth.aws_profile", env: []string{"p"}, flag: []string{"p"}, file: []any{"p"}},
+	{key: "kafka.sasl.oauth.aws_role_arn", env: []string{"arn:aws:iam::1:role/r"}, flag: []string{"a"}, file: []any{"a"}},
 	{key: "kafka.tls.enabled", env: []string{"maybe"}, flag: []string{"2"}, file: []any{"maybe"}},
 	{key: "kafka.tls.ca_file", env: []string{"/nonexistent/ca.pem"}, flag: []string{"/x.pem"}, file: []any{"/x.pem"}},
 	{key: "kafka.tls.cert_file", env: []string{"/nonexistent/c.pem"}, flag: []string{"/c.pem"}, file: []any{"/c.pem"}},
@@ -745,5 +758,33 @@ func TestKafkaBrokersOnlyWhereKafkaIsUsed(t *testing.T) {
 				t.Fatalf("with kafka.brokers=nohostport: err %v, want one naming kafka.brokers", err)
 			}
 		})
+	}
+}
+
+// The OAUTHBEARER secrets (static token, client secret) never reach the
+// printed config; the rest of the oauth settings do.
+func TestConfigRedactedOAuthSecrets(t *testing.T) {
+	c, err := loadConfig("run", []string{"--kafka-sasl-mechanism", "OAUTHBEARER", "--kafka-sasl-oauth-token-source", "client_credentials",
+		"--kafka-sasl-oauth-token-url", "https://idp.example/token", "--kafka-sasl-oauth-client-id", "relay",
+		"--kafka-sasl-oauth-extensions", "logicalCluster=lkc-1,identityPoolId=pool-2"},
+		requiredEnv(map[string]string{"OUTBOX_RELAY_KAFKA_SASL_OAUTH_CLIENT_SECRET": "s3cret"}))
+	if err != nil {
+		t.Fatalf("loadConfig: %v", err)
+	}
+	if c.Kafka.SASL.OAuth.Extensions["identityPoolId"] != "pool-2" {
+		t.Fatalf("extensions %v", c.Kafka.SASL.OAuth.Extensions)
+	}
+	out := c.redacted()
+	if strings.Contains(out, "s3cret") {
+		t.Errorf("redacted config holds the client secret:\n%s", out)
+	}
+	for _, k := range []string{"token_source: client_credentials", "https://idp.example/token", "logicalCluster: lkc-1", "client_secret: xxxxx"} {
+		if !strings.Contains(out, k) {
+			t.Errorf("redacted config lost %q:\n%s", k, out)
+		}
+	}
+	c.Kafka.SASL.OAuth = sink.OAuthConfig{Source: sink.TokenStatic, Token: "s3cret"}
+	if out := c.redacted(); strings.Contains(out, "s3cret") {
+		t.Errorf("redacted config holds the static token:\n%s", out)
 	}
 }
