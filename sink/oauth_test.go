@@ -49,7 +49,9 @@ func TestOAuthConfigValidate(t *testing.T) {
 			c.SASL.OAuth = OAuthConfig{Source: TokenClientCredentials, TokenURL: "https://idp.example/token", ClientID: "relay", ClientSecret: "s3cret",
 				Scope: "kafka", Extensions: map[string]string{"logicalCluster": "lkc-1", "identityPoolId": "pool-2"}}
 		}, nil},
-		{"msk", func(c *Config) { c.SASL.OAuth = OAuthConfig{Source: TokenAWSMSKIAM, AWSRegion: "eu-west-1", AWSRoleARN: "arn:aws:iam::1:role/r"} }, nil},
+		{"msk", func(c *Config) {
+			c.SASL.OAuth = OAuthConfig{Source: TokenAWSMSKIAM, AWSRegion: "eu-west-1", AWSRoleARN: "arn:aws:iam::1:role/r"}
+		}, nil},
 		{"program's source", func(c *Config) { c.SASL.OAuth = OAuthConfig{}; c.SASL.Source = staticToken{} }, nil},
 
 		{"no source", func(c *Config) { c.SASL.OAuth = OAuthConfig{} }, []string{"kafka.sasl.oauth.token_source"}},
