@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -398,6 +399,7 @@ func kafkaChecks(f Facts, add addFunc) {
 		readVerdict = Warn
 	}
 	brokers := strings.Join(o.Kafka.Brokers, ",")
+	saslCheck(o, k, add)
 	if k.ConnectError != "" {
 		add("kafka", Fail, "cannot reach "+brokers+": "+k.ConnectError,
 			"check kafka.brokers, kafka.tls.* and kafka.sasl.* (the relay connects with the same settings) and that the brokers are up")
@@ -481,3 +483,37 @@ func Text(w io.Writer, r Report) error {
 // JSON writes the report as one indented JSON object; the field names are
 // documented in docs/commands.md and stable.
 func JSON(w io.Writer, r Report) error { return report.JSON(w, r) }
+
+// saslCheck reports the SASL mechanism in use and, for OAUTHBEARER, the
+// token source, whether it gave a token and whether the broker took it.
+// The token itself is never shown.
+func saslCheck(o Options, k KafkaFacts, add addFunc) {
+	m := o.Kafka.SASL.Mechanism
+	if m == "" {
+		add("kafka.sasl", OK, "none (kafka.sasl.mechanism is empty)", "")
+		return
+	}
+	who := "user " + o.Kafka.SASL.Username
+	fix := "check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)"
+	if m == sarama.SASLTypeOAuth {
+		who = "token source " + k.SASL.TokenSource
+		fix = "check kafka.sasl.oauth.* and that the token is valid, unexpired and meant for this cluster"
+		if k.SASL.TokenError != "" {
+			add("kafka.sasl", Fail, "OAUTHBEARER, "+who+": no token: "+k.SASL.TokenError, fix)
+			return
+		}
+		if !k.SASL.TokenExpiry.IsZero() {
+			who += fmt.Sprintf(" (the token expires in %s)", time.Until(k.SASL.TokenExpiry).Round(time.Second))
+		}
+	}
+	switch {
+	case k.SASL.Refused:
+		add("kafka.sasl", Fail, m+", "+who+": the broker refused it", fix)
+	case k.ConnectError != "":
+		add("kafka.sasl", Skip, m+", "+who+": Kafka unreachable", "")
+	case m == sarama.SASLTypeOAuth:
+		add("kafka.sasl", OK, m+", "+who+": a token was obtained and the broker accepted it", "")
+	default:
+		add("kafka.sasl", OK, m+", "+who+": the broker accepted it", "")
+	}
+}

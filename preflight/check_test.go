@@ -162,6 +162,23 @@ func TestEvaluate(t *testing.T) {
 		{"postgres down", func(f *Facts) { f.PG = PGFacts{Addr: "db:5432", ConnectError: "connection refused"} }, "postgres", Fail, report.ExitBad,
 			[]string{"postgres.url"}},
 		{"kafka down", func(f *Facts) { f.Kafka = KafkaFacts{ConnectError: "dial tcp: refused"} }, "kafka", Fail, report.ExitBad, []string{"kafka.brokers"}},
+		{"no SASL", func(*Facts) {}, "kafka.sasl", OK, report.ExitOK, nil},
+		{"OAUTHBEARER accepted", func(f *Facts) {
+			f.Options.Kafka.SASL.Mechanism = "OAUTHBEARER"
+			f.Kafka.SASL = SASLFacts{Mechanism: "OAUTHBEARER", TokenSource: "file"}
+		}, "kafka.sasl", OK, report.ExitOK, nil},
+		{"OAUTHBEARER without a token", func(f *Facts) {
+			f.Options.Kafka.SASL.Mechanism = "OAUTHBEARER"
+			f.Kafka = KafkaFacts{ConnectError: "no OAUTHBEARER token: HTTP 503", SASL: SASLFacts{Mechanism: "OAUTHBEARER", TokenSource: "client_credentials", TokenError: "HTTP 503"}}
+		}, "kafka.sasl", Fail, report.ExitBad, []string{"kafka.sasl.oauth.*"}},
+		{"OAUTHBEARER refused", func(f *Facts) {
+			f.Options.Kafka.SASL.Mechanism = "OAUTHBEARER"
+			f.Kafka = KafkaFacts{ConnectError: "SASL Authentication failed", SASL: SASLFacts{Mechanism: "OAUTHBEARER", TokenSource: "static", Refused: true}}
+		}, "kafka.sasl", Fail, report.ExitBad, []string{"kafka.sasl.oauth.*", "unexpired"}},
+		{"SCRAM refused", func(f *Facts) {
+			f.Options.Kafka.SASL.Mechanism, f.Options.Kafka.SASL.Username = "SCRAM-SHA-512", "relay"
+			f.Kafka = KafkaFacts{ConnectError: "SASL Authentication failed", SASL: SASLFacts{Mechanism: "SCRAM-SHA-512", Refused: true}}
+		}, "kafka.sasl", Fail, report.ExitBad, []string{"kafka.sasl.password"}},
 		{"topic missing, no auto-create", func(f *Facts) {
 			f.Options.Kafka.AutoCreateTopics = false
 			f.Kafka.Topics[1].Exists = false

@@ -20,6 +20,18 @@ type KafkaFacts struct {
 	// when it could not be read.
 	BrokerAutoCreate *bool
 	ACL              ACLFacts
+	SASL             SASLFacts
+}
+
+// SASLFacts is how the check authenticated: the mechanism, for
+// OAUTHBEARER the token source and whether it gave a token (never the
+// token itself), and whether the broker refused the credentials.
+type SASLFacts struct {
+	Mechanism   string
+	TokenSource string
+	TokenError  string    // the source gave no token
+	TokenExpiry time.Time // zero: unknown or not OAUTHBEARER
+	Refused     bool      // the broker (or token endpoint) refused the credentials
 }
 
 // TopicFact is one topic the relay will produce to (routePlan).
@@ -60,8 +72,38 @@ func gatherKafka(ctx context.Context, o Options, topics []string) KafkaFacts {
 	sc.Net.DialTimeout = 5 * time.Second
 	sc.Net.ReadTimeout = 10 * time.Second
 	sc.Net.WriteTimeout = 5 * time.Second
+	sasl := SASLFacts{Mechanism: o.Kafka.SASL.Mechanism}
+	if sasl.Mechanism == sarama.SASLTypeOAuth {
+		// A token first, on its own: "no token" and "the broker refused
+		// it" have different fixes.
+		sasl.TokenSource = o.Kafka.SASL.OAuth.Source
+		src := o.Kafka.SASL.Source
+		if src == nil {
+			src, err = sink.NewTokenSource(o.Kafka.SASL.OAuth)
+		} else {
+			sasl.TokenSource = "set by the program"
+		}
+		if err == nil {
+			tctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			var tok sink.Token
+			tok, err = src.Token(tctx)
+			cancel()
+			sasl.TokenExpiry = tok.Expiry
+		}
+		if err != nil {
+			sasl.TokenError = err.Error()
+			sasl.Refused = sink.IsAuthError(err)
+			f.SASL = sasl
+			f.ConnectError = "no OAUTHBEARER token: " + err.Error()
+			return f
+		}
+	}
 	done := make(chan KafkaFacts, 1)
-	go func() { done <- readKafka(o, sc, topics) }()
+	go func() {
+		r := readKafka(o, sc, topics)
+		r.SASL.Mechanism, r.SASL.TokenSource, r.SASL.TokenExpiry = sasl.Mechanism, sasl.TokenSource, sasl.TokenExpiry
+		done <- r
+	}()
 	select {
 	case r := <-done:
 		return r
@@ -77,7 +119,10 @@ func readKafka(o Options, sc *sarama.Config, topics []string) KafkaFacts {
 	if err != nil {
 		f.ConnectError = err.Error()
 		if sink.IsAuthError(err) {
-			f.ConnectError += " (SASL user " + o.Kafka.SASL.Username + ")"
+			f.SASL.Refused = true
+			if o.Kafka.SASL.Mechanism != sarama.SASLTypeOAuth {
+				f.ConnectError += " (SASL user " + o.Kafka.SASL.Username + ")"
+			}
 		}
 		return f
 	}

@@ -244,6 +244,7 @@ OUTBOX_TEST_KAFKA_SASL_BROKERS=127.0.0.1:$KAFKA_SASL_PORT
 OUTBOX_TEST_KAFKA_SASL_PORT=$KAFKA_SASL_PORT
 OUTBOX_TEST_KAFKA_SASL_USER=relay
 OUTBOX_TEST_KAFKA_SASL_PASSWORD=$KAFKA_SASL_PASSWORD
+OUTBOX_TEST_KAFKA_SASL_MECHANISMS=SCRAM-SHA-512,PLAIN,OAUTHBEARER
 OUTBOX_TEST_KAFKA_TLS_BROKERS=127.0.0.1:$KAFKA_TLS_PORT
 OUTBOX_TEST_KAFKA_TLS_PORT=$KAFKA_TLS_PORT
 OUTBOX_TEST_KAFKA_TLS_CA_FILE=$KAFKA_DIR/tls/ca.pem
@@ -579,10 +580,14 @@ ssl.keystore.password=$KAFKA_DIR_STOREPASS
 ssl.key.password=$KAFKA_DIR_STOREPASS
 ssl.client.auth=none
 # A second, authenticated listener for the relay's SASL tests: SCRAM-SHA-512 users come from
-# StorageTool format --add-scram, PLAIN users from the JAAS line below.
-sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN
+# StorageTool format --add-scram, PLAIN users from the JAAS line below. OAUTHBEARER uses Kafka's
+# default server handler, the unsecured JWT validator (alg none, sub and exp claims): enough for the
+# handshake and expiry; its sessions last at most 10 s, so a relay must re-authenticate (KIP-368).
+sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN,OAUTHBEARER
 listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_relay="$KAFKA_SASL_PASSWORD";
+listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;
+listener.name.sasl_plaintext.oauthbearer.connections.max.reauth.ms=10000
 log.dirs=$KAFKA_DIR/kraft-combined-logs
 auto.create.topics.enable=true
 num.partitions=4
