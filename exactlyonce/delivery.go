@@ -428,8 +428,8 @@ func (e *Delivery) prepare(ctx context.Context) error {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, sink.ErrNotCompacted) {
-			return err
+		if errors.Is(err, sink.ErrNotCompacted) || sink.IsAuthError(err) {
+			return err // retrying cannot fix the topic's settings or refused credentials
 		}
 		e.log.Warn().Err(err).Msg("cannot check the checkpoint topic yet; retrying")
 		if backoff.Sleep(ctx, b.Next()) != nil {

@@ -160,7 +160,7 @@ func RefusedFix(err error) string {
 	case errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed):
 		return "grant the relay's Kafka user Write and Describe on its transactional id (exactly_once.transactional_id), then restart the relay"
 	}
-	return "check the relay's Kafka credentials and ACLs (kafka.sasl), then restart the relay"
+	return "check the relay's Kafka credentials (kafka.sasl.*: the user and password, or for OAUTHBEARER the token that kafka.sasl.oauth.* gives) and ACLs, then restart the relay"
 }
 
 func isNetwork(err error) bool {

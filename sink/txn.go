@@ -243,7 +243,15 @@ var ErrNotCompacted = errors.New("checkpoint topic is not compacted")
 
 // CheckTopic creates the compacted checkpoint topic, or checks that the
 // one there is compacted (EnsureCheckpointTopic). It blocks on the network.
-func (p *TxnProducer) CheckTopic(topic string) error { return EnsureCheckpointTopic(p.cfg, topic) }
+// A refusal of the relay's credentials comes back as one IsAuthError
+// knows, naming the keys to check.
+func (p *TxnProducer) CheckTopic(topic string) error {
+	err := EnsureCheckpointTopic(p.cfg, topic)
+	if err != nil && IsAuthError(err) {
+		return authError(p.cfg.SASL, err)
+	}
+	return err
+}
 
 // Begin starts a transaction.
 func (p *TxnProducer) Begin() error { return p.ap.BeginTxn() }

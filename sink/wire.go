@@ -221,7 +221,10 @@ func (w *wire) authenticate() error {
 			status = status[:256]
 		}
 		if _, err := step([]byte{1}); err != nil {
-			return fmt.Errorf("%w (status %s)", err, status)
+			if !strings.Contains(err.Error(), status) {
+				err = fmt.Errorf("%w (status %s)", err, status)
+			}
+			return err
 		}
 		return fmt.Errorf("%w: the broker answered %s", sarama.ErrSASLAuthenticationFailed, status)
 	case sarama.SASLTypePlaintext:
