@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,7 +21,15 @@ type saramaLog struct {
 	l      zerolog.Logger
 	errors *prometheus.CounterVec
 	meta   *metadataWatch // nil in tests that route only the log
+	// authWarned is when a refused-credentials retry was last logged at
+	// warn (unix nanoseconds): sarama retries it silently for up to
+	// kafka.retry_max attempts, and the operator must learn why nothing
+	// is acked.
+	authWarned atomic.Int64
 }
+
+// authWarnEvery spaces the warnings about refused credentials.
+const authWarnEvery = 30 * time.Second
 
 // retryFormats are the sarama log formats that report a failed produce
 // attempt about to be retried; the last argument is the error.
@@ -29,8 +38,8 @@ var retryFormats = map[string]bool{
 	"producer/broker/%d state change to [closing] because %s\n":           true,
 }
 
-func (s saramaLog) Print(v ...any) { s.l.Debug().Msg(strings.TrimSpace(fmt.Sprint(v...))) }
-func (s saramaLog) Printf(format string, v ...any) {
+func (s *saramaLog) Print(v ...any) { s.l.Debug().Msg(strings.TrimSpace(fmt.Sprint(v...))) }
+func (s *saramaLog) Printf(format string, v ...any) {
 	if format == fetchMetadataFormat && s.meta != nil && len(v) > 0 {
 		if topics, ok := v[0].([]string); ok {
 			s.meta.requested(topics)
@@ -40,13 +49,19 @@ func (s saramaLog) Printf(format string, v ...any) {
 		if err, ok := v[len(v)-1].(error); ok {
 			reason, _ := Classify(err)
 			s.errors.WithLabelValues(reason).Inc()
+			if IsAuthError(err) {
+				now, last := time.Now().UnixNano(), s.authWarned.Load()
+				if now-last >= int64(authWarnEvery) && s.authWarned.CompareAndSwap(last, now) {
+					s.l.Warn().Err(err).Msg("kafka refused the relay's SASL credentials (kafka.sasl.*; for OAUTHBEARER the token kafka.sasl.oauth.* gives): sarama retries, nothing is acked until they are accepted")
+				}
+			}
 		}
 	}
 	if s.l.GetLevel() <= zerolog.DebugLevel {
 		s.l.Debug().Msg(strings.TrimSpace(fmt.Sprintf(format, v...)))
 	}
 }
-func (s saramaLog) Println(v ...any) { s.l.Debug().Msg(strings.TrimSpace(fmt.Sprintln(v...))) }
+func (s *saramaLog) Println(v ...any) { s.l.Debug().Msg(strings.TrimSpace(fmt.Sprintln(v...))) }
 
 // sarama's logger is one package variable, read by its goroutines at any
 // time, also those of a producer being abandoned. It is set once, to a

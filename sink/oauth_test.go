@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 )
 
 func oauthConfig(mutate func(*OAuthConfig)) Config {
@@ -458,5 +460,26 @@ func TestWireOAuthBearerRefused(t *testing.T) {
 	}
 	if e := authError(oauthConfig(func(*OAuthConfig) {}).SASL, err); !strings.Contains(e.Error(), "kafka.sasl.oauth") {
 		t.Errorf("authError %q does not name kafka.sasl.oauth", e)
+	}
+}
+
+// sarama retries a produce the broker refused for the credentials
+// silently (kafka.producer: sarama, exactly-once): the relay warns, once
+// per authWarnEvery, and counts it as authorization.
+func TestSaramaLogWarnsOnRefusedCredentials(t *testing.T) {
+	var buf bytes.Buffer
+	reg := prometheus.NewRegistry()
+	if _, err := New(validConfig(), zerolog.New(&buf), reg); err != nil {
+		t.Fatal(err)
+	}
+	refused := fmt.Errorf("%w: Authentication failed due to invalid credentials with SASL mechanism OAUTHBEARER", sarama.ErrSASLAuthenticationFailed)
+	for range 3 {
+		sarama.Logger.Printf("producer/broker/%d state change to [closing] because %s\n", int32(1), refused)
+	}
+	if n := strings.Count(buf.String(), "kafka refused the relay's SASL credentials"); n != 1 {
+		t.Fatalf("%d warnings for 3 refused retries within %s, want 1:\n%s", n, authWarnEvery, buf.String())
+	}
+	if got := counterValues(t, reg)["outbox_relay_publish_errors_total{reason=authorization}"]; got != 3 {
+		t.Errorf("authorization errors counted %v, want 3", got)
 	}
 }
