@@ -28,6 +28,13 @@ type saramaLog struct {
 	authWarned atomic.Int64
 }
 
+// saslFailFormats are sarama's log formats for a broker connection closed
+// because its SASL authentication failed; the last argument is the error.
+var saslFailFormats = map[string]bool{
+	"Closed connection to broker %s due to SASL v0 auth error: %s\n": true,
+	"Closed connection to broker %s due to SASL v1 auth error: %s\n": true,
+}
+
 // authWarnEvery spaces the warnings about refused credentials.
 const authWarnEvery = 30 * time.Second
 
@@ -45,10 +52,12 @@ func (s *saramaLog) Printf(format string, v ...any) {
 			s.meta.requested(topics)
 		}
 	}
-	if retryFormats[format] && len(v) > 0 {
+	if (retryFormats[format] || saslFailFormats[format]) && len(v) > 0 {
 		if err, ok := v[len(v)-1].(error); ok {
-			reason, _ := Classify(err)
-			s.errors.WithLabelValues(reason).Inc()
+			if retryFormats[format] {
+				reason, _ := Classify(err)
+				s.errors.WithLabelValues(reason).Inc()
+			}
 			if IsAuthError(err) {
 				now, last := time.Now().UnixNano(), s.authWarned.Load()
 				if now-last >= int64(authWarnEvery) && s.authWarned.CompareAndSwap(last, now) {

@@ -479,6 +479,14 @@ func TestSaramaLogWarnsOnRefusedCredentials(t *testing.T) {
 	if n := strings.Count(buf.String(), "kafka refused the relay's SASL credentials"); n != 1 {
 		t.Fatalf("%d warnings for 3 refused retries within %s, want 1:\n%s", n, authWarnEvery, buf.String())
 	}
+	// A connection whose authentication failed (the client's coordinator
+	// and metadata lookups) warns too, once the interval passed.
+	buf.Reset()
+	saramaTarget.Load().authWarned.Store(0)
+	sarama.DebugLogger.Printf("Closed connection to broker %s due to SASL v1 auth error: %s\n", "b:9092", refused)
+	if !strings.Contains(buf.String(), "kafka refused the relay's SASL credentials") || !strings.Contains(buf.String(), "OAUTHBEARER") {
+		t.Fatalf("no warning for a connection refused at authentication:\n%s", buf.String())
+	}
 	if got := counterValues(t, reg)["outbox_relay_publish_errors_total{reason=authorization}"]; got != 3 {
 		t.Errorf("authorization errors counted %v, want 3", got)
 	}

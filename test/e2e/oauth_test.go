@@ -157,6 +157,7 @@ func TestSASLOAuthBearer(t *testing.T) {
 		e := newEnv(t, "oauthcc")
 		const secret = "cc-s3cret-for-the-relay"
 		var issuedN atomic.Int32
+		var expire atomic.Bool // issue expired tokens
 		var mu sync.Mutex
 		var issued []string
 		idp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -166,7 +167,11 @@ func TestSASLOAuthBearer(t *testing.T) {
 				fmt.Fprint(w, `{"error":"invalid_client"}`)
 				return
 			}
-			tok := unsecuredJWT("relay", time.Now(), time.Now().Add(lifetime))
+			exp := time.Now().Add(lifetime)
+			if expire.Load() {
+				exp = time.Now().Add(-time.Minute)
+			}
+			tok := unsecuredJWT("relay", time.Now(), exp)
 			mu.Lock()
 			issued = append(issued, tok)
 			mu.Unlock()
@@ -177,7 +182,8 @@ func TestSASLOAuthBearer(t *testing.T) {
 		args := append(e.eosFlags(), "--kafka-brokers", sasl, "--kafka-sasl-mechanism", "OAUTHBEARER",
 			"--kafka-sasl-oauth-token-source", "client_credentials", "--kafka-sasl-oauth-token-url", idp.URL+"/oauth2/token",
 			"--kafka-sasl-oauth-client-id", "outbox-relay", "--kafka-sasl-oauth-scope", "kafka",
-			"--kafka-sasl-oauth-extensions", "logicalCluster=lkc-test,identityPoolId=pool-test")
+			"--kafka-sasl-oauth-extensions", "logicalCluster=lkc-test,identityPoolId=pool-test",
+			"--shutdown-timeout", "5s") // the last stop drains against a broker refusing the token
 		e.extra = []string{"OUTBOX_RELAY_KAFKA_SASL_OAUTH_CLIENT_SECRET=" + secret}
 		r := e.startRelay(args...)
 		start := time.Now()
@@ -197,6 +203,20 @@ func TestSASLOAuthBearer(t *testing.T) {
 			t.Errorf("the token endpoint issued %d tokens in %s, want refreshes (>= 3)", n, time.Since(start).Round(time.Second))
 		}
 		t.Logf("OAUTHBEARER client_credentials/exactly_once: %d events over %s, %d tokens issued, 0 lost", len(ws), time.Since(start).Round(time.Second), n)
+
+		// The endpoint issues expired tokens from now on: once the cached
+		// token is due and the sessions end, sarama retries a refused
+		// authentication, and the relay says so.
+		expire.Store(true)
+		wctx, wcancel := context.WithCancel(context.Background())
+		defer wcancel()
+		wrote := make(chan struct{})
+		go func() { defer close(wrote); _ = w.run(wctx, 30, 1, 5, 20*time.Second, "") }()
+		waitFor(t, 90*time.Second, "a warning that kafka refused the credentials", func() bool {
+			return strings.Contains(r.log(), "kafka refused the relay's SASL credentials")
+		})
+		wcancel()
+		<-wrote
 		r.stop(syscall.SIGTERM, 30*time.Second)
 		mu.Lock()
 		noSecret(t, "the relay log", r.log(), append(issued, secret)...)
@@ -210,6 +230,25 @@ func TestSASLOAuthBearer(t *testing.T) {
 			t.Fatalf("wrong client secret: exit %d, want 1 naming the token URL, HTTP 401 and kafka.sasl.oauth:\n%s", code, tail([]byte(log), 2000))
 		}
 		noSecret(t, "the relay log", log, secret)
+	})
+
+	// kafka.producer: sarama, sarama's AsyncProducer, through the same
+	// token provider.
+	t.Run("static/sarama", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, "oauthsarama")
+		tok := unsecuredJWT("relay", time.Now(), time.Now().Add(time.Hour))
+		e.extra = []string{"OUTBOX_RELAY_KAFKA_SASL_OAUTH_TOKEN=" + tok}
+		r := e.startRelay("--kafka-producer", "sarama", "--kafka-brokers", sasl, "--kafka-sasl-mechanism", "OAUTHBEARER",
+			"--kafka-sasl-oauth-token-source", "static")
+		w := e.newWriter(33)
+		if err := w.run(context.Background(), 200, 5, 20, 0, ""); err != nil {
+			t.Fatal(err)
+		}
+		ws := w.written()
+		requireClean(t, check(t, ws, consume(t, e.topics(), len(ws), 60*time.Second, time.Second), e.partitions(t)), false)
+		r.stop(syscall.SIGTERM, 30*time.Second)
+		noSecret(t, "the relay log", r.log(), tok)
 	})
 
 	for _, mode := range []string{"at_least_once", "exactly_once"} {
