@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/outbox-relay/outbox-relay/fault"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // markBackoff paces the retries of a row mark while PostgreSQL is away.
@@ -85,8 +86,13 @@ func (p *Pipeline) halt(d *delivery, err error) {
 	if !d.message {
 		e = e.Str("table", p.tables[d.table])
 	}
-	d.logID(e).Str("lsn", d.lsn.String()).Str("commit_lsn", d.txnLSN.String()).
-		Msg("HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)")
+	msg := "HALTED: publishing stopped at a poison event and the slot is held before it; fix the cause, then restart the relay (or use on_poison: dlq)"
+	if _, kind := sink.Classify(err); kind == fault.Refused {
+		// The relay's credentials or rights, not the event: dead-lettering
+		// would not help, and the operator must not look for a bad row.
+		msg = "HALTED: Kafka refused the relay's credentials or rights, so publishing stopped and the slot is held before this event; fix them as the error says, then restart the relay"
+	}
+	d.logID(e).Str("lsn", d.lsn.String()).Str("commit_lsn", d.txnLSN.String()).Msg(msg)
 	if !d.message { // a message has no row to record it on
 		p.marks.push(rowMark{d: d, reason: err.Error()}, 0)
 	}

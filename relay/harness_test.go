@@ -133,6 +133,25 @@ type harness struct {
 	ctx      context.Context
 	in       chan walReq
 	restarts atomic.Int32
+	logs     *lockedBuffer // what the pipeline logged
+}
+
+// lockedBuffer is a log sink the pipeline's goroutines write while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func newHarness(t *testing.T, policy record.Policy, answer func(string, int) error) *harness {
@@ -157,13 +176,14 @@ func newHarnessWith(t *testing.T, policy record.Policy, answer func(string, int)
 	for _, f := range configure {
 		f(&cfg)
 	}
-	p, err := NewPipeline(cfg, atLeastOnce{pub}, marker, zerolog.Nop(), nil)
+	logs := &lockedBuffer{}
+	p, err := NewPipeline(cfg, atLeastOnce{pub}, marker, zerolog.New(logs), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wireAcks(p, pub)
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, p: p, pub: pub, ctx: ctx, in: make(chan walReq)}
+	h := &harness{t: t, p: p, pub: pub, ctx: ctx, in: make(chan walReq), logs: logs}
 	h.start(cancel, nil, nil)
 	return h
 }

@@ -37,6 +37,7 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 		noValue  bool     // the dead letter omits the payload
 		attempts int      // publish attempts on the event's own topic
 		haltErr  string   // the halt's error says this
+		refused  bool     // a halt for the relay's rights, not the event
 		row      []pg.Col // the event; order("42", "order-1") if nil
 		noError  bool     // the dead letter's dlq.error was dropped (Letter.Shrink)
 	}{
@@ -120,9 +121,9 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 				return nil
 			}, mark: "dead 2A attempts=3", dlq: "invalid_record", attempts: 3},
 		{name: "cluster authorization refused: halt at once, never dead-letter",
-			answer: always(sarama.ErrClusterAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "IdempotentWrite"},
+			answer: always(sarama.ErrClusterAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "IdempotentWrite", refused: true},
 		{name: "transactional id authorization refused: halt at once",
-			answer: always(sarama.ErrTransactionalIDAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "transactional id"},
+			answer: always(sarama.ErrTransactionalIDAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "transactional id", refused: true},
 		{name: "no write access under on_poison halt: halt at once naming the topic",
 			halt: true, answer: always(sarama.ErrTopicAuthorizationFailed), mark: "failed 2A attempts=1", attempts: 1, haltErr: "Write on topic " + testTopic},
 		{name: "on_poison halt: halt after max attempts",
@@ -154,6 +155,16 @@ func TestPoisonAndRetryPolicy(t *testing.T) {
 			}
 			if err := h.p.Halted(); tt.haltErr != "" && (err == nil || !strings.Contains(err.Error(), tt.haltErr)) {
 				t.Errorf("halt error %v, want it to say %q", err, tt.haltErr)
+			}
+			if halted {
+				// The headline says where to look: the event, or the relay's own rights.
+				want, not := "poison event", "credentials or rights"
+				if tt.refused {
+					want, not = not, want
+				}
+				if logs := h.logs.String(); !strings.Contains(logs, "HALTED: ") || !strings.Contains(logs, want) || strings.Contains(logs, not) {
+					t.Errorf("halt logged without %q (or with %q): %s", want, not, logs)
+				}
 			}
 			if halted && h.p.Flushed() >= 110 {
 				t.Errorf("watermark %s passed the halted event", h.p.Flushed())
