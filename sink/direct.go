@@ -980,10 +980,26 @@ func (d *direct) regroup(t *dtopic, n int) {
 		}
 		d.mu.Lock()
 		busy := false
+		var gone []*Message
 		for _, p := range t.parts {
+			if int(p.id) >= n && (p.batch == nil || !p.sent) {
+				// Fewer partitions: this one is gone, its records would
+				// retry for kafka.retry_max. Never written (not in flight):
+				// they fail and are published again with the new count.
+				if p.batch != nil {
+					gone = append(gone, p.batch.msgs...)
+					p.batch = nil
+				}
+				gone = append(gone, p.queue...)
+				p.queue, p.single = nil, 0
+			}
 			busy = busy || p.batch != nil || len(p.queue) > 0
 		}
 		d.mu.Unlock()
+		if len(gone) > 0 {
+			d.finish(t.name, gone, fmt.Errorf("topic %s has %d partitions now, the record's partition is gone: %w",
+				t.name, n, sarama.ErrUnknownTopicOrPartition))
+		}
 		if !busy {
 			break
 		}

@@ -54,11 +54,20 @@ type fakeRun struct {
 
 func startFake(t *testing.T, c *kfake.Cluster, tweak func(*Producer)) *fakeRun {
 	t.Helper()
+	return startFakeWith(t, c, nil, tweak, zerolog.Nop())
+}
+
+// startFakeWith is startFake with a change to the config and a logger.
+func startFakeWith(t *testing.T, c *kfake.Cluster, conf func(*Config), tweak func(*Producer), log zerolog.Logger) *fakeRun {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Brokers = c.ListenAddrs()
 	cfg.RetryBackoffMax = 200 * time.Millisecond
+	if conf != nil {
+		conf(&cfg)
+	}
 	reg := prometheus.NewRegistry()
-	p, err := New(cfg, zerolog.Nop(), reg)
+	p, err := New(cfg, log, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,6 +146,13 @@ func (r *fakeRun) settle(msgs []*Message, want map[*Message]int, within time.Dur
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// of returns m's verdicts so far.
+func (r *fakeRun) of(m *Message) []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]error(nil), r.verdicts[m]...)
 }
 
 // ackedOnce asserts that each of msgs was acked exactly once.
@@ -377,7 +393,7 @@ func TestKfakeLeadersMove(t *testing.T) {
 	close(stop)
 	moves := <-moved
 	if len(failed) > 0 {
-		t.Fatalf("%d records failed while leaders moved (first: %s: %v)", len(failed), failed[0].Value, r.verdicts[failed[0]])
+		t.Fatalf("%d records failed while leaders moved (first: %s: %v)", len(failed), failed[0].Value, r.of(failed[0]))
 	}
 	r.ackedOnce(msgs)
 	checkOrder(t, consumeFake(t, c, len(msgs)), len(msgs))
@@ -491,8 +507,8 @@ func TestKfakeUnknownOutcome(t *testing.T) {
 				t.Fatalf("%d records failed, want the refused batch and the 17 queued behind it (18)", len(failed))
 			}
 			for _, m := range failed {
-				if reason, _ := Classify(r.verdicts[m][0]); reason != "producer_state" {
-					t.Fatalf("record %s failed with %v (%s), want producer_state", m.Value, r.verdicts[m][0], reason)
+				if reason, _ := Classify(r.of(m)[0]); reason != "producer_state" {
+					t.Fatalf("record %s failed with %v (%s), want producer_state", m.Value, r.of(m)[0], reason)
 				}
 			}
 			// The rewind: the pipeline publishes them again, in order.
@@ -606,7 +622,7 @@ func keyFor(t *testing.T, p, n int32) []byte {
 // (its control sees the requests in the order it writes them).
 func TestKfakePartitionsAdded(t *testing.T) {
 	c := fakeKafka(t, 2, 2)
-	r := startFake(t, c, func(p *Producer) { p.refreshEvery = 100 * time.Millisecond })
+	r := startFake(t, c, func(p *Producer) { p.cfg.TopicRefresh = 100 * time.Millisecond })
 	var mu sync.Mutex
 	var written []string // values, in the order the fake wrote them
 	notLeader := 0       // requests left to refuse with NOT_LEADER_OR_FOLLOWER
@@ -779,5 +795,240 @@ func TestKfakeIdleSendersRetired(t *testing.T) {
 	r.republish(m)
 	if failed := r.settle(append(msgs, m), nil, 10*time.Second); len(failed) > 0 {
 		t.Fatal("a record after a sender retired failed")
+	}
+}
+
+// syncBuf is a log sink safe for the producer's goroutines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *syncBuf) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuf) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// createPartitions asks the fake to grow fakeTopic to n partitions.
+func createPartitions(t *testing.T, c *kfake.Cluster, n int32) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrCreatePartitionsRequest()
+	rt := kmsg.NewCreatePartitionsRequestTopic()
+	rt.Topic, rt.Count = fakeTopic, n
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil || len(resp.Topics) != 1 || resp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("create partitions: %v %+v", err, resp)
+	}
+}
+
+// recreateTopic deletes fakeTopic and creates it again with n partitions.
+func recreateTopic(t *testing.T, c *kfake.Cluster, n int32) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	del := kmsg.NewPtrDeleteTopicsRequest()
+	dt := kmsg.NewDeleteTopicsRequestTopic()
+	name := fakeTopic
+	dt.Topic = &name
+	del.Topics = append(del.Topics, dt)
+	del.TopicNames = []string{fakeTopic}
+	dresp, err := del.RequestWith(context.Background(), cl)
+	if err != nil || len(dresp.Topics) != 1 || dresp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("delete topic: %v %+v", err, dresp)
+	}
+	cr := kmsg.NewPtrCreateTopicsRequest()
+	ct := kmsg.NewCreateTopicsRequestTopic()
+	ct.Topic, ct.NumPartitions, ct.ReplicationFactor = fakeTopic, n, 1
+	cr.Topics = append(cr.Topics, ct)
+	cresp, err := cr.RequestWith(context.Background(), cl)
+	if err != nil || len(cresp.Topics) != 1 || cresp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("create topic: %v %+v", err, cresp)
+	}
+}
+
+// waitCounter waits until the registry's series reaches want.
+func waitCounter(t *testing.T, r *fakeRun, want float64, within time.Duration, name string, labels ...string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for counter(t, r.reg, name, labels...) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s%v = %v after %s, want %v", name, labels, counter(t, r.reg, name, labels...), within, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The topic recreated with fewer partitions (3 -> 1) while records wait on
+// a partition that is gone: those fail (published again, the rewind) and
+// every record after the change goes to the one partition left, acked once.
+func TestKfakePartitionsFewer(t *testing.T) {
+	c := fakeKafka(t, 1, 3)
+	var logs syncBuf
+	r := startFakeWith(t, c, nil, func(p *Producer) { p.cfg.TopicRefresh = 100 * time.Millisecond }, zerolog.New(&logs))
+	var before []*Message
+	for k := range 10 {
+		before = append(before, r.publish(k, 0))
+	}
+	if failed := r.settle(before, nil, 5*time.Second); len(failed) > 0 {
+		t.Fatalf("%d records failed", len(failed))
+	}
+	recreateTopic(t, c, 1)
+	// One record per key while the relay still counts 3 partitions: those
+	// for partitions 1 and 2 wait on partitions that are gone.
+	var after []*Message
+	for k := range 10 {
+		after = append(after, r.publish(k, 1))
+	}
+	waitCounter(t, r, 1, 10*time.Second, "outbox_relay_kafka_partition_changes_total", "topic", fakeTopic)
+	// The rewind, as often as records fail: those on the partitions that
+	// are gone, and those the recreated partition refuses for the
+	// producer's state (kfake keeps a producer's sequences across a
+	// topic's deletion, a real broker does not: a new producer id follows
+	// either way). One record per key is in flight, so publishing the
+	// failed ones again keeps each key's order.
+	want := map[*Message]int{}
+	failed := r.settle(after, want, 20*time.Second)
+	rewinds, firstFailed, gone := 0, len(failed), 0
+	for _, m := range failed {
+		if strings.Contains(r.of(m)[0].Error(), "partition is gone") {
+			gone++
+		}
+	}
+	for ; len(failed) > 0; rewinds++ {
+		if rewinds == 5 {
+			t.Fatalf("%d records still failing after 5 rewinds: %v", len(failed), r.of(failed[0]))
+		}
+		for _, m := range failed {
+			want[m] = max(want[m], 1) + 1
+			r.republish(m)
+		}
+		failed = r.settle(after, want, 20*time.Second)
+	}
+	for seq := 2; seq <= 5; seq++ {
+		for k := range 10 {
+			after = append(after, r.publish(k, seq))
+		}
+	}
+	if failed := r.settle(after, want, 20*time.Second); len(failed) > 0 {
+		t.Fatalf("%d records failed after the re-partition: %v", len(failed), r.of(failed[0]))
+	}
+	if gone == 0 {
+		t.Fatal("no record waited on a partition that is gone: the test proves nothing")
+	}
+	r.ackedOnce(after)
+	recs := consumeFake(t, c, len(after))
+	for _, rc := range recs {
+		if rc.partition != 0 {
+			t.Fatalf("record %d/%d in partition %d of a 1-partition topic", rc.k, rc.seq, rc.partition)
+		}
+	}
+	checkOrder(t, recs, len(after))
+	if n := counter(t, r.reg, "outbox_relay_kafka_topic_partitions", "topic", fakeTopic); n != 1 {
+		t.Errorf("outbox_relay_kafka_topic_partitions = %v, want 1", n)
+	}
+	for _, want := range []string{`"old_partitions":3,"partitions":1`, "consumers reading both partitions must not assume order across them", "topic re-partitioned"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+	t.Logf("%d records after the topic was recreated with 1 partition: %d failed (%d on a partition gone, the rest refused for the producer state) and were published again, %d rewinds", len(after), firstFailed, gone, rewinds)
+}
+
+// kafka.producer: sarama: the change is detected, logged and counted the
+// same way, and sarama's partitioner follows the new count (no drain).
+func TestKfakePartitionsAddedSarama(t *testing.T) {
+	c := fakeKafka(t, 2, 2)
+	var logs syncBuf
+	r := startFakeWith(t, c, func(cfg *Config) { cfg.Producer = ProducerSarama },
+		func(p *Producer) { p.cfg.TopicRefresh = 100 * time.Millisecond }, zerolog.New(&logs))
+	var msgs []*Message
+	for k := range 20 {
+		msgs = append(msgs, r.publish(k, 0))
+	}
+	r.settle(msgs, nil, 10*time.Second)
+	createPartitions(t, c, 5)
+	waitCounter(t, r, 1, 10*time.Second, "outbox_relay_kafka_partition_changes_total", "topic", fakeTopic)
+	for k := range 20 {
+		msgs = append(msgs, r.publish(k, 1))
+	}
+	if failed := r.settle(msgs, nil, 10*time.Second); len(failed) > 0 {
+		t.Fatalf("%d records failed", len(failed))
+	}
+	r.ackedOnce(msgs)
+	inNew := 0
+	for _, rc := range consumeFake(t, c, len(msgs)) {
+		if rc.partition >= 2 {
+			inNew++
+		}
+	}
+	if inNew == 0 {
+		t.Fatal("sarama put no record in the partitions added")
+	}
+	if n := counter(t, r.reg, "outbox_relay_kafka_topic_partitions", "topic", fakeTopic); n != 5 {
+		t.Errorf("outbox_relay_kafka_topic_partitions = %v, want 5", n)
+	}
+	for _, want := range []string{`"old_partitions":2,"partitions":5`, "without waiting for the events in flight"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}
+
+// A sender is one per broker id: sarama's new *sarama.Broker for the same
+// node (after a connection error and a metadata refresh) finds the same
+// sender; a new address for the node starts a new one, and the old one
+// hands its partitions over and ends once idle.
+func TestDirectSenderPerNode(t *testing.T) {
+	d, p, _, _ := directRig(t, 5, 1000000)
+	d.senderIdle = 20 * time.Millisecond
+	t.Cleanup(d.stop)
+	count := func() int {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.senders)
+	}
+	d.mu.Lock()
+	first := d.brokerFor(sarama.NewBroker("127.0.0.1:1"))
+	for range 50 {
+		if d.brokerFor(sarama.NewBroker("127.0.0.1:1")) != first {
+			d.mu.Unlock()
+			t.Fatal("a new *sarama.Broker for the same node started another sender")
+		}
+	}
+	p.leader = first
+	moved := d.brokerFor(sarama.NewBroker("127.0.0.1:2"))       // the node's new address
+	p2 := &dpart{topic: p.topic, id: 1, leader: moved, pid: -1} // resolved since: led by the new one
+	p.topic.parts = append(p.topic.parts, p2)
+	d.mu.Unlock()
+	if moved == first || count() != 2 {
+		t.Fatalf("a new address for the node: %d senders, want 2", count())
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for count() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d senders after the replaced one was idle, want 1", count())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p.leader != moved {
+		t.Fatal("the retired sender's partition was not handed to the node's new sender")
 	}
 }

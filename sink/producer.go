@@ -123,9 +123,8 @@ type Producer struct {
 	// acked, if set (OnAcked), takes the direct engine's successful
 	// batches whole instead of a Done(nil) per record.
 	acked func(msgs []*Message, at time.Time)
-	// Tests shorten the topic gate's refresh and the senders' idle time
-	// (0: describeRefresh, senderIdle).
-	refreshEvery, senderIdle time.Duration
+	// Tests shorten the senders' idle time (0: senderIdle).
+	senderIdle time.Duration
 
 	// inputMu lets Publish run on several goroutines (the replication loop
 	// and the retry queue) and never send on the input of a closed producer.
@@ -347,9 +346,7 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	g.lookup, g.autoCreate = brokerLookup(client, p.sc, p.cfg.AutoCreateTopics), p.cfg.AutoCreateTopics
 	g.fail, g.pass = p.complete, p.release
 	g.missing = func(n int) { p.metrics.missingTopics.Set(float64(n)) }
-	if p.refreshEvery > 0 {
-		g.every = p.refreshEvery
-	}
+	g.every = p.cfg.TopicRefresh
 	if p.cfg.Producer != ProducerSarama {
 		d := newDirect(client, p.sc, p.cfg, p.complete)
 		d.requests, d.throttled, d.throttleSecs = p.metrics.requests, p.metrics.throttled, p.metrics.throttleSecs

@@ -98,7 +98,7 @@ func NewTxn(cfg Config, id string, timeout time.Duration, log zerolog.Logger) (*
 	// A topic's max.message.bytes and partition count are read when it is
 	// first used and again every describeRefresh while the producer is open.
 	p.gate = newTopicGate(cfg.MissingTopicTimeout, cfg.Compression == "none", p.log)
-	p.gate.rule = ruleFollow
+	p.gate.rule, p.gate.every = ruleFollow, cfg.TopicRefresh
 	p.gate.autoCreate = cfg.AutoCreateTopics
 	p.gate.lookup = func(topic string) (topicMeta, error) {
 		c, _ := p.lookupClient.Load().(sarama.Client)
