@@ -433,3 +433,33 @@ func readPartition(client sarama.Client, tp string, p int32, iso sarama.Isolatio
 	}
 	return out, nil
 }
+
+// AddPartitions grows topic to n partitions and waits until each has a
+// leader.
+func AddPartitions(brokers []string, topic string, n int32) error {
+	client, err := sarama.NewClient(brokers, SaramaConfig())
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	if err := admin.CreatePartitions(topic, n, nil, false); err != nil {
+		return fmt.Errorf("add partitions to topic %s: %w", topic, err)
+	}
+	return Poll(30*time.Second, 100*time.Millisecond, func() (bool, error) {
+		_ = client.RefreshMetadata(topic)
+		parts, err := client.Partitions(topic)
+		if err != nil || len(parts) != int(n) {
+			return false, nil
+		}
+		for _, p := range parts {
+			if _, err := client.Leader(topic, p); err != nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
