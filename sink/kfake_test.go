@@ -1032,3 +1032,70 @@ func TestDirectSenderPerNode(t *testing.T) {
 		t.Fatal("the retired sender's partition was not handed to the node's new sender")
 	}
 }
+
+// delivery: exactly_once (sarama's transactional producer): the change is
+// detected, logged and counted like the other producers', and the records
+// committed after it use the new partitions.
+func TestKfakePartitionsAddedExactlyOnce(t *testing.T) {
+	c := fakeKafka(t, 1, 2)
+	cfg := DefaultConfig()
+	cfg.Brokers = c.ListenAddrs()
+	var logs syncBuf
+	p, err := NewTxn(cfg, "relay-test", time.Minute, zerolog.New(&logs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	counters, err := New(cfg, zerolog.Nop(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetMetrics(counters)
+	p.gate.every = 100 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sent := 0
+	txn := func(seq int) {
+		t.Helper()
+		if err := p.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		for k := range 20 {
+			if err := p.Send(ctx, &Message{Topic: fakeTopic, Key: fmt.Appendf(nil, "key-%d", k), Value: fmt.Appendf(nil, "%d/%d", k, seq)}); err != nil {
+				t.Fatal(err)
+			}
+			sent++
+		}
+		if err, recs := p.Commit(ctx); err != nil || len(recs) > 0 {
+			t.Fatalf("commit: %v %v", err, recs)
+		}
+	}
+	txn(0)
+	createPartitions(t, c, 5)
+	r := &fakeRun{t: t, reg: reg}
+	waitCounter(t, r, 1, 10*time.Second, "outbox_relay_kafka_partition_changes_total", "topic", fakeTopic)
+	txn(1)
+	inNew := 0
+	recs := consumeFake(t, c, sent)
+	for _, rc := range recs {
+		if rc.partition >= 2 {
+			inNew++
+		}
+	}
+	if inNew == 0 {
+		t.Fatal("no record committed to the partitions added")
+	}
+	checkOrder(t, recs, sent)
+	if n := counter(t, reg, "outbox_relay_kafka_topic_partitions", "topic", fakeTopic); n != 5 {
+		t.Errorf("outbox_relay_kafka_topic_partitions = %v, want 5", n)
+	}
+	for _, want := range []string{`"old_partitions":2,"partitions":5`, "without waiting for the events in flight"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+}
