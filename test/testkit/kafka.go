@@ -463,3 +463,19 @@ func AddPartitions(brokers []string, topic string, n int32) error {
 		return true, nil
 	})
 }
+
+// SetProducerQuota sets the broker's producer_byte_rate quota for
+// clients with clientID (bytes per second); 0 removes it.
+func SetProducerQuota(brokers []string, clientID string, bytesPerSec float64) error {
+	admin, err := sarama.NewClusterAdmin(brokers, SaramaConfig())
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close()
+	entity := []sarama.QuotaEntityComponent{{EntityType: sarama.QuotaEntityClientID, MatchType: sarama.QuotaMatchExact, Name: clientID}}
+	op := sarama.ClientQuotasOp{Key: "producer_byte_rate", Value: bytesPerSec, Remove: bytesPerSec == 0}
+	if err := admin.AlterClientQuotas(entity, op, false); err != nil {
+		return fmt.Errorf("producer quota of client %s: %w", clientID, err)
+	}
+	return nil
+}
