@@ -42,6 +42,10 @@ type Config struct {
 	// of that topic until it is created (looked up again every 10s).
 	// Default 60s, the Java producer's max.block.ms.
 	MissingTopicTimeout time.Duration `yaml:"missing_topic_timeout"`
+	// TopicRefresh is how often each topic published to is looked up
+	// again: its partition count (a change is reported and followed) and
+	// its max.message.bytes. 1s..24h, default 5m.
+	TopicRefresh time.Duration `yaml:"topic_refresh"`
 	// MaxTopics is the most distinct topics events are published to (the
 	// dead-letter topic not counted); an event routed to one more is
 	// poison (dead-letter reason topic_limit). 1..100000, no unlimited.
@@ -102,6 +106,7 @@ func DefaultConfig() Config {
 		FlushBytes:          0,
 		MaxMessageBytes:     1000000,
 		MissingTopicTimeout: 60 * time.Second,
+		TopicRefresh:        describeRefresh,
 		Version:             "3.6.0",
 		RetryBackoffMax:     5 * time.Second,
 		RetryMax:            1000,
@@ -165,6 +170,9 @@ func (c Config) Validate(prefix string) error {
 	}
 	if c.MissingTopicTimeout < time.Second || c.MissingTopicTimeout > 24*time.Hour {
 		bad("missing_topic_timeout", "%s is out of range: use 1s..24h (default 60s)", c.MissingTopicTimeout)
+	}
+	if c.TopicRefresh < time.Second || c.TopicRefresh > 24*time.Hour {
+		bad("topic_refresh", "%s is out of range: use 1s..24h (default 5m)", c.TopicRefresh)
 	}
 	if c.MaxMessageBytes < 1024 {
 		bad("max_message_bytes", "%d is too small: use the broker's message.max.bytes (default 1000000)", c.MaxMessageBytes)

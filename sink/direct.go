@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/outbox-relay/outbox-relay/backoff"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 )
 
 // direct is the producer engine of kafka.producer: direct. It takes
@@ -39,6 +40,15 @@ import (
 // several sends them again one per batch, so only the culprit fails, alone
 // in its batch and so certainly (on_poison applies at once).
 // DUPLICATE_SEQUENCE_NUMBER acks the batch: the broker has it.
+//
+// A topic's partition count changed (repartition, reported by the topic
+// gate): new records of the topic are held until every record already
+// placed on it is acked or failed, then placed with the new count, so a
+// key that moves has all its earlier records acked in the old partition
+// before its first one goes to the new. A broker's throttle time (KIP-219)
+// holds that broker's next request, no other's. A sender idle for
+// senderIdle that leads no partition in use, or was replaced by a new one
+// for its node, ends and closes its connection.
 type direct struct {
 	client      sarama.Client
 	sc          *sarama.Config // dialing the brokers: TLS, SASL, timeouts
@@ -61,17 +71,24 @@ type direct struct {
 	epoch   int16
 	newPID  bool // a batch failed with an unknown outcome: take a new id
 	topics  map[string]*dtopic
-	limits  map[string]int // setLimit's, for topics not published to yet
-	brokers map[*sarama.Broker]*dbroker
-	pending int           // records published and not completed
-	closing bool          // close ran: idle closes when pending reaches 0
-	idle    chan struct{} // closed when closing and nothing is pending
-	stopped chan struct{} // closed by stop: goroutines end
-	wake    chan struct{} // the fixer: topics to resolve, a new id, local failures
-	failed  []failure     // records refused before a batch: completed by the fixer
+	limits  map[string]int        // setLimit's, for topics not published to yet
+	nodes   map[int32]*dbroker    // the current sender of each broker id
+	senders map[*dbroker]struct{} // every running sender (current or retiring)
+	pending int                   // records published and not completed
+	closing bool                  // close ran: idle closes when pending reaches 0
+	idle    chan struct{}         // closed when closing and nothing is pending
+	stopped chan struct{}         // closed by stop: goroutines end
+	wake    chan struct{}         // the fixer: topics to resolve, a new id, local failures
+	failed  []failure             // records refused before a batch: completed by the fixer
 
 	catchingUp atomic.Bool        // Producer.CatchingUp: requests at most one per catchUpGap
 	requests   prometheus.Counter // produce requests sent; nil in tests
+	// throttled and throttleSecs count responses carrying a throttle time
+	// and the time asked (outbox_relay_kafka_throttled_requests_total,
+	// _throttle_seconds_total); nil in tests.
+	throttled, throttleSecs prometheus.Counter
+	senderIdle              time.Duration // senderIdle, shorter in tests
+	log                     zerolog.Logger
 }
 
 type failure struct {
@@ -85,6 +102,7 @@ type dtopic struct {
 	parts  []*dpart   // by partition index (sorted ids), nil until resolved
 	early  []*Message // published before the partitions were known
 	fixing bool       // a goroutine resolves the topic or its broken partitions
+	hold   bool       // the partition count changed: new records wait in early (regroup)
 	rr     int32      // round robin for records without a key
 }
 
@@ -118,7 +136,10 @@ type dbatch struct {
 
 type dbroker struct {
 	b     *sarama.Broker // the leader as sarama's metadata knows it: its address
-	w     *wire          // the sender's connection, nil until dialed or after an error
+	id    int32
+	addr  string
+	until time.Time // throttled (KIP-219): the next request waits until then; the sender's own
+	w     *wire     // the sender's connection, nil until dialed or after an error
 	wake  chan struct{}
 	ready []*dpart // partitions with queued records or a resend due
 	spare []*dpart // build's other list, so it never writes the one it reads
@@ -140,8 +161,9 @@ func newDirect(client sarama.Client, sc *sarama.Config, cfg Config, complete fun
 		maxBatch: cfg.MaxMessageBytes, maxReq: max(maxRequest, 2*cfg.MaxMessageBytes),
 		retryMax: cfg.RetryMax, retry: backoff.Policy{Initial: 100 * time.Millisecond, Max: cfg.RetryBackoffMax},
 		complete: complete, pid: -1, epoch: -1, newPID: true,
-		topics: map[string]*dtopic{}, brokers: map[*sarama.Broker]*dbroker{},
-		idle: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
+		topics: map[string]*dtopic{}, nodes: map[int32]*dbroker{}, senders: map[*dbroker]struct{}{},
+		senderIdle: senderIdle,
+		idle:       make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1)}
 	return d
 }
 
@@ -217,10 +239,10 @@ func (d *direct) publish(m *Message) error {
 		t = &dtopic{name: m.Topic, limit: d.limits[m.Topic]}
 		d.topics[m.Topic] = t
 	}
-	if t.parts == nil {
+	if t.parts == nil || t.hold {
 		t.early = append(t.early, m)
-		start := !t.fixing
-		t.fixing = true
+		start := !t.fixing && !t.hold
+		t.fixing = t.fixing || start
 		d.mu.Unlock()
 		if start {
 			go d.fix(t)
@@ -431,15 +453,56 @@ func (d *direct) setLimit(topic string, maxBytes int) {
 	}
 }
 
-// brokerFor returns the sender of b, starting it on first use; under mu.
+// brokerFor returns the sender of b's broker id, starting one on first
+// use or when the broker's address changed; under mu. Keyed by id, not by
+// *sarama.Broker: sarama hands out a new Broker for the same node after a
+// connection error and a metadata refresh.
 func (d *direct) brokerFor(b *sarama.Broker) *dbroker {
-	db := d.brokers[b]
-	if db == nil {
-		db = &dbroker{b: b, wake: make(chan struct{}, 1)}
-		d.brokers[b] = db
+	id, addr := b.ID(), b.Addr()
+	db := d.nodes[id]
+	if db == nil || db.addr != addr {
+		// A replaced sender finishes what it has and retires when idle.
+		db = &dbroker{b: b, id: id, addr: addr, wake: make(chan struct{}, 1)}
+		d.nodes[id] = db
+		d.senders[db] = struct{}{}
 		go d.send(db)
 	}
 	return db
+}
+
+// senderIdle is how long a broker's sender waits with nothing to send
+// before it checks whether it is still needed (retire).
+const senderIdle = time.Minute
+
+// retire ends db if nothing is queued on it or in flight and it leads no
+// partition in use, or another sender replaced it (partitions it still
+// leads go to that one: the same broker id). Under mu; true: db's sender
+// returns.
+func (d *direct) retire(db *dbroker) bool {
+	if db.busy || len(db.ready) > 0 {
+		return false
+	}
+	cur := d.nodes[db.id]
+	for _, t := range d.topics {
+		for _, p := range t.parts {
+			if p.leader != db {
+				continue
+			}
+			if cur == db || cur == nil || p.batch != nil || len(p.queue) > 0 {
+				return false // leads a partition in use
+			}
+			p.leader = cur
+		}
+	}
+	if cur == db {
+		delete(d.nodes, db.id)
+	}
+	delete(d.senders, db)
+	if db.w != nil {
+		db.w.close()
+		db.w = nil
+	}
+	return true
 }
 
 // catchUpGap is the least time between two produce requests to a broker
@@ -456,12 +519,36 @@ const catchUpGap = 5 * time.Millisecond
 func (d *direct) send(db *dbroker) {
 	pace := time.NewTimer(time.Hour)
 	pace.Stop()
+	idle := time.NewTicker(d.senderIdle)
+	defer idle.Stop()
 	var last time.Time // when the last request left
 	for {
 		select {
 		case <-d.stopped:
 			return
 		case <-db.wake:
+		case now := <-idle.C:
+			if now.Sub(last) < d.senderIdle {
+				continue
+			}
+			d.mu.Lock()
+			done := d.retire(db)
+			d.mu.Unlock()
+			if done {
+				return
+			}
+			continue
+		}
+		if !db.until.IsZero() { // throttled: this broker's next request waits, no other's
+			if wait := time.Until(db.until); wait > 0 {
+				pace.Reset(wait)
+				select {
+				case <-d.stopped:
+					return
+				case <-pace.C:
+				}
+			}
+			db.until = time.Time{}
 		}
 		if d.catchingUp.Load() { // live traffic reads no clock and waits for nothing
 			if gap := catchUpGap - time.Since(last); gap > 0 {
@@ -505,7 +592,11 @@ func (d *direct) send(db *dbroker) {
 			if d.requests != nil {
 				d.requests.Inc()
 			}
-			err = w.produce(d, batches)
+			var throttle time.Duration
+			throttle, err = w.produce(d, batches)
+			if throttle > 0 {
+				d.throttle(db, throttle)
+			}
 			if err != nil {
 				w.close() // the stream is out of step: the next request dials again
 				d.mu.Lock()
@@ -517,6 +608,20 @@ func (d *direct) send(db *dbroker) {
 			return // stop closed the connection: what is in flight stays unconfirmed
 		}
 		d.answer(db, batches, err)
+	}
+}
+
+// throttle counts a response's throttle time and, for the versions the
+// broker answers at once and then mutes the connection (KIP-219: Produce
+// v6 and later), holds db's next request until it has passed. Before v6
+// the broker delayed the response itself. On db's sender.
+func (d *direct) throttle(db *dbroker, t time.Duration) {
+	if d.throttled != nil {
+		d.throttled.Inc()
+		d.throttleSecs.Add(t.Seconds())
+	}
+	if d.wireVersion >= 6 {
+		db.until = time.Now().Add(t)
 	}
 }
 
@@ -834,10 +939,130 @@ func (d *direct) stop() {
 	if !d.isStopped() {
 		close(d.stopped)
 	}
-	for _, db := range d.brokers {
+	for db := range d.senders {
 		if db.w != nil {
 			db.w.close() // a sender waiting for a response returns
 		}
+	}
+}
+
+// repartition starts holding topic's new records when its partition count
+// changed to n (the topic gate saw it): regroup places them with the new
+// count once the records already placed are done. A topic not resolved
+// yet resolves with the count sarama's metadata has then.
+func (d *direct) repartition(topic string, n int) {
+	d.mu.Lock()
+	t := d.topics[topic]
+	if t == nil || t.parts == nil || t.hold || len(t.parts) == n {
+		d.mu.Unlock()
+		return
+	}
+	t.hold = true
+	d.mu.Unlock()
+	go d.regroup(t, n)
+}
+
+// regroupPoll is how often regroup checks whether a held topic's placed
+// records are all done: a rare event, polling is simpler than a signal
+// from every answer.
+const regroupPoll = 20 * time.Millisecond
+
+// regroup waits until no record of t is queued or in flight, reads its
+// partitions again and places the held records with the new count. A
+// partition that stays (more partitions) keeps its producer state; fewer
+// partitions mean the topic was recreated: every partition starts afresh.
+func (d *direct) regroup(t *dtopic, n int) {
+	for {
+		select {
+		case <-d.stopped:
+			return
+		case <-time.After(regroupPoll):
+		}
+		d.mu.Lock()
+		busy := false
+		var gone []*Message
+		for _, p := range t.parts {
+			if int(p.id) >= n && (p.batch == nil || !p.sent) {
+				// Fewer partitions: this one is gone, its records would
+				// retry for kafka.retry_max. Never written (not in flight):
+				// they fail and are published again with the new count.
+				if p.batch != nil {
+					gone = append(gone, p.batch.msgs...)
+					p.batch = nil
+				}
+				gone = append(gone, p.queue...)
+				p.queue, p.single = nil, 0
+			}
+			busy = busy || p.batch != nil || len(p.queue) > 0
+		}
+		d.mu.Unlock()
+		if len(gone) > 0 {
+			d.finish(t.name, gone, fmt.Errorf("topic %s has %d partitions now, the record's partition is gone: %w",
+				t.name, n, sarama.ErrUnknownTopicOrPartition))
+		}
+		if !busy {
+			break
+		}
+	}
+	b := backoff.Backoff{Policy: backoff.Policy{Initial: 50 * time.Millisecond, Max: 2 * time.Second}}
+	var ids []int32
+	for try := 0; ; try++ {
+		_ = d.client.RefreshMetadata(t.name)
+		got, err := d.client.Partitions(t.name)
+		if err == nil && len(got) > 0 {
+			ids = got
+			if len(ids) == n || try >= 10 {
+				break // sarama's answer decides after a few tries: it leads the sends
+			}
+		}
+		select {
+		case <-d.stopped:
+			return
+		case <-time.After(b.Next()):
+		}
+	}
+	d.mu.Lock()
+	old := len(t.parts)
+	if len(ids) != old {
+		kept := map[int32]*dpart{}
+		if len(ids) > old {
+			for _, p := range t.parts {
+				kept[p.id] = p
+			}
+		}
+		parts := make([]*dpart, len(ids))
+		for i, id := range ids {
+			if parts[i] = kept[id]; parts[i] == nil {
+				parts[i] = &dpart{topic: t, id: id, pid: -1}
+			}
+		}
+		t.parts = parts
+	}
+	t.hold = false
+	early := t.early
+	t.early = nil
+	var wakes []*dbroker
+	fix := false
+	for _, m := range early {
+		p, w := d.place(t, m)
+		if w != nil {
+			wakes = append(wakes, w)
+		}
+		fix = fix || p.leader == nil
+	}
+	if fix && !t.fixing {
+		t.fixing = true
+	} else {
+		fix = false
+	}
+	d.mu.Unlock()
+	d.log.Warn().Str("topic", t.name).Int("old_partitions", old).Int("partitions", len(ids)).Int("held_events", len(early)).
+		Msg("topic re-partitioned: every event placed before the change was acked or failed first; keys may have moved to another partition, so consumers reading both must not assume order across partitions")
+	for _, w := range wakes {
+		d.signal(w.wake)
+	}
+	if fix {
+		go d.fix(t)
 	}
 }
 

@@ -123,6 +123,8 @@ type Producer struct {
 	// acked, if set (OnAcked), takes the direct engine's successful
 	// batches whole instead of a Done(nil) per record.
 	acked func(msgs []*Message, at time.Time)
+	// Tests shorten the senders' idle time (0: senderIdle).
+	senderIdle time.Duration
 
 	// inputMu lets Publish run on several goroutines (the replication loop
 	// and the retry queue) and never send on the input of a closed producer.
@@ -141,7 +143,31 @@ type metrics struct {
 	// metadataRetries counts sarama's metadata retries (metadataWatch).
 	metadataRetries prometheus.Counter
 	missingTopics   prometheus.Gauge // topicGate
+	// Partition counts the topic gate reads (partitionsFunc).
+	partitionChanges *prometheus.CounterVec
+	topicPartitions  *prometheus.GaugeVec
+	// Throttle times in produce responses (direct engine).
+	throttled, throttleSecs prometheus.Counter
 }
+
+// partitionsFunc is the topic gate's partitions callback: the metrics,
+// then follow (the engine's response), on a change and when first seen
+// (old 0).
+func (m *metrics) partitionsFunc(follow func(topic string, old, n int)) func(topic string, old, n int) {
+	return func(topic string, old, n int) {
+		m.topicPartitions.WithLabelValues(topic).Set(float64(n))
+		if old > 0 {
+			m.partitionChanges.WithLabelValues(topic).Inc()
+		}
+		follow(topic, old, n)
+	}
+}
+
+// Engine rules on a partition count change, for the gate's log.
+const (
+	ruleDrain  = "new events of the topic wait until every event already placed on it is acked or failed, then go to murmur2(key) modulo the new count"
+	ruleFollow = "sarama's partitioner follows the new count at once, without waiting for the events in flight: a key that moves may have its next event written before its earlier ones"
+)
 
 // New validates cfg and builds the sarama configuration; it does not dial.
 func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, error) {
@@ -164,12 +190,21 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Producer, 
 			Help: "Metadata requests sarama retried: a partition without a leader; publishing to it waits meanwhile."}),
 		missingTopics: prometheus.NewGauge(prometheus.GaugeOpts{Name: "outbox_relay_kafka_missing_topics",
 			Help: "Topics events were routed to that do not exist: their events wait up to kafka.missing_topic_timeout, then are poison (unknown_topic). The log names them; so does outbox-relay check."}),
+		partitionChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_kafka_partition_changes_total",
+			Help: "Changes of a topic's partition count the relay saw (looked up every 5 min): keys may have moved to another partition. The log says what the relay did."}, []string{"topic"}),
+		topicPartitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outbox_relay_kafka_topic_partitions",
+			Help: "Partitions of each topic the relay publishes to, as last looked up."}, []string{"topic"}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_throttled_requests_total",
+			Help: "Produce responses with a throttle time (a broker quota; kafka.producer: direct): that broker's next request waits it out."}),
+		throttleSecs: prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_relay_kafka_throttle_seconds_total",
+			Help: "Throttle time brokers asked for in produce responses, in seconds (kafka.producer: direct)."}),
 	}
 	for _, r := range Reasons {
 		m.errors.WithLabelValues(r) // export zeros, so rate() and alerts work from the start
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.errors, m.connected, m.requests, m.metadataRetries, m.missingTopics)
+		reg.MustRegister(m.published, m.errors, m.connected, m.requests, m.metadataRetries, m.missingTopics,
+			m.partitionChanges, m.topicPartitions, m.throttled, m.throttleSecs)
 	}
 	meta := &metadataWatch{retries: m.metadataRetries, log: log.With().Str("component", "sink").Logger()}
 	base := sc.Metadata.Retry.BackoffFunc
@@ -310,17 +345,26 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	g.lookup, g.autoCreate = brokerLookup(client, p.sc, p.cfg.AutoCreateTopics), p.cfg.AutoCreateTopics
 	g.fail, g.pass = p.complete, p.release
 	g.missing = func(n int) { p.metrics.missingTopics.Set(float64(n)) }
+	g.every = p.cfg.TopicRefresh
 	if p.cfg.Producer != ProducerSarama {
 		d := newDirect(client, p.sc, p.cfg, p.complete)
-		d.requests = p.metrics.requests
+		d.requests, d.throttled, d.throttleSecs = p.metrics.requests, p.metrics.throttled, p.metrics.throttleSecs
+		d.log = p.log
+		if p.senderIdle > 0 {
+			d.senderIdle = p.senderIdle
+		}
 		if err := d.start(); err != nil {
 			client.Close()
 			health.Close()
 			return err
 		}
 		g.limit = d.setLimit
+		// First seen too: the engine may have resolved the topic from
+		// sarama's older metadata (repartition does nothing if it agrees).
+		g.partitions = p.metrics.partitionsFunc(func(topic string, _, n int) { d.repartition(topic, n) })
+		g.rule = ruleDrain
 		p.health, p.client, p.dp, p.gate = health, client, d, g
-		go g.refresh()
+		go g.refresh(nil)
 		return nil
 	}
 	ap, err := sarama.NewAsyncProducerFromClient(client)
@@ -329,8 +373,16 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 		health.Close()
 		return err
 	}
+	// sarama's partitioner reads its own metadata: refreshed now, it
+	// follows the new count at once.
+	g.partitions = p.metrics.partitionsFunc(func(topic string, old, _ int) {
+		if old > 0 {
+			_ = client.RefreshMetadata(topic)
+		}
+	})
+	g.rule = ruleFollow
 	p.health, p.client, p.ap, p.gate = health, client, ap, g
-	go g.refresh()
+	go g.refresh(nil)
 	return nil
 }
 

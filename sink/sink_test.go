@@ -69,6 +69,8 @@ func TestConfigValidate(t *testing.T) {
 		{"short retry backoff", func(c *Config) { c.RetryBackoffMax = 9 * time.Millisecond }, []string{"kafka.retry_backoff_max"}},
 		{"missing topic timeout too short", func(c *Config) { c.MissingTopicTimeout = 999 * time.Millisecond }, []string{"kafka.missing_topic_timeout"}},
 		{"missing topic timeout too long", func(c *Config) { c.MissingTopicTimeout = 25 * time.Hour }, []string{"kafka.missing_topic_timeout"}},
+		{"topic refresh too short", func(c *Config) { c.TopicRefresh = 500 * time.Millisecond }, []string{"kafka.topic_refresh"}},
+		{"topic refresh too long", func(c *Config) { c.TopicRefresh = 25 * time.Hour }, []string{"kafka.topic_refresh"}},
 		{"zero retries", func(c *Config) { c.RetryMax = 0 }, []string{"kafka.retry_max"}},
 		{"too many retries", func(c *Config) { c.RetryMax = 100001 }, []string{"kafka.retry_max"}},
 		{"no topic limit", func(c *Config) { c.MaxTopics = 0 }, []string{"kafka.max_topics"}},
@@ -78,7 +80,7 @@ func TestConfigValidate(t *testing.T) {
 			[]string{"kafka.topic_allowlist"}},
 		{"everything wrong", func(c *Config) { *c = Config{FlushFrequency: -1, FlushMessages: -1, FlushBytes: -1} }, []string{
 			"kafka.brokers", "kafka.client_id", "kafka.topic_template", "kafka.max_topics", "kafka.compression", "kafka.flush_frequency",
-			"kafka.flush_messages", "kafka.flush_bytes", "kafka.missing_topic_timeout", "kafka.max_message_bytes", "kafka.version",
+			"kafka.flush_messages", "kafka.flush_bytes", "kafka.missing_topic_timeout", "kafka.topic_refresh", "kafka.max_message_bytes", "kafka.version",
 			"kafka.retry_backoff_max", "kafka.retry_max",
 		}},
 	}

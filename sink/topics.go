@@ -29,8 +29,9 @@ func (e *MissingTopicError) Error() string {
 
 // topicMeta is what one lookup learned about a topic.
 type topicMeta struct {
-	exists   bool
-	maxBytes int // its max.message.bytes; 0 when not known (no DescribeConfigs right)
+	exists     bool
+	maxBytes   int // its max.message.bytes; 0 when not known (no DescribeConfigs right)
+	partitions int // its partition count; 0 when not known
 }
 
 // topicGate stands before the producer engine. It holds the records of a
@@ -48,6 +49,11 @@ type topicMeta struct {
 // known, so a record over it is refused before it is sent (certain, like
 // one over kafka.max_message_bytes), and the direct engine keeps its
 // batches for the topic under it.
+//
+// The same periodic lookup reads each topic's partition count: a change
+// (an operator added partitions, or the topic was recreated with fewer) is
+// logged and handed to partitions, which reports it and has the engine
+// follow it (the direct engine drains the topic first: direct.repartition).
 type topicGate struct {
 	timeout    time.Duration // kafka.missing_topic_timeout
 	precheck   bool          // kafka.compression none: sizes are exact
@@ -57,6 +63,9 @@ type topicGate struct {
 	fail       func(topic string, msgs []*Message, err error) // completes records refused here
 	limit      func(topic string, maxBytes int)               // tells the engine the topic's limit; may be nil
 	missing    func(n int)                                    // the topics known not to exist now; may be nil
+	partitions func(topic string, old, n int)                 // a topic's partition count: first seen (old 0) or changed; may be nil
+	rule       string                                         // what the engine does on a partition count change, for the log
+	every      time.Duration                                  // how often open topics are looked up again (describeRefresh)
 	log        zerolog.Logger
 	now        func() time.Time
 
@@ -80,6 +89,7 @@ type gateTopic struct {
 	since     time.Time // the first lookup that found it missing
 	checked   time.Time // the last lookup or description
 	maxBytes  int
+	parts     int  // the partition count last seen (0: not known)
 	busy      bool // a goroutine looks it up
 	announced bool // its wait was logged
 }
@@ -92,7 +102,7 @@ const (
 )
 
 func newTopicGate(timeout time.Duration, precheck bool, log zerolog.Logger) *topicGate {
-	return &topicGate{timeout: timeout, precheck: precheck, log: log, now: time.Now,
+	return &topicGate{timeout: timeout, precheck: precheck, log: log, now: time.Now, every: describeRefresh,
 		topics: map[string]*gateTopic{}, stopped: make(chan struct{})}
 }
 
@@ -185,6 +195,10 @@ func (g *topicGate) resolve(name string, t *gateTopic) {
 		switch {
 		case err == nil && meta.exists:
 			t.maxBytes = meta.maxBytes
+			old := t.parts
+			if meta.partitions > 0 {
+				t.parts = meta.partitions
+			}
 			if t.state == gateMissing || t.announced {
 				g.log.Info().Str("topic", name).Msg("topic exists now: its events are published")
 			}
@@ -194,6 +208,7 @@ func (g *topicGate) resolve(name string, t *gateTopic) {
 			if g.limit != nil {
 				g.limit(name, meta.maxBytes)
 			}
+			g.partitionsSeen(name, old, meta.partitions)
 			g.release(name, t)
 			return
 		case err == nil:
@@ -306,14 +321,17 @@ func (g *topicGate) release(name string, t *gateTopic) {
 	}
 }
 
-// refresh reads the max.message.bytes of every open topic again every
-// describeRefresh, until the gate closes: an operator may change it.
-func (g *topicGate) refresh() {
-	tick := time.NewTicker(describeRefresh)
+// refresh reads the max.message.bytes and the partition count of every
+// open topic again every g.every (describeRefresh), until the gate closes:
+// an operator may change either; stop (nil: never) ends it too.
+func (g *topicGate) refresh(stop <-chan struct{}) {
+	tick := time.NewTicker(g.every)
 	defer tick.Stop()
 	for {
 		select {
 		case <-g.stopped:
+			return
+		case <-stop:
 			return
 		case <-tick.C:
 		}
@@ -334,11 +352,31 @@ func (g *topicGate) refresh() {
 			t := g.topics[name]
 			changed := t.maxBytes != meta.maxBytes
 			t.maxBytes, t.checked = meta.maxBytes, g.now()
+			old := t.parts
+			if meta.partitions > 0 {
+				t.parts = meta.partitions
+			}
 			g.mu.Unlock()
 			if changed && g.limit != nil {
 				g.limit(name, meta.maxBytes)
 			}
+			g.partitionsSeen(name, old, meta.partitions)
 		}
+	}
+}
+
+// partitionsSeen reports topic's partition count n (0: not in the answer)
+// when first seen or changed from old; a change is logged.
+func (g *topicGate) partitionsSeen(topic string, old, n int) {
+	if n <= 0 || n == old {
+		return
+	}
+	if old > 0 {
+		g.log.Warn().Str("topic", topic).Int("old_partitions", old).Int("partitions", n).Str("rule", g.rule).
+			Msg("topic's partition count changed: keys may move to another partition (murmur2 of the key modulo the partitions); consumers reading both partitions must not assume order across them")
+	}
+	if g.partitions != nil {
+		g.partitions(topic, old, n)
 	}
 }
 
@@ -388,7 +426,7 @@ func brokerLookup(client sarama.Client, sc *sarama.Config, autoCreate bool) func
 		// Exists (LEADER_NOT_AVAILABLE while just created), or an answer
 		// the produce request will give again (authorization, an invalid
 		// name): the engine and on_poison handle it as before.
-		meta := topicMeta{exists: true}
+		meta := topicMeta{exists: true, partitions: len(found.Partitions)}
 		if found.Err == sarama.ErrNoError {
 			meta.maxBytes = describeMaxBytes(b, sc, topic)
 		}

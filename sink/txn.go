@@ -50,7 +50,8 @@ type TxnProducer struct {
 	// gate looks up the topics records are sent to (topicGate.wait), with
 	// the current producer's client (lookupClient).
 	gate         *topicGate
-	lookupClient atomic.Value // sarama.Client
+	refreshStop  chan struct{} // ends the gate's refresh of this Open
+	lookupClient atomic.Value  // sarama.Client
 }
 
 // NewTxn validates cfg and builds the transactional sarama configuration
@@ -94,9 +95,10 @@ func NewTxn(cfg Config, id string, timeout time.Duration, log zerolog.Logger) (*
 	}
 	p := &TxnProducer{cfg: cfg, id: id, sc: sc, log: log.With().Str("component", "sink").Str("transactional_id", id).Logger(),
 		failed: map[*Message]error{}, changed: make(chan struct{})}
-	// A topic's max.message.bytes is read when it is first used (not
-	// refreshed: the producer lives for one leadership term).
+	// A topic's max.message.bytes and partition count are read when it is
+	// first used and again every describeRefresh while the producer is open.
 	p.gate = newTopicGate(cfg.MissingTopicTimeout, cfg.Compression == "none", p.log)
+	p.gate.rule, p.gate.every = ruleFollow, cfg.TopicRefresh
 	p.gate.autoCreate = cfg.AutoCreateTopics
 	p.gate.lookup = func(topic string) (topicMeta, error) {
 		c, _ := p.lookupClient.Load().(sarama.Client)
@@ -127,6 +129,11 @@ var txnRetry = backoff.Policy{Initial: 2 * time.Millisecond, Max: 500 * time.Mil
 func (p *TxnProducer) SetMetrics(pr *Producer) {
 	p.metrics = pr.metrics
 	p.gate.missing = func(n int) { pr.metrics.missingTopics.Set(float64(n)) }
+	p.gate.partitions = pr.metrics.partitionsFunc(func(topic string, old, _ int) {
+		if c, _ := p.lookupClient.Load().(sarama.Client); old > 0 && c != nil && !c.Closed() {
+			_ = c.RefreshMetadata(topic) // sarama's partitioner follows its metadata
+		}
+	})
 }
 
 // Open connects and initialises the producer (InitProducerId: fences older
@@ -169,6 +176,8 @@ func (p *TxnProducer) open() error {
 	}
 	p.client, p.ap = client, ap
 	p.lookupClient.Store(client)
+	p.refreshStop = make(chan struct{})
+	go p.gate.refresh(p.refreshStop)
 	p.mu.Lock()
 	p.sent, p.returned, p.refused = 0, 0, nil
 	clear(p.failed)
@@ -384,6 +393,7 @@ func (p *TxnProducer) Close() {
 		return
 	}
 	p.connected.Store(false)
+	close(p.refreshStop)
 	ap, client, drained := p.ap, p.client, p.drained
 	p.ap, p.client = nil, nil
 	done := make(chan struct{})

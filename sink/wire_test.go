@@ -202,9 +202,13 @@ func TestWireReadsProduceResponse(t *testing.T) {
 				}
 			}
 		}
-		r.i32(0) // throttle
-		if err := answerProduce(r.b, version, batches); err != nil {
+		r.i32(1500) // throttle time, ms
+		throttle, err := answerProduce(r.b, version, batches)
+		if err != nil {
 			t.Fatalf("v%d: %v", version, err)
+		}
+		if throttle != 1500 {
+			t.Errorf("v%d: throttle time %d ms, want 1500", version, throttle)
 		}
 		if !batches[0].got || batches[0].err != nil || !batches[2].got || batches[2].err != nil {
 			t.Errorf("v%d: acked partitions: %+v %+v", version, batches[0], batches[2])
@@ -218,7 +222,7 @@ func TestWireReadsProduceResponse(t *testing.T) {
 		if batches[3].got {
 			t.Errorf("v%d: payments/3 is not in the response but counts as answered", version)
 		}
-		if err := answerProduce(r.b[:len(r.b)-3], version, batches); err == nil {
+		if _, err := answerProduce(r.b[:len(r.b)-3], version, batches); err == nil {
 			t.Errorf("v%d: a truncated response reads without error", version)
 		}
 	}

@@ -170,6 +170,8 @@ var keys = []key{
 		boolean(func(c *Config) *bool { return &c.Kafka.AutoCreateTopics })},
 	{"kafka.missing_topic_timeout", "OUTBOX_RELAY_KAFKA_MISSING_TOPIC_TIMEOUT", "kafka-missing-topic-timeout", "how long events wait for a topic that does not exist (other topics go on) before they are poison (unknown_topic)",
 		dur(func(c *Config) *time.Duration { return &c.Kafka.MissingTopicTimeout })},
+	{"kafka.topic_refresh", "OUTBOX_RELAY_KAFKA_TOPIC_REFRESH", "kafka-topic-refresh", "how often each topic is looked up again: a partition count change is noticed (reported, and followed without reordering a key) and max.message.bytes re-read",
+		dur(func(c *Config) *time.Duration { return &c.Kafka.TopicRefresh })},
 	{"kafka.max_topics", "OUTBOX_RELAY_KAFKA_MAX_TOPICS", "kafka-max-topics", "most distinct topics events go to (dead-letter topic not counted); an event for one more is poison (topic_limit)",
 		integer(func(c *Config) *int { return &c.Kafka.MaxTopics })},
 	{"kafka.topic_allowlist", "OUTBOX_RELAY_KAFKA_TOPIC_ALLOWLIST", "kafka-topic-allowlist", "comma-separated topics or prefixes ending in * events may go to (empty = any); others are poison (topic_not_allowed)",

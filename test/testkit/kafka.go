@@ -433,3 +433,49 @@ func readPartition(client sarama.Client, tp string, p int32, iso sarama.Isolatio
 	}
 	return out, nil
 }
+
+// AddPartitions grows topic to n partitions and waits until each has a
+// leader.
+func AddPartitions(brokers []string, topic string, n int32) error {
+	client, err := sarama.NewClient(brokers, SaramaConfig())
+	if err != nil {
+		return fmt.Errorf("kafka client: %w", err)
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	if err := admin.CreatePartitions(topic, n, nil, false); err != nil {
+		return fmt.Errorf("add partitions to topic %s: %w", topic, err)
+	}
+	return Poll(30*time.Second, 100*time.Millisecond, func() (bool, error) {
+		_ = client.RefreshMetadata(topic)
+		parts, err := client.Partitions(topic)
+		if err != nil || len(parts) != int(n) {
+			return false, nil
+		}
+		for _, p := range parts {
+			if _, err := client.Leader(topic, p); err != nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// SetProducerQuota sets the broker's producer_byte_rate quota for
+// clients with clientID (bytes per second); 0 removes it.
+func SetProducerQuota(brokers []string, clientID string, bytesPerSec float64) error {
+	admin, err := sarama.NewClusterAdmin(brokers, SaramaConfig())
+	if err != nil {
+		return fmt.Errorf("kafka admin: %w", err)
+	}
+	defer admin.Close()
+	entity := []sarama.QuotaEntityComponent{{EntityType: sarama.QuotaEntityClientID, MatchType: sarama.QuotaMatchExact, Name: clientID}}
+	op := sarama.ClientQuotasOp{Key: "producer_byte_rate", Value: bytesPerSec, Remove: bytesPerSec == 0}
+	if err := admin.AlterClientQuotas(entity, op, false); err != nil {
+		return fmt.Errorf("producer quota of client %s: %w", clientID, err)
+	}
+	return nil
+}
