@@ -38,7 +38,7 @@ matrix: build
 # kafka.version 3.6.0), once with kafka.producer sarama and kafka.version set
 # to the broker's release. A table of the results at the end; fails if a
 # broker cannot start or any test fails. OUTBOX_KAFKA_MATRIX_VERSIONS="3.9.1"
-# for fewer. Not part of `make test` (about 8 minutes).
+# for fewer. Not part of `make test` (about 6.5 minutes).
 matrix-kafka: build
 	bash test/run-matrix-kafka.sh
 

@@ -12,7 +12,7 @@
 # A version fails if its broker cannot start, its log lacks "Kafka version: V"
 # or "Kafka Server started" (wrong jars, or no logging binding), a test fails,
 # or a listed test did not run. Every version runs; prints a table; exits 1 if
-# any failed. Not part of `make test` (about 8 minutes).
+# any failed. Not part of `make test` (about 6.5 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . test/lib.sh
