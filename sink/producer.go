@@ -277,6 +277,9 @@ func (p *Producer) connect(ctx context.Context) error {
 		if errors.As(err, &certErr) {
 			return fmt.Errorf("kafka broker certificate not trusted: %w; set kafka.tls.ca_file to the CA that signed it (kafka.tls.server_name if the name differs)", err)
 		}
+		if pv := (*ProduceVersionError)(nil); errors.As(err, &pv) {
+			return err // a setting: retrying cannot help, the message names the fix
+		}
 		if IsAuthError(err) {
 			return fmt.Errorf("kafka refused the credentials of user %q (SASL %s): %w; check kafka.sasl.username and kafka.sasl.password (OUTBOX_RELAY_KAFKA_SASL_PASSWORD)",
 				p.cfg.SASL.Username, p.cfg.SASL.Mechanism, err)
@@ -312,6 +315,12 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	g.fail, g.pass = p.complete, p.release
 	g.missing = func(n int) { p.metrics.missingTopics.Set(float64(n)) }
 	if p.cfg.Producer != ProducerSarama {
+		// health knows every broker (its metadata was just refreshed); client does not yet
+		if err := checkProduceVersion(health, wireVersion(p.sc.Version), p.cfg.Version); err != nil {
+			client.Close()
+			health.Close()
+			return err
+		}
 		d := newDirect(client, p.sc, p.cfg, p.complete)
 		d.requests = p.metrics.requests
 		if err := d.start(); err != nil {
