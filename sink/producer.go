@@ -312,6 +312,9 @@ func (p *Producer) connect(ctx context.Context) error {
 		if errors.As(err, &certErr) {
 			return fmt.Errorf("kafka broker certificate not trusted: %w; set kafka.tls.ca_file to the CA that signed it (kafka.tls.server_name if the name differs)", err)
 		}
+		if pv := (*ProduceVersionError)(nil); errors.As(err, &pv) {
+			return err // a setting: retrying cannot help, the message names the fix
+		}
 		if IsAuthError(err) {
 			return authError(p.cfg.SASL, err)
 		}
@@ -347,6 +350,12 @@ func (p *Producer) dialCluster(hc *sarama.Config) error {
 	g.missing = func(n int) { p.metrics.missingTopics.Set(float64(n)) }
 	g.every = p.cfg.TopicRefresh
 	if p.cfg.Producer != ProducerSarama {
+		// health knows every broker (its metadata was just refreshed); client does not yet
+		if err := checkProduceVersion(health, wireVersion(p.sc.Version), p.cfg.Version); err != nil {
+			client.Close()
+			health.Close()
+			return err
+		}
 		d := newDirect(client, p.sc, p.cfg, p.complete)
 		d.requests, d.throttled, d.throttleSecs = p.metrics.requests, p.metrics.throttled, p.metrics.throttleSecs
 		d.log = p.log

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test/services.sh - real throwaway services for outbox-relay's integration tests and benchmarks:
 #   one PostgreSQL cluster (wal_level=logical; 15 = Debian's postgresql-15 unless OUTBOX_TEST_PG_VERSION says
-#   otherwise) and one single-node KRaft Apache Kafka 4.x broker, both on free 127.0.0.1 ports, in fresh temp dirs.
+#   otherwise) and one single-node KRaft Apache Kafka broker (test/pom.xml's kafka.version unless OUTBOX_KAFKA_VERSION
+#   says otherwise), both on free 127.0.0.1 ports, in fresh temp dirs.
 #
 # Usage: bash test/services.sh <command>
 #   start                      install missing prerequisites, resolve the Kafka jars (once, cached outside the repo),
@@ -40,6 +41,9 @@
 #                              zonky version (17.6.0): a server build from Maven Central fetched once into a cache
 #                              by test/pg-fetch.sh (which see). Recorded in the env file with the server's
 #                              OUTBOX_TEST_PG_MAJOR, OUTBOX_TEST_PG_SERVER_VERSION_NUM and OUTBOX_TEST_PG_BUILD.
+#   OUTBOX_KAFKA_VERSION       the broker's Kafka release (kafka_2.13 on Maven Central); default test/pom.xml's
+#                              kafka.version (4.2.0). Tested: 3.9.1, 4.2.0, 4.4.0 (make matrix-kafka). 3.x logs through
+#                              reload4j (log4j.properties), 4.x through log4j2: chosen from the jars the release pulls
 #   OUTBOX_KAFKA_LIBS          Kafka jar cache; default $HOME/.cache/outbox-relay/kafka-<version>/libs
 #   OUTBOX_KAFKA_HEAP_OPTS     default "-Xms256m -Xmx768m"
 #   OUTBOX_KAFKA_CLUSTER_ID    default 5L6g3nShT-eMCtK--X86sw (fresh data dir every start, so a fixed id is fine)
@@ -64,8 +68,11 @@ LOCK_FILE="$RUN_DIR/.env.lock"
 KAFKA_LOG="$RUN_DIR/kafka.log"
 TMP_PARENT="${OUTBOX_TEST_TMP:-/tmp}"
 
-KAFKA_VERSION="$(sed -n 's:.*<kafka\.version>\([^<]*\)</kafka\.version>.*:\1:p' "$POM" | head -n1)"
+KAFKA_VERSION="${OUTBOX_KAFKA_VERSION:-$(sed -n 's:.*<kafka\.version>\([^<]*\)</kafka\.version>.*:\1:p' "$POM" | head -n1)}"
 [ -n "$KAFKA_VERSION" ] || die "cannot read <kafka.version> from $POM"
+[[ "$KAFKA_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+  die "OUTBOX_KAFKA_VERSION must be a Kafka release like 3.9.1 or 4.2.0, not '$KAFKA_VERSION'"
+KAFKA_VERSION_ASKED="$KAFKA_VERSION"
 USER_HOME="${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}"
 KAFKA_LIBS="${OUTBOX_KAFKA_LIBS:-$USER_HOME/.cache/outbox-relay/kafka-$KAFKA_VERSION/libs}"
 KAFKA_CLUSTER_ID="${OUTBOX_KAFKA_CLUSTER_ID:-5L6g3nShT-eMCtK--X86sw}"
@@ -310,6 +317,7 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
       OUTBOX_TEST_KAFKA_PID) KAFKA_PID=$v ;;
       OUTBOX_TEST_KAFKA_DIR) KAFKA_DIR=$v ;;
       OUTBOX_TEST_KAFKA_LIBS) KAFKA_LIBS=$v ;;
+      OUTBOX_TEST_KAFKA_VERSION) KAFKA_VERSION=$v ;; # kafka-start restarts the release that was started
       OUTBOX_TEST_KAFKA_RUN_DIR) KAFKA_RUN_DIR=$v ;;
       OUTBOX_TEST_PG_BUILD) PG_BUILD=$v ;;
     esac
@@ -527,34 +535,71 @@ ensure_java_mvn() {
   case "$jv" in 1.*|9|1[0-6]) die "Kafka $KAFKA_VERSION needs Java 17+, found java.specification.version=$jv" ;; esac
 }
 
-libs_ok() {
-  [ -f "$KAFKA_LIBS/.resolved" ] && [ -f "$KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar" ] &&
-    compgen -G "$KAFKA_LIBS/log4j-slf4j*-impl-*.jar" >/dev/null
+# kafka_logging: how the cached release logs, from its jars: reload4j (Kafka 3.x: log4j 1.x API, slf4j-reload4j)
+# or log4j2 (Kafka 4.x: log4j-core with log4j-slf4j-impl or log4j-slf4j2-impl); empty if no binding is cached
+kafka_logging() {
+  if compgen -G "$KAFKA_LIBS/slf4j-reload4j-*.jar" >/dev/null; then echo reload4j
+  elif compgen -G "$KAFKA_LIBS/log4j-slf4j*-impl-*.jar" >/dev/null; then echo log4j2
+  fi
 }
 
+libs_ok() {
+  [ -f "$KAFKA_LIBS/.resolved" ] && [ -f "$KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar" ] && [ -n "$(kafka_logging)" ]
+}
+
+# jar_version DIR ARTIFACT: the version of DIR/ARTIFACT-<version>.jar (one only), empty if none
+jar_version() {
+  local f
+  f="$(compgen -G "$1/$2-[0-9]*.jar" | head -n1)" || return 0
+  f="${f##*/$2-}"
+  echo "${f%.jar}"
+}
+
+# kafka_mvn LOG ARGS...: mvn on test/pom.xml with kafka.version; on failure shows the log and returns 1
+kafka_mvn() {
+  local logf=$1; shift
+  if ! mvn -B -q -Dstyle.color=never -f "$POM" -Dkafka.version="$KAFKA_VERSION" "$@" \
+        dependency:copy-dependencies >"$logf" 2>&1; then
+    tail_file "$logf" 80
+    return 1
+  fi
+}
+
+# ensure_kafka_libs: the release's jars and the SLF4J binding that matches them, resolved once into KAFKA_LIBS.
+# Pass 1 copies kafka_2.13 and what it pulls (no binding profile); the slf4j-api and log4j-core versions found
+# there choose pass 2's profile of test/pom.xml: reload4j when the release has no log4j-core (3.x), else
+# log4j2-slf4j1 or log4j2-slf4j2 by slf4j-api's major, pinned to that log4j-core.
 ensure_kafka_libs() {
   if libs_ok; then
-    log "Kafka $KAFKA_VERSION jars cached in $KAFKA_LIBS"
+    log "Kafka $KAFKA_VERSION jars cached in $KAFKA_LIBS ($(kafka_logging) logging)"
     return 0
   fi
-  local partial="$KAFKA_LIBS.partial.$$" t0=$SECONDS
+  local partial="$KAFKA_LIBS.partial.$$" t0=$SECONDS slf4j log4j2 profile
   log "resolving Kafka $KAFKA_VERSION jars from Maven Central into $KAFKA_LIBS (mvn dependency:copy-dependencies)"
   mkdir -p "$(dirname "$KAFKA_LIBS")"
   rm -rf "$partial"
-  if ! mvn -B -q -Dstyle.color=never -f "$POM" -Dlibs.dir="$partial" dependency:copy-dependencies \
-        >"$RUN_DIR/mvn.log" 2>&1; then
-    tail_file "$RUN_DIR/mvn.log" 80
-    rm -rf "$partial"
-    die "maven could not resolve the Kafka jars (log: $RUN_DIR/mvn.log)"
-  fi
+  kafka_mvn "$RUN_DIR/mvn.log" -P '!log4j2-slf4j1' -Dlibs.dir="$partial" ||
+    { rm -rf "$partial"; die "maven could not resolve kafka_2.13 $KAFKA_VERSION (log: $RUN_DIR/mvn.log)"; }
   [ -f "$partial/kafka_2.13-$KAFKA_VERSION.jar" ] || { rm -rf "$partial"; die "maven ran but kafka_2.13-$KAFKA_VERSION.jar is missing"; }
+  slf4j="$(jar_version "$partial" slf4j-api)"
+  log4j2="$(jar_version "$partial" log4j-core)"
+  [ -n "$slf4j" ] || { rm -rf "$partial"; die "kafka_2.13 $KAFKA_VERSION pulls no slf4j-api: cannot choose its logging binding"; }
+  if [ -z "$log4j2" ]; then profile=reload4j
+  elif [ "${slf4j%%.*}" -ge 2 ]; then profile=log4j2-slf4j2
+  else profile=log4j2-slf4j1
+  fi
+  log "kafka_2.13 $KAFKA_VERSION pulls slf4j-api $slf4j${log4j2:+ and log4j-core $log4j2}: adding profile $profile"
+  kafka_mvn "$RUN_DIR/mvn.log" -P "$profile" -Dslf4j.version="$slf4j" ${log4j2:+-Dlog4j2.version="$log4j2"} \
+      -Dlibs.dir="$partial" ||
+    { rm -rf "$partial"; die "maven could not resolve the $profile logging jars for Kafka $KAFKA_VERSION (log: $RUN_DIR/mvn.log)"; }
   if [ -e "$KAFKA_LIBS" ]; then
     cp -a "$partial/." "$KAFKA_LIBS/"
     rm -rf "$partial"
   else
     mv -T "$partial" "$KAFKA_LIBS" 2>/dev/null || { cp -a "$partial/." "$KAFKA_LIBS/"; rm -rf "$partial"; }
   fi
-  date -u +%Y-%m-%dT%H:%M:%SZ >"$KAFKA_LIBS/.resolved"
+  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) kafka_2.13 $KAFKA_VERSION profile $profile slf4j-api $slf4j${log4j2:+ log4j $log4j2}" \
+    >"$KAFKA_LIBS/.resolved"
   libs_ok || die "Kafka jars incomplete in $KAFKA_LIBS"
   log "resolved $(ls "$KAFKA_LIBS"/*.jar | wc -l) jars ($(du -sh "$KAFKA_LIBS" | cut -f1)) in $((SECONDS - t0))s"
 }
@@ -636,6 +681,29 @@ appender.console.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.stderr.ref = STDERR
 EOF
+  # the same two for Kafka 3.x, which logs through reload4j (log4j 1.x syntax)
+  cat >"$KAFKA_DIR/log4j-server.properties" <<'EOF'
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+EOF
+  cat >"$KAFKA_DIR/log4j-tools.properties" <<'EOF'
+log4j.rootLogger=WARN, stderr
+log4j.appender.stderr=org.apache.log4j.ConsoleAppender
+log4j.appender.stderr.Target=System.err
+log4j.appender.stderr.layout=org.apache.log4j.PatternLayout
+log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
+EOF
+}
+
+# kafka_log_opt server|tools: the JVM option that points the cached release's logging at our config
+kafka_log_opt() {
+  case "$(kafka_logging)" in
+    reload4j) echo "-Dlog4j.configuration=file:$KAFKA_DIR/log4j-$1.properties" ;;
+    *) echo "-Dlog4j2.configurationFile=$KAFKA_DIR/log4j2-$1.properties" ;;
+  esac
 }
 
 KAFKA_DIR_STOREPASS=outbox-test-store
@@ -653,7 +721,7 @@ kafka_make_cert() {
 }
 
 kafka_format() {
-  if ! "$JAVA" -Xmx256m -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-tools.properties" -cp "$KAFKA_LIBS/*" \
+  if ! "$JAVA" -Xmx256m "$(kafka_log_opt tools)" -cp "$KAFKA_LIBS/*" \
        kafka.tools.StorageTool format --standalone -t "$KAFKA_CLUSTER_ID" -c "$KAFKA_DIR/server.properties" \
        --add-scram "SCRAM-SHA-512=[name=relay,password=$KAFKA_SASL_PASSWORD]" \
        >"$KAFKA_DIR/format.log" 2>&1; then
@@ -670,7 +738,7 @@ kafka_launch() {
   } >>"$KAFKA_LOG"
   # shellcheck disable=SC2086
   nohup "$JAVA" $KAFKA_HEAP_OPTS $JVM_PERF_OPTS \
-    -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2-server.properties" -Dkafka.logs.dir="$KAFKA_DIR" \
+    "$(kafka_log_opt server)" -Dkafka.logs.dir="$KAFKA_DIR" \
     -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_DIR/server.properties" \
     >>"$KAFKA_LOG" 2>&1 </dev/null &
   KAFKA_PID=$!
@@ -782,6 +850,7 @@ cmd_start() {
     cmd_stop
     PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP=""
     KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
+    KAFKA_VERSION="$KAFKA_VERSION_ASKED"
     KAFKA_LIBS="${OUTBOX_KAFKA_LIBS:-$USER_HOME/.cache/outbox-relay/kafka-$KAFKA_VERSION/libs}"
   fi
   local t0=$SECONDS
