@@ -664,11 +664,7 @@ func TestKfakePartitionsAdded(t *testing.T) {
 	notLeader = 6
 	mu.Unlock()
 	round()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := kfakeClient(t, c)
 	req := kmsg.NewPtrCreatePartitionsRequest()
 	rt := kmsg.NewCreatePartitionsRequestTopic()
 	rt.Topic, rt.Count = fakeTopic, 5
@@ -816,14 +812,21 @@ func (w *syncBuf) String() string {
 	return w.b.String()
 }
 
-// createPartitions asks the fake to grow fakeTopic to n partitions.
-func createPartitions(t *testing.T, c *kfake.Cluster, n int32) {
+// kfakeClient is a franz-go client of the fake cluster, closed when the test ends.
+func kfakeClient(t *testing.T, c *kfake.Cluster) *kgo.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// createPartitions asks the fake to grow fakeTopic to n partitions.
+func createPartitions(t *testing.T, c *kfake.Cluster, n int32) {
+	t.Helper()
+	cl := kfakeClient(t, c)
 	req := kmsg.NewPtrCreatePartitionsRequest()
 	rt := kmsg.NewCreatePartitionsRequestTopic()
 	rt.Topic, rt.Count = fakeTopic, n
@@ -837,11 +840,7 @@ func createPartitions(t *testing.T, c *kfake.Cluster, n int32) {
 // recreateTopic deletes fakeTopic and creates it again with n partitions.
 func recreateTopic(t *testing.T, c *kfake.Cluster, n int32) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := kfakeClient(t, c)
 	del := kmsg.NewPtrDeleteTopicsRequest()
 	dt := kmsg.NewDeleteTopicsRequestTopic()
 	name := fakeTopic
