@@ -317,13 +317,15 @@ func pauseLeaderNode(s *run, kind string) string {
 			svc(s.t, "cluster-resume", fmt.Sprint(n))
 		}
 	}()
-	time.Sleep(clusterPause - 2*time.Second)
-	// Asked of the others only, and in time: the stall must not outlast
-	// clusterPause.
-	st, err := describe(without(s.e.kafka, n), []string{tp})
-	after := "unknown (" + fmt.Sprint(err) + ")"
-	if err == nil && len(st[tp]) > p {
-		after = fmt.Sprint("node ", st[tp][p].leader)
+	// Who leads meanwhile, asked of the others only, and in time: the stall
+	// must not outlast clusterPause.
+	after := fmt.Sprintf("still node %d after %s", n, clusterPause-2*time.Second)
+	for time.Since(paused) < clusterPause-2*time.Second {
+		time.Sleep(500 * time.Millisecond)
+		if st, err := describe(without(s.e.kafka, n), []string{tp}); err == nil && len(st[tp]) > p && st[tp][p].leader != n {
+			after = fmt.Sprintf("node %d after %s", st[tp][p].leader, time.Since(paused).Round(100*time.Millisecond))
+			break
+		}
 	}
 	time.Sleep(time.Until(paused.Add(clusterPause)))
 	svc(s.t, "cluster-resume", fmt.Sprint(n))
