@@ -231,6 +231,26 @@ func describe(kafka, topics []string) (map[string][]partitionState, error) {
 	return out, nil
 }
 
+// metadataLeader is the leader of partition p of topic in the metadata of
+// the brokers kafka (a metadata request goes to any of them; an admin's
+// describe goes to the "controller" it was told of, which may be the node
+// just stopped).
+func metadataLeader(kafka []string, topic string, p int) (int32, error) {
+	c, err := sarama.NewClient(kafka, adminConfig())
+	if err != nil {
+		return -1, fmt.Errorf("kafka client on %v: %w", kafka, err)
+	}
+	defer c.Close()
+	if err := c.RefreshMetadata(topic); err != nil {
+		return -1, fmt.Errorf("metadata of %s: %w", topic, err)
+	}
+	b, err := c.Leader(topic, int32(p))
+	if err != nil {
+		return -1, fmt.Errorf("leader of %s/%d: %w", topic, p, err)
+	}
+	return b.ID(), nil
+}
+
 // watched are the topics whose health a fault waits for: the outbox's, and
 // in exactly-once mode the transaction state and the checkpoints.
 func (s *run) watched() []string {
@@ -322,8 +342,8 @@ func pauseLeaderNode(s *run, kind string) string {
 	after := fmt.Sprintf("still node %d after %s", n, clusterPause-2*time.Second)
 	for time.Since(paused) < clusterPause-2*time.Second {
 		time.Sleep(500 * time.Millisecond)
-		if st, err := describe(without(s.e.kafka, n), []string{tp}); err == nil && len(st[tp]) > p && st[tp][p].leader != n {
-			after = fmt.Sprintf("node %d after %s", st[tp][p].leader, time.Since(paused).Round(100*time.Millisecond))
+		if l, err := metadataLeader(without(s.e.kafka, n), tp, p); err == nil && l != n {
+			after = fmt.Sprintf("node %d after %s", l, time.Since(paused).Round(100*time.Millisecond))
 			break
 		}
 	}
