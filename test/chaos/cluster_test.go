@@ -236,7 +236,12 @@ func describe(kafka, topics []string) (map[string][]partitionState, error) {
 // describe goes to the "controller" it was told of, which may be the node
 // just stopped).
 func metadataLeader(kafka []string, topic string, p int) (int32, error) {
-	c, err := sarama.NewClient(kafka, adminConfig())
+	cfg := adminConfig()
+	// Quick: the client learns of every node, the stopped one too, and may
+	// ask it; the stall must not outlast clusterPause.
+	cfg.Net.DialTimeout, cfg.Net.ReadTimeout = time.Second, time.Second
+	cfg.Metadata.Retry.Max = 0
+	c, err := sarama.NewClient(kafka, cfg)
 	if err != nil {
 		return -1, fmt.Errorf("kafka client on %v: %w", kafka, err)
 	}
