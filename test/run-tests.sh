@@ -2,7 +2,8 @@
 # run-tests.sh: what `make test` runs. Checks the alert rules, runs the unit
 # tests, starts ONE PostgreSQL (15) and ONE Kafka, runs the end-to-end suite
 # and the short fault-injection (chaos) suite (each scenario in one delivery
-# mode, at_least_once or exactly_once: docs/chaos.md), then the end-to-end smoke
+# mode, at_least_once or exactly_once, relay_kill9 and the three-node Kafka
+# cluster scenario in both: docs/chaos.md), then the end-to-end smoke
 # subset on PostgreSQL 14, 16, 17 and 18 in turn against the same Kafka
 # (OUTBOX_PG_SMOKE_VERSIONS, test/lib.sh), stops the services. Any failure,
 # including a service, a PostgreSQL version or promtool that cannot start,
@@ -26,10 +27,11 @@ if ! run_suite e2e "$PROGRESS" -timeout 20m -parallel 4 ./test/e2e/; then
   exit 1
 fi
 
-echo "== chaos tests, short (kills, restarts, pauses, network cuts under load; docs/chaos.md)"
+echo "== chaos tests, short (kills, restarts, pauses, network cuts under load, a three-node Kafka cluster losing leaders; docs/chaos.md)"
 rm -f "$OUTBOX_TEST_RUN_DIR/chaos-table.md"
 status=0
-OUTBOX_CHAOS=short run_suite chaos "$PROGRESS" -timeout 15m ./test/chaos/ || status=$?
+# the cluster scenario starts the three-node cluster (services.sh cluster-start) and stops it at the end
+OUTBOX_CHAOS=short run_suite chaos "$PROGRESS" -timeout 25m ./test/chaos/ || status=$?
 [ -f "$OUTBOX_TEST_RUN_DIR/chaos-table.md" ] && cat "$OUTBOX_TEST_RUN_DIR/chaos-table.md"
 if [ "$status" -ne 0 ]; then
   echo "chaos tests failed (full log: $OUTBOX_TEST_RUN_DIR/chaos.log, relay logs: $OUTBOX_TEST_RUN_DIR/chaos-relay-logs)"

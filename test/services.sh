@@ -24,6 +24,10 @@
 #                              With that run dir, pg-restart acts on the extra PostgreSQL and kafka-* on the shared
 #                              broker. stop on the main run dir stops every extra PostgreSQL too.
 #   stop-pg VERSION            stop that extra PostgreSQL (idempotent)
+#   cluster-start | cluster-stop | cluster-status | cluster-kill N | cluster-term N | cluster-node-start N |
+#   cluster-pause N | cluster-resume N
+#                              a three-node KRaft cluster (replication factor 3, min.insync.replicas 2) beside the
+#                              single broker, and faults on its node N: test/services-cluster.sh, which see
 #
 # Env file ($OUTBOX_TEST_RUN_DIR/env, default <repo>/test/.run/env): plain KEY=value lines, no quoting, e.g.
 #   OUTBOX_TEST_PG_URL=postgres://relay:<pw>@127.0.0.1:<port>/outbox?sslmode=disable
@@ -876,6 +880,7 @@ cmd_stop() {
     log "not running (no $ENV_FILE)"
     return 0
   fi
+  cmd_cluster_stop
   if [ -n "$KAFKA_RUN_DIR" ] && [ "$KAFKA_RUN_DIR" != "$RUN_DIR" ]; then
     : # an extra PostgreSQL (start-pg): the broker belongs to the services of $KAFKA_RUN_DIR
   elif [ -n "$KAFKA_PID" ] && alive "$KAFKA_PID"; then
@@ -1056,6 +1061,10 @@ cmd_status() {
   return "$ok"
 }
 
+# the three-node cluster's commands (cluster-*)
+# shellcheck source=services-cluster.sh
+. "$SCRIPT_DIR/services-cluster.sh"
+
 usage() {
   sed -n '2,/^set -euo/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//' >&2
   exit 2
@@ -1073,6 +1082,7 @@ case "${1:-}" in
   start-pg) cmd_start_pg "${2:-}" ;;
   stop-pg) cmd_stop_pg "${2:-}" ;;
   _start-extra-pg) cmd_start_extra_pg "${2:?}" ;;
+  cluster-*) cluster_cmd "$@" ;;
   -h|--help|help) usage ;;
   *) usage ;;
 esac

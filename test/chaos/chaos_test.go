@@ -38,14 +38,17 @@ type scale struct {
 	leaderKills               int
 	rate                      int           // events/s the writer aims at at most: windows stretch to fit
 	deliver                   time.Duration // bound on the relay catching up at the end
+	clusterRounds             int           // the cluster scenario: each cluster fault this many times
+	clusterEvents             int           // the cluster scenario's events
 }
 
 var (
 	shortScale = scale{name: "short", events: 4000, aggregates: 300, relayKills: 3, pausedKills: 2, brokerKills: 1,
-		brokerPauses: 1, pgRestarts: 2, netRounds: 1, sigterms: 2, leaderKills: 1, rate: 1000, deliver: 2 * time.Minute}
+		brokerPauses: 1, pgRestarts: 2, netRounds: 1, sigterms: 2, leaderKills: 1, rate: 1000, deliver: 2 * time.Minute,
+		clusterRounds: 1, clusterEvents: 4000}
 	longScale = scale{name: "long", events: 100_000, aggregates: 1000, relayKills: 12, pausedKills: 6, brokerKills: 3,
 		brokerPauses: 3, pgRestarts: 4, netRounds: 2, longCut: 40 * time.Second, sigterms: 5, leaderKills: 6, rate: 2000,
-		deliver: 10 * time.Minute}
+		deliver: 10 * time.Minute, clusterRounds: 2, clusterEvents: 60_000}
 )
 
 const (
@@ -69,6 +72,8 @@ const (
 type scenario struct {
 	name    string   // subtest, schema and topic name
 	short   delivery // the short scale runs it in this mode only ("": both)
+	cluster bool     // against the three-node cluster (cluster_test.go), not the single broker
+	events  int      // events written (0: the scale's)
 	faults  int
 	per     time.Duration // about how long one fault takes: paces the writer
 	prepare func(s *run)  // before the first relay starts: settings, proxies
@@ -112,6 +117,7 @@ func scenarios() []scenario {
 			s.relayCfg = append(s.relayCfg, "OUTBOX_RELAY_LEADER_LEASE_TTL=3s", "OUTBOX_RELAY_LEADER_RENEW_INTERVAL=500ms",
 				"OUTBOX_RELAY_LEADER_POLL_INTERVAL=200ms")
 		}, inject: killLeader, verify: verifyTakeovers},
+		clusterScenario(),
 	}
 }
 
@@ -152,6 +158,10 @@ func TestChaos(t *testing.T) {
 		if len(rows[mode]) > 0 {
 			md += fmt.Sprintf("**%s** (%s scale)\n\n%s\n", mode, sc.name, table(rows[mode]))
 		}
+		if len(clusterRows[mode]) > 0 {
+			md += fmt.Sprintf("**%s**, cluster faults one by one (three-node KRaft, replication factor 3, min.insync.replicas 2)\n\n%s\n",
+				mode, faultTable(clusterRows[mode]))
+		}
 	}
 	fmt.Printf("\n%s\n", md)
 	path := filepath.Join(runDir, "chaos-table.md")
@@ -180,6 +190,10 @@ type run struct {
 	notes    []string
 	res      *result
 
+	phases []*phase       // cluster: the faults, with the events written from each to the next
+	recs   []record       // what the final read found
+	parts  map[string]int // partitions per topic
+
 	readPoints int // reads while no relay ran (after a kill or SIGTERM)
 	partialMid int // partial PostgreSQL transactions seen at them
 
@@ -195,9 +209,13 @@ type restart struct {
 
 func (s *run) execute(seed uint64) {
 	t := s.t
-	t.Logf("%s scale: %d events over %d aggregates, %d faults, seed %d", sc.name, sc.events, sc.aggregates, s.sc.faults, seed)
+	t.Logf("%s scale: %d events over %d aggregates, %d faults, seed %d", sc.name, s.total(), sc.aggregates, s.sc.faults, seed)
 	t.Logf("delivery %s", s.mode)
-	s.e = newEnv(t, s.sc.name, s.mode)
+	if s.sc.cluster {
+		s.e = newEnvOn(t, s.sc.name, s.mode, ensureCluster(t), 3)
+	} else {
+		s.e = newEnv(t, s.sc.name, s.mode)
+	}
 	defer s.logWarnings() // also after a failed assertion
 	if s.sc.prepare != nil {
 		s.sc.prepare(s)
@@ -210,7 +228,7 @@ func (s *run) execute(seed uint64) {
 	t.Logf("workload and faults took %s; writer retried %d statements", time.Since(start).Round(time.Second), retries)
 	recs, parts := s.e.consume(t, sc.deliver)
 	res := check(s.mode, events, recs, parts, s.e.Prefix)
-	s.res = &res
+	s.res, s.recs, s.parts = &res, recs, parts
 	t.Logf("written %d, delivered %d (%d records), lost %d, duplicates %d, order violations %d, wrong partition %d, "+
 		"partial transactions %d at the end and %d at %d read points",
 		res.Written, res.Delivered, res.Records, res.Lost, res.Duplicates, res.OrderViolations, res.PartitionViolations,
@@ -267,7 +285,7 @@ func (s *run) execute(seed uint64) {
 // each lands mid-workload and events are written after the last.
 func (s *run) drive() {
 	t := s.t
-	total, n := sc.events, s.sc.faults
+	total, n := s.total(), s.sc.faults
 	seg := total / (n + 1)
 	s.w.limit.Store(int64(seg + seg/2))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -345,6 +363,14 @@ func (s *run) relayGone() {
 	}
 	waitFor(s.t, 30*time.Second, "the walsender to release the slot", func() bool { return s.e.walsender(s.t) == 0 })
 	s.restarts = append(s.restarts, restart{from: s.e.confirmed(s.t), wal: wal})
+}
+
+// total is the scenario's number of events.
+func (s *run) total() int {
+	if s.sc.events > 0 {
+		return s.sc.events
+	}
+	return sc.events
 }
 
 func (s *run) note(format string, a ...any) { s.notes = append(s.notes, fmt.Sprintf(format, a...)) }

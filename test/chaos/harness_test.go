@@ -36,14 +36,20 @@ type env struct {
 	t     *testing.T
 	name  string
 	mode  delivery
-	other string // schema.orders: a non-outbox table in the same publication
-	logs  int    // relay logs started
+	other string   // schema.orders: a non-outbox table in the same publication
+	kafka []string // the brokers: the single one, or the three-node cluster's (scenario.cluster)
+	logs  int      // relay logs started
 }
 
 // aggTypes route events to two topics (prefix.order, prefix.payment).
 var aggTypes = []string{"order", "payment"}
 
 func newEnv(t *testing.T, name string, mode delivery) *env {
+	return newEnvOn(t, name, mode, brokers, 1)
+}
+
+// newEnvOn is newEnv on the brokers kafka, its topics with rf replicas.
+func newEnvOn(t *testing.T, name string, mode delivery, kafka []string, rf int16) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -51,11 +57,18 @@ func newEnv(t *testing.T, name string, mode delivery) *env {
 	if mode == exactlyOnce {
 		id = "eos_" + name
 	}
-	o, err := testkit.NewOutbox(ctx, svcs, "chaos", id)
+	on := *svcs // the outbox's topics are deleted where they were made
+	on.Brokers = kafka
+	o, err := testkit.NewOutbox(ctx, &on, "chaos", id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{Outbox: o, t: t, name: name, mode: mode, other: o.Schema + ".orders"}
+	// On the three-node cluster the topics stay (it is thrown away after
+	// the suite): Kafka 4.2's controller was seen to fail every later
+	// broker registration ("Topic ID ... existed in isrMembers, but not in
+	// the topics map") after topics that had been reassigned were deleted.
+	o.KeepTopics = rf > 1
+	e := &env{Outbox: o, t: t, name: name, mode: mode, other: o.Schema + ".orders", kafka: kafka}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -64,7 +77,7 @@ func newEnv(t *testing.T, name string, mode delivery) *env {
 		}
 	})
 	if code, out, err := testkit.Run(ctx, os.Environ(), relayBin, "migrate", "--postgres-url", pgURL, "--slot", e.Slot, "--publication", e.Pub,
-		"--table", e.Table, "--kafka-brokers", strings.Join(brokers, ",")); err != nil || code != 0 {
+		"--table", e.Table, "--kafka-brokers", strings.Join(e.kafka, ",")); err != nil || code != 0 {
 		t.Fatalf("migrate: exit %d %v\n%s", code, err, out)
 	}
 	// The other table is in the publication, so the relay really decodes
@@ -81,7 +94,7 @@ func newEnv(t *testing.T, name string, mode delivery) *env {
 	// check needs several, and no first-produce LEADER_NOT_AVAILABLE. The
 	// relay creates none (kafka.auto_create_topics is off), so the
 	// dead-letter topic is made here too.
-	if err := testkit.CreateTopics(brokers, 4, nil, append(e.topics(), e.Prefix+".dlq")...); err != nil {
+	if err := testkit.CreateTopicsRF(e.kafka, 4, rf, nil, append(e.topics(), e.Prefix+".dlq")...); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -129,7 +142,7 @@ func (e *env) relayEnv(metrics string) []string {
 		"OUTBOX_RELAY_SLOT=" + e.Slot,
 		"OUTBOX_RELAY_PUBLICATION=" + e.Pub,
 		"OUTBOX_RELAY_TABLE=" + e.Table,
-		"OUTBOX_RELAY_KAFKA_BROKERS=" + strings.Join(brokers, ","),
+		"OUTBOX_RELAY_KAFKA_BROKERS=" + strings.Join(e.kafka, ","),
 		"OUTBOX_RELAY_TOPIC_TEMPLATE=" + e.Prefix + ".{aggregate_type}",
 		"OUTBOX_RELAY_METRICS_ADDR=" + metrics,
 		"OUTBOX_RELAY_LOG_FORMAT=json",
@@ -405,7 +418,7 @@ func (e *env) read(t *testing.T) ([]record, map[string]int) {
 	if e.mode == exactlyOnce {
 		opts = append(opts, testkit.ReadCommitted)
 	}
-	recs, parts, err := testkit.ReadToEnd(brokers, e.Prefix+".", time.Minute, opts...)
+	recs, parts, err := testkit.ReadToEnd(e.kafka, e.Prefix+".", time.Minute, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,5 +105,6 @@ func mainErr(m *testing.M) int {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "chaos: %s scale, relay %s\n", sc.name, relayBin)
+	defer stopCluster() // if a cluster scenario started it
 	return m.Run()
 }

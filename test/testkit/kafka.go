@@ -59,9 +59,15 @@ func readConfig(opts []ReadOption) *sarama.Config {
 	return cfg
 }
 
-// CreateTopics creates topics with n partitions (an existing one is fine)
-// and waits until every partition has a leader.
+// CreateTopics creates topics with n partitions and replication factor 1
+// (an existing one is fine) and waits until every partition has a leader.
 func CreateTopics(brokers []string, n int32, configs map[string]*string, topics ...string) error {
+	return CreateTopicsRF(brokers, n, 1, configs, topics...)
+}
+
+// CreateTopicsRF is CreateTopics with rf replicas per partition (3 on the
+// three-node cluster of test/services.sh cluster-start).
+func CreateTopicsRF(brokers []string, n int32, rf int16, configs map[string]*string, topics ...string) error {
 	client, err := sarama.NewClient(brokers, SaramaConfig())
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
@@ -72,7 +78,7 @@ func CreateTopics(brokers []string, n int32, configs map[string]*string, topics 
 		return fmt.Errorf("kafka admin: %w", err)
 	}
 	for _, tp := range topics {
-		err := admin.CreateTopic(tp, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1, ConfigEntries: configs}, false)
+		err := admin.CreateTopic(tp, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: rf, ConfigEntries: configs}, false)
 		if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 			return fmt.Errorf("create topic %s: %w", tp, err)
 		}

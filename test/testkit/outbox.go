@@ -19,7 +19,10 @@ type Outbox struct {
 	Schema, Table, Slot, Pub string // Table is Schema.outbox
 	Prefix                   string // topic prefix: topics are Prefix.<aggregate_type>
 	DB                       *pgxpool.Pool
-	brokers                  []string
+	// KeepTopics: Close leaves the topics (a throwaway cluster where
+	// deleting them is not safe: see test/chaos's cluster scenario).
+	KeepTopics bool
+	brokers    []string
 }
 
 // NewOutbox names an outbox kind_name_<suffix> (topics kind.name.<suffix>)
@@ -44,7 +47,9 @@ func (o *Outbox) Close(ctx context.Context) error {
 		}
 	}
 	o.DB.Close()
-	errs = append(errs, DeleteTopics(o.brokers, o.Prefix+"."))
+	if !o.KeepTopics {
+		errs = append(errs, DeleteTopics(o.brokers, o.Prefix+"."))
+	}
 	return errors.Join(errs...)
 }
 
