@@ -33,12 +33,14 @@ const (
 // Reasons, the label values of outbox_relay_publish_errors_total.
 var Reasons = []string{
 	"network", "leader_not_available", "not_enough_replicas", "request_timed_out", "unknown_topic",
-	"producer_state", "message_too_large", "invalid_record", "invalid_topic", "authorization", "broker_rejected", "other",
+	"producer_state", "coordinator", "message_too_large", "invalid_record", "invalid_topic", "authorization", "broker_rejected", "other",
 }
 
 // Classify names a produce error (a Reasons value) and says what kind it is.
-// Errors it does not know are Transient: retrying an unknown error for ever
-// is visible (metrics, logs, readiness) and loses nothing; skipping it could.
+// Errors it does not know are Transient, Kafka's error codes too: retrying
+// an unknown error for ever is visible (metrics, logs, readiness) and loses
+// nothing; dead-lettering a good event on a broker's passing state could.
+// Only the codes listed as refusals are Poison.
 func Classify(err error) (reason string, kind Kind) {
 	var kerr sarama.KError
 	var cerr sarama.ConfigurationError
@@ -60,6 +62,13 @@ func Classify(err error) (reason string, kind Kind) {
 			return "leader_not_available", Transient
 		case sarama.ErrNotEnoughReplicas, sarama.ErrNotEnoughReplicasAfterAppend, sarama.ErrKafkaStorageError:
 			return "not_enough_replicas", Transient
+		case sarama.ErrReplicaNotAvailable, sarama.ErrPreferredLeaderNotAvailable, sarama.ErrEligibleLeadersNotAvailable:
+			return "leader_not_available", Transient
+		case sarama.ErrOffsetsLoadInProgress, sarama.ErrConsumerCoordinatorNotAvailable, sarama.ErrNotCoordinatorForConsumer,
+			sarama.ErrConcurrentTransactions:
+			// The transaction coordinator moves or loads (a broker of the
+			// cluster restarts): the Java client retries these too.
+			return "coordinator", Transient
 		case sarama.ErrBrokerNotAvailable, sarama.ErrNetworkException:
 			return "network", Transient
 		case sarama.ErrRequestTimedOut:
@@ -90,8 +99,14 @@ func Classify(err error) (reason string, kind Kind) {
 		case sarama.ErrClusterAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed,
 			sarama.ErrSASLAuthenticationFailed, sarama.ErrIllegalSASLState, sarama.ErrUnsupportedSASLMechanism:
 			return "authorization", Refused
+		case sarama.ErrPolicyViolation, sarama.ErrUnsupportedForMessageFormat,
+			sarama.ErrUnknown, sarama.ErrInvalidRequiredAcks:
+			// Refusals the broker gives a record again on retry (a create
+			// policy, a format the topic cannot take, an
+			// exception in the broker): poison after the attempts.
+			return "broker_rejected", Poison
 		}
-		return "broker_rejected", Poison
+		return "other", Transient
 	case isNetwork(err):
 		return "network", Transient
 	}
