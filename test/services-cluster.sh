@@ -92,8 +92,8 @@ EOF
 }
 
 cluster_format_node() {
-  local dir="$CLUSTER_DIR/node$1"
-  if ! "$JAVA" -Xmx256m -Dlog4j2.configurationFile="$dir/log4j2-tools.properties" -cp "$KAFKA_LIBS/*" \
+  local dir="$CLUSTER_DIR/node$1" KAFKA_DIR="$CLUSTER_DIR/node$1"
+  if ! "$JAVA" -Xmx256m "$(kafka_log_opt tools)" -cp "$KAFKA_LIBS/*" \
        kafka.tools.StorageTool format -t "$KAFKA_CLUSTER_ID" -c "$dir/server.properties" >"$dir/format.log" 2>&1; then
     tail_file "$dir/format.log"
     return 1
