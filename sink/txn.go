@@ -83,10 +83,16 @@ func NewTxn(cfg Config, id string, timeout time.Duration, log zerolog.Logger) (*
 	// sends nothing meanwhile: retry every millisecond at first, so the
 	// wait ends within a millisecond of the markers, then back off.
 	sc.Producer.Transaction.Retry.BackoffFunc = txnRetryBackoff
-	// A record error ends the transaction anyway (abort, rewind, a new
-	// transaction): sarama's own retries of a record stay short, where the
-	// at-least-once producer retries for kafka.retry_max.
-	sc.Producer.Retry.Max = min(cfg.RetryMax, 5)
+	// A record error ends the transaction (abort, rewind, a new
+	// transaction), so sarama's own retries of a record are bounded, where
+	// the at-least-once producer retries for kafka.retry_max; but they
+	// outlast a leader's failover (a killed broker is fenced after
+	// broker.session.timeout.ms, 9 s by default): with 5 retries (about
+	// 3 s) a leader killed under load aborted a Kafka transaction and
+	// published its records again (the three-node cluster scenario), with
+	// these none did. About 26 s in all, within the transaction timeout.
+	sc.Producer.Retry.Max = min(cfg.RetryMax, txnRecordRetries)
+	sc.Producer.Retry.BackoffFunc = func(retries, _ int) time.Duration { return txnRecordRetry.Delay(retries) }
 	// A transaction must not wait an hour for a metadata refresh: a failure
 	// ends it (abort, rewind) and the next one waits for the cluster.
 	sc.Metadata.Retry.Max = 10
@@ -121,6 +127,12 @@ func txnRetryBackoff(retries, _ int) time.Duration {
 }
 
 const quickTxnRetries = 10
+
+// txnRecordRetries and txnRecordRetry: sarama's retries of a record in a
+// Kafka transaction, 100 ms doubling to 5 s (26 s over the ten).
+const txnRecordRetries = 10
+
+var txnRecordRetry = backoff.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Jitter: backoff.Exact}
 
 var txnRetry = backoff.Policy{Initial: 2 * time.Millisecond, Max: 500 * time.Millisecond, Jitter: backoff.Exact}
 
