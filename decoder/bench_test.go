@@ -1,6 +1,8 @@
 package decoder_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"testing"
@@ -98,4 +100,55 @@ func BenchmarkDecodeTxnEventID(b *testing.B) {
 // columns.
 func BenchmarkDecodeTxn100EventID(b *testing.B) {
 	benchmarkTxnRows(b, 100, text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`), true)
+}
+
+// benchEnvelope is the envelope outbox.WriteMessage writes for an event
+// with benchPayload and three headers: encoding/json's compact text.
+func benchEnvelope(id, aggID string) string {
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(benchPayload)); err != nil {
+		panic(err)
+	}
+	return `{"id":"` + id + `","aggregate_type":"order","aggregate_id":"` + aggID + `","event_type":"OrderPlaced","payload":` +
+		compact.String() + `,"headers":{"content_type":"application/json","tenant":"acme","trace_id":"4bf92f3577b34da6a3ce929d0e0e4736"}}`
+}
+
+// BenchmarkDecodeMessages100 is BenchmarkDecodeTxn100 for the table-less
+// outbox: one transaction of 100 logical decoding messages (messages.prefix),
+// each the envelope of the same event. One op is one transaction.
+func BenchmarkDecodeMessages100(b *testing.B) {
+	const events = 100
+	d, err := decoder.New("public.outbox")
+	if err != nil {
+		b.Fatal(err)
+	}
+	d.SetMessagePrefix(msgPrefix, 1<<20)
+	msgs := [][]byte{begin(0x2000, 1)}
+	for i := range events {
+		id := fmt.Sprintf("0190a1b2-c3d4-7e5f-8a6b-%012d", i)
+		msgs = append(msgs, pt.Message(true, lsnAt(i+1), msgPrefix, benchEnvelope(id, "ord_01HZX4K7Q9V3M2N8P5R6S"+strconv.Itoa(1234567+i))))
+	}
+	msgs = append(msgs, commit(0x2000, 0x2030))
+	n := 0
+	for _, m := range msgs {
+		n += len(m)
+	}
+	b.SetBytes(int64(n))
+	b.ReportAllocs()
+	for b.Loop() {
+		for i, m := range msgs {
+			txn, err := d.Decode(lsnAt(i), m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if i == len(msgs)-1 {
+				if len(txn.Events) != events {
+					b.Fatalf("%d events", len(txn.Events))
+				}
+				if ev := txn.Events[0]; ev.Err != nil || len(ev.Headers) != 3 {
+					b.Fatalf("event %+v", ev)
+				}
+			}
+		}
+	}
 }

@@ -524,6 +524,13 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 	if err != nil || !ok {
 		return err
 	}
+	d.addEvent(ev)
+	return nil
+}
+
+// addEvent appends ev, built with toTxn (d.idSpan set), to the open
+// transaction.
+func (d *Decoder) addEvent(ev Event) {
 	if d.idSpan.start >= 0 {
 		d.idSpan.ev = len(d.txn.Events)
 		d.idFix = append(d.idFix, d.idSpan)
@@ -540,12 +547,12 @@ func (d *Decoder) insert(lsn pglogrepl.LSN, b []byte) error {
 	}
 	d.txn.Events = append(d.txn.Events, ev)
 	d.buffered += len(ev.Payload)
-	return nil
 }
 
 // idSpan is where the AggregateID of event ev of d.txn sits in d.ids
-// (start:end), and its EventID (end:evEnd, empty for none).
-type idSpan struct{ ev, start, end, evEnd int }
+// (start:end), its EventID (end:evEnd, empty for none) and a message
+// event's MessageID (evEnd:msgEnd, empty for none).
+type idSpan struct{ ev, start, end, evEnd, msgEnd int }
 
 // handout sets the AggregateIDs of evs, the events of d.txn being handed
 // out, from d.ids: one allocation for all of them instead of one each.
@@ -556,6 +563,9 @@ func (d *Decoder) handout(evs []Event) {
 			evs[f.ev].AggregateID = all[f.start:f.end]
 			if f.evEnd > f.end {
 				evs[f.ev].EventID = all[f.end:f.evEnd]
+			}
+			if f.msgEnd > f.evEnd {
+				evs[f.ev].MessageID = all[f.evEnd:f.msgEnd]
 			}
 		}
 	}

@@ -101,7 +101,11 @@ func (d *Decoder) messageEvent(walStart pglogrepl.LSN, xid uint32, b []byte) (tx
 	}
 	var ev Event
 	if transactional {
+		// An event of the open transaction takes its bytes from the slabs
+		// and its ids at handout, as a row does.
+		d.toTxn, d.idSpan = d.cur == nil && d.inTxn, idSpan{start: -1}
 		ev = d.envelope(walStart, content)
+		d.toTxn = false
 	} else {
 		// Refused whatever it holds; what can be read of it names it.
 		ev = d.envelope(walStart, content)
@@ -117,8 +121,7 @@ func (d *Decoder) messageEvent(walStart pglogrepl.LSN, xid uint32, b []byte) (tx
 	case d.cur != nil:
 		return nil, true, d.spoolEvent(walStart, xid, &ev)
 	case d.inTxn:
-		d.txn.Events = append(d.txn.Events, ev)
-		d.buffered += len(ev.Payload)
+		d.addEvent(ev)
 		return d.maybeChunk(), true, nil
 	default:
 		d.counts.Txns++
@@ -135,10 +138,21 @@ func (d *Decoder) envelope(lsn pglogrepl.LSN, content []byte) Event {
 			fmt.Sprintf("is %d bytes, over the limit of %d (kafka.max_message_bytes); the dead letter cannot carry it", len(content), d.msg.limit),
 			hintMsgSize)
 	}
-	bad := func(field, text string) Event { return d.refuseMessage(ev, content, field, text, hintMsgProducer) }
 	if !utf8.Valid(content) {
-		return bad("content", "is not valid UTF-8")
+		return d.refuseMessage(ev, content, "content", "is not valid UTF-8", hintMsgProducer)
 	}
+	if ev, ok := d.scanEnvelope(lsn, content); ok {
+		return ev
+	}
+	return d.envelopeJSON(lsn, content)
+}
+
+// envelopeJSON is envelope through encoding/json, after the size and UTF-8
+// checks: it takes every envelope scanEnvelope does not accept, and words
+// the refusals.
+func (d *Decoder) envelopeJSON(lsn pglogrepl.LSN, content []byte) Event {
+	ev := Event{LSN: lsn, Source: SourceMessage}
+	bad := func(field, text string) Event { return d.refuseMessage(ev, content, field, text, hintMsgProducer) }
 	d.rd.Reset(content)
 	dec := json.NewDecoder(&d.rd)
 	tok, err := dec.Token()

@@ -84,7 +84,7 @@ func TestEventsShareSlabs(t *testing.T) { // not parallel: AllocsPerRun
 				}
 			}
 			if i == 4 {
-				msg := message(true, lsn, "outbox", `{"id": "m-1", "aggregate_type": "order", "aggregate_id": "agg-m", "event_type": "E", "payload": {"a": 1}}`)
+				msg := message(true, lsn, "outbox", `{"id": "m-1", "aggregate_type": "order", "aggregate_id": "agg-m", "event_type": "E", "payload": {"a": 1}, "headers": {"k": "v", "n": 2}}`)
 				if txn := decode(msg); txn != nil {
 					got = append(got, txn.Events...)
 				}
@@ -164,5 +164,28 @@ func TestEventsShareSlabs(t *testing.T) { // not parallel: AllocsPerRun
 	// begin and commit allocate their messages: 2 of these.
 	if allocs > 12 {
 		t.Errorf("a 100-row transaction takes %.0f allocations, want at most 12", allocs)
+	}
+
+	// The same for 100 message events.
+	msgs = msgs[:0]
+	for i := range 100 {
+		msgs = append(msgs, message(true, 0x10, "outbox", fmt.Sprintf(`{"id":"m-%d","aggregate_type":"order","aggregate_id":"agg-%d","event_type":"E","payload":%s,"headers":{"n":%d,"trace":"t-%d"}}`, i, i, payload(i%50+1), i, i)))
+	}
+	allocs = testing.AllocsPerRun(20, func() {
+		next += 0x1000
+		if _, err := d.Decode(next, begin(next, 1)); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if _, err := d.Decode(next, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if txn, err := d.Decode(next, commit(next, next+1)); err != nil || len(txn.Events) != 100 || txn.Events[99].Err != nil {
+			t.Fatalf("%v, %v", txn, err)
+		}
+	})
+	if allocs > 12 {
+		t.Errorf("a transaction of 100 message events takes %.0f allocations, want at most 12", allocs)
 	}
 }

@@ -1,8 +1,10 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
@@ -72,15 +74,48 @@ func BenchmarkHandleTxn100BatchAcks(b *testing.B) {
 	benchHandleTxn100(b, a, func() int { return a.n })
 }
 
+// BenchmarkHandleTxn100Messages is BenchmarkHandleTxn100 for the table-less
+// outbox: each transaction holds 100 logical decoding messages
+// (messages.prefix), the envelopes outbox.WriteMessage writes for the same
+// events. One op is one transaction.
+func BenchmarkHandleTxn100Messages(b *testing.B) {
+	a := &ackingPublisher{}
+	const prefix = "orders-outbox"
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(benchPayload)); err != nil {
+		b.Fatal(err)
+	}
+	events := make([][]byte, 100)
+	for i := range events {
+		id := strconv.Itoa(1000000 + i)
+		events[i] = pg.Message(true, pglogrepl.LSN(0x100*(i+1)), prefix, `{"id":"0190a1b2-c3d4-7e5f-8a6b-00000`+id+
+			`","aggregate_type":"order","aggregate_id":"ord_01HZX4K7Q9V3M2N8P5R6S7T`+id+`","event_type":"OrderPlaced","payload":`+
+			compact.String()+`,"headers":{"content_type":"application/json","tenant":"acme","trace_id":"4bf92f3577b34da6a3ce929d0e0e4736"}}`)
+	}
+	benchHandleTxn(b, a, func() int { return a.n }, prefix, events)
+}
+
 func benchHandleTxn100(b *testing.B, pub publisher, published func() int) {
-	const rows = 100
+	inserts := make([][]byte, 100)
+	for i := range inserts {
+		id := strconv.Itoa(1000000 + i)
+		inserts[i] = pg.Insert(pg.OutboxID, pg.Row(id, "order", "ord_01HZX4K7Q9V3M2N8P5R6S7T"+id, "OrderPlaced", benchPayload,
+			pg.Text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`))...)
+	}
+	benchHandleTxn(b, pub, published, "", inserts)
+}
+
+// benchHandleTxn handles transactions of inserts (the pgoutput messages of
+// its events) with messages.prefix msgPrefix.
+func benchHandleTxn(b *testing.B, pub publisher, published func() int, msgPrefix string, inserts [][]byte) {
+	rows := len(inserts)
 	tmpl, err := sink.ParseTemplate("outbox.event.{aggregate_type}")
 	if err != nil {
 		b.Fatal(err)
 	}
 	cfg := PipelineConfig{Table: "public.outbox", Template: tmpl, MaxTopics: 100,
 		Policy: record.Policy{Topic: testDLQ, MaxAttempts: 3, Backoff: time.Millisecond},
-		Limits: checkpoint.Limits{MaxEvents: 10000, MaxBytes: 64 << 20}}
+		Limits: checkpoint.Limits{MaxEvents: 10000, MaxBytes: 64 << 20}, MessagePrefix: msgPrefix}
 	p, err := NewPipeline(cfg, atLeastOnce{pub}, &fakeMarker{marked: make(chan string, 10)}, zerolog.Nop(), nil)
 	if err != nil {
 		b.Fatal(err)
@@ -89,12 +124,6 @@ func benchHandleTxn100(b *testing.B, pub publisher, published func() int) {
 	ctx := context.Background()
 	if err := p.Handle(ctx, 0x100, pg.OutboxRelation()); err != nil {
 		b.Fatal(err)
-	}
-	inserts := make([][]byte, rows)
-	for i := range inserts {
-		id := strconv.Itoa(1000000 + i)
-		inserts[i] = pg.Insert(pg.OutboxID, pg.Row(id, "order", "ord_01HZX4K7Q9V3M2N8P5R6S7T"+id, "OrderPlaced", benchPayload,
-			pg.Text(`{"tenant": "acme", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "content_type": "application/json"}`))...)
 	}
 	// Begin and Commit are rewritten in place with each transaction's LSNs:
 	// the tracker takes transactions in increasing end LSN only.
