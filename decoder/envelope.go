@@ -132,19 +132,28 @@ func (d *Decoder) messageEvent(walStart pglogrepl.LSN, xid uint32, b []byte) (tx
 
 // envelope builds the Event of a transactional message's content.
 func (d *Decoder) envelope(lsn pglogrepl.LSN, content []byte) Event {
-	ev := Event{LSN: lsn, Source: SourceMessage}
-	if d.msg.limit > 0 && len(content) > d.msg.limit {
-		return d.refuseMessage(ev, nil, "content",
-			fmt.Sprintf("is %d bytes, over the limit of %d (kafka.max_message_bytes); the dead letter cannot carry it", len(content), d.msg.limit),
-			hintMsgSize)
-	}
-	if !utf8.Valid(content) {
-		return d.refuseMessage(ev, content, "content", "is not valid UTF-8", hintMsgProducer)
+	if ev, bad := d.envelopeBounds(lsn, content); bad {
+		return ev
 	}
 	if ev, ok := d.scanEnvelope(lsn, content); ok {
 		return ev
 	}
 	return d.envelopeJSON(lsn, content)
+}
+
+// envelopeBounds refuses content over the size limit or not UTF-8: the
+// checks before either decode.
+func (d *Decoder) envelopeBounds(lsn pglogrepl.LSN, content []byte) (Event, bool) {
+	ev := Event{LSN: lsn, Source: SourceMessage}
+	if d.msg.limit > 0 && len(content) > d.msg.limit {
+		return d.refuseMessage(ev, nil, "content",
+			fmt.Sprintf("is %d bytes, over the limit of %d (kafka.max_message_bytes); the dead letter cannot carry it", len(content), d.msg.limit),
+			hintMsgSize), true
+	}
+	if !utf8.Valid(content) {
+		return d.refuseMessage(ev, content, "content", "is not valid UTF-8", hintMsgProducer), true
+	}
+	return Event{}, false
 }
 
 // envelopeJSON is envelope through encoding/json, after the size and UTF-8

@@ -1,158 +1,25 @@
 package decoder
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"reflect"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/jackc/pglogrepl"
 
 	pt "github.com/outbox-relay/outbox-relay/decoder/pgoutputtest"
 )
 
-// envelopeRef is the envelope decode before scanEnvelope (encoding/json
-// only), kept verbatim as the reference the fuzz test holds envelope to.
-// (It built the Event of a transactional message's content.)
+// envelopeRef is the envelope decode without scanEnvelope: the bounds,
+// then encoding/json alone (envelopeJSON, the decode before the scan and
+// still the one that words every refusal). The fuzz test holds envelope
+// to it.
 func (d *Decoder) envelopeRef(lsn pglogrepl.LSN, content []byte) Event {
-	ev := Event{LSN: lsn, Source: SourceMessage}
-	if d.msg.limit > 0 && len(content) > d.msg.limit {
-		return d.refuseMessage(ev, nil, "content",
-			fmt.Sprintf("is %d bytes, over the limit of %d (kafka.max_message_bytes); the dead letter cannot carry it", len(content), d.msg.limit),
-			hintMsgSize)
+	if ev, bad := d.envelopeBounds(lsn, content); bad {
+		return ev
 	}
-	bad := func(field, text string) Event { return d.refuseMessage(ev, content, field, text, hintMsgProducer) }
-	if !utf8.Valid(content) {
-		return bad("content", "is not valid UTF-8")
-	}
-	d.rd.Reset(content)
-	dec := json.NewDecoder(&d.rd)
-	tok, err := dec.Token()
-	if err != nil {
-		return bad("content", invalidJSON(err).text)
-	}
-	if tok != json.Delim('{') {
-		return bad("content", "is "+jsonKind(tok)+", not a JSON object (the envelope: id, aggregate_type, aggregate_id, event_type, payload, headers)")
-	}
-	var (
-		payload, hdrs   json.RawMessage
-		hasPay, hasHdrs bool
-		got             [4]bool // required fields read
-		id, aggID       string
-	)
-	required := [4]string{EnvelopeID, EnvelopeAggregateType, EnvelopeAggregateID, EnvelopeEventType}
-	d.msg.seen = d.msg.seen[:0]
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return bad("content", invalidJSON(err).text)
-		}
-		key, _ := tok.(string)
-		for _, k := range d.msg.seen {
-			if k == key {
-				return bad(cutKey(key), "appears twice in the envelope")
-			}
-		}
-		if len(d.msg.seen) < 64 {
-			d.msg.seen = append(d.msg.seen, key)
-		}
-		switch key {
-		case EnvelopePayload:
-			if err := dec.Decode(&payload); err != nil {
-				return bad("content", invalidJSON(err).text)
-			}
-			hasPay = true
-		case EnvelopeHeaders:
-			if err := dec.Decode(&hdrs); err != nil {
-				return bad("content", invalidJSON(err).text)
-			}
-			hasHdrs = true
-		default:
-			if err := dec.Decode(&d.raw); err != nil {
-				return bad("content", invalidJSON(err).text)
-			}
-			for i, r := range required {
-				if key != r {
-					continue
-				}
-				if d.raw[0] != '"' {
-					return bad(key, "is "+rawKind(d.raw)+", not a JSON string")
-				}
-				var s string
-				if err := json.Unmarshal(d.raw, &s); err != nil {
-					return bad(key, invalidJSON(err).text)
-				}
-				got[i] = true
-				switch i { // kept as soon as read, for a dead letter
-				case 0:
-					ev.MessageID, id = s, s
-				case 1:
-					ev.AggregateType = d.str([]byte(s))
-				case 2:
-					ev.AggregateID, aggID = s, s
-				case 3:
-					ev.EventType = d.str([]byte(s))
-				}
-			}
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return bad("content", invalidJSON(err).text)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return bad("content", "has data after the JSON object")
-	}
-	for i, ok := range got {
-		if !ok {
-			return bad(required[i], "is missing (required: id, aggregate_type, aggregate_id, event_type)")
-		}
-	}
-	if id == "" {
-		return bad(EnvelopeID, "is empty")
-	}
-	if aggID == "" {
-		// It is the Kafka key: an empty key loses per-aggregate ordering.
-		return bad(EnvelopeAggregateID, "is empty")
-	}
-	hasHeaders := hasHdrs && !bytes.Equal(hdrs, []byte("null"))
-	if hasHeaders {
-		if r := d.parseHeaders(hdrs); r != nil {
-			return bad(EnvelopeHeaders, r.text)
-		}
-		for _, h := range d.hdrs {
-			if h.refused {
-				r, reserved := headerNameReason(h.key, d.reserved, hintMsgReserved, hintMsgBadName)
-				ev = d.refuseMessage(ev, content, EnvelopeHeaders, r.text, r.hint)
-				if reserved {
-					ev.Err.ReservedHeader = h.key
-				}
-				return ev
-			}
-		}
-	}
-	if !hasPay {
-		payload = json.RawMessage("null")
-	}
-	// One allocation for the payload and all header values, as for a row.
-	var vals []byte
-	if hasHeaders {
-		vals = d.vals.Bytes()
-	}
-	buf := make([]byte, len(payload)+len(vals))
-	p := copy(buf, payload)
-	copy(buf[p:], vals)
-	ev.Payload = buf[:p:p]
-	if hasHeaders {
-		ev.Headers = make([]Header, len(d.hdrs))
-		for i, h := range d.hdrs {
-			ev.Headers[i] = Header{Key: h.key, Value: buf[p+h.start : p+h.end : p+h.end]}
-		}
-	}
-	return ev
+	return d.envelopeJSON(lsn, content)
 }
 
 // envelopeSeeds are the envelopes of the message tests, accepted and
