@@ -7,10 +7,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/outbox-relay/outbox-relay/cloudevents"
+	"github.com/outbox-relay/outbox-relay/encode"
 	"github.com/outbox-relay/outbox-relay/exactlyonce"
 	"github.com/outbox-relay/outbox-relay/record"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/retention"
+	"github.com/outbox-relay/outbox-relay/serialize"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -47,6 +50,22 @@ type Config struct {
 	// Tables lists several outbox tables instead of postgres.table and
 	// columns (file only).
 	Tables []TableConfig `yaml:"tables"`
+	// Serialization is the value format of every topic (encode.Config):
+	// json (the payload as it is), json_schema, avro or protobuf, the last
+	// three in the Schema Registry wire format; SerializationTopics
+	// overrides it per topic (file only).
+	Serialization       string                   `yaml:"serialization"`
+	SerializationTopics map[string]string        `yaml:"serialization_topics"`
+	SchemaRegistry      serialize.RegistryConfig `yaml:"schema_registry"`
+	// Envelope is none or cloudevents (CloudEvents 1.0, CloudEvents).
+	Envelope    string             `yaml:"envelope"`
+	CloudEvents cloudevents.Config `yaml:"cloudevents"`
+}
+
+// Encoding is the formats part of c, for encode.New.
+func (c Config) Encoding() encode.Config {
+	return encode.Config{Serialization: c.Serialization, Topics: c.SerializationTopics, Registry: c.SchemaRegistry,
+		Envelope: c.Envelope, CloudEvents: c.CloudEvents}
 }
 
 // Delivery modes (config delivery).
@@ -134,6 +153,10 @@ func DefaultConfig() Config {
 		MaxUnackedAge:   30 * time.Second,
 		Delivery:        AtLeastOnce,
 		ExactlyOnce:     exactlyonce.DefaultConfig(),
+		Serialization:   serialize.JSON,
+		SchemaRegistry:  serialize.DefaultRegistryConfig(),
+		Envelope:        encode.EnvelopeNone,
+		CloudEvents:     cloudevents.DefaultConfig(),
 	}
 }
 
@@ -199,6 +222,10 @@ func (c Config) Validate() error {
 	case AtLeastOnce, ExactlyOnce:
 	default:
 		errs = append(errs, fmt.Errorf("delivery: %q is not at_least_once (the default) or exactly_once (Kafka transactions; consumers must read with isolation.level=read_committed)", c.Delivery))
+	}
+	errs = append(errs, c.Encoding().Validate())
+	if c.Envelope == encode.EnvelopeCloudEvents && c.Compat == record.FormatDebezium {
+		errs = append(errs, errors.New("envelope: cloudevents cannot wrap compat: debezium records (Debezium's consumers expect its own record): use one or the other"))
 	}
 	if errs[0] == nil { // postgres.table parsed: resolve the tables and their mappings
 		if _, err := c.Outboxes(); err != nil {

@@ -62,6 +62,16 @@ type PipelineConfig struct {
 	Format string
 	// Publication is postgres.publication, named in errors.
 	Publication string
+	// Encoder writes each record in its topic's format (*encode.Stage:
+	// serialization, envelope); nil: the payload as it is.
+	Encoder Encoder
+}
+
+// Encoder writes a routed record in its topic's format (*encode.Stage). A
+// refused event comes back with its dead-letter reason; an error without
+// one is ctx's. It may block (a Schema Registry that does not answer).
+type Encoder interface {
+	Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) (reason string, err error)
 }
 
 // Pipeline is the data path between the replication stream and the sink:
@@ -94,6 +104,7 @@ type Pipeline struct {
 	// expect is what the last session's check found (Prepared): the
 	// columns of each outbox table and the WAL position then.
 	publication string
+	enc         Encoder // nil: records go out as built
 	expect      struct {
 		cols [][]string
 		at   pglogrepl.LSN
@@ -154,7 +165,7 @@ func NewPipeline(cfg PipelineConfig, out Delivery, marker RowMarker, log zerolog
 		tracker: checkpoint.New(cfg.Start, cfg.Limits),
 		log:     log.With().Str("component", "pipeline").Logger(),
 		retries: newQueue[*delivery](), marks: newQueue[rowMark](),
-		hbPrefix: cfg.HeartbeatPrefix, msgPrefix: cfg.MessagePrefix, publication: cfg.Publication, beats: newBeats(0, time.Now)}
+		hbPrefix: cfg.HeartbeatPrefix, msgPrefix: cfg.MessagePrefix, publication: cfg.Publication, enc: cfg.Encoder, beats: newBeats(0, time.Now)}
 	for _, o := range p.outboxes {
 		p.tables = append(p.tables, o.Mapping.Table.String())
 	}
@@ -247,9 +258,6 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 			return err
 		}
 	}
-	if err := p.out.Begin(ctx, txn); err != nil {
-		return err
-	}
 	var bytes int64
 	commitLSN := record.LSNText(txn.CommitLSN)
 	at := txn.CommitTime
@@ -332,7 +340,26 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 				d.letter.CutTo(due.cut)
 				d.msg.Key, d.msg.Value, d.msg.Headers = d.letter.Record(d.letter.At)
 			}
+			continue
 		}
+		if p.enc != nil {
+			// Before Begin: a wait for the Schema Registry holds no Kafka
+			// transaction open, and nothing of this transaction is registered.
+			if reason, err := p.enc.Encode(ctx, &d.msg, ev); err != nil {
+				if reason == "" {
+					return fmt.Errorf("encode %s at LSN %s for topic %s: %w", d.name(), d.lsn, d.msg.Topic, err)
+				}
+				if err := p.poisonRow(ctx, d, reason, err); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	// Begin after building the records: nothing above touches the delivery,
+	// and a wait above (the Schema Registry, a halt) holds no Kafka
+	// transaction open.
+	if err := p.out.Begin(ctx, txn); err != nil {
+		return err
 	}
 	// A Partial chunk is added with end 0: it cannot move the watermark.
 	pend, err := p.tracker.Add(ctx, txn.EndLSN, len(ds), bytes)

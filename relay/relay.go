@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/encode"
 	"github.com/outbox-relay/outbox-relay/history"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/leader"
@@ -59,8 +60,12 @@ type Relay struct {
 	// outboxes are the outbox tables read (Config.Outboxes).
 	outboxes []Outbox
 	elector  *leader.Elector // nil when leader election is disabled
-	server   *Server         // nil when metrics_addr is empty
-	dlqRows  prometheus.Gauge
+	// enc writes records in their topic's format (serialization,
+	// envelope); nil for plain JSON. Process-wide: its schema cache
+	// outlives a term.
+	enc     *encode.Stage
+	server  *Server // nil when metrics_addr is empty
+	dlqRows prometheus.Gauge
 	// heartbeats counts every term's heartbeats; process-wide.
 	heartbeats *replication.HeartbeatMetrics
 	// slotSaves counts every term's replication.SlotSaver; process-wide.
@@ -117,6 +122,9 @@ func New(cfg Config, deps Deps) (*Relay, error) {
 			return 0
 		}))
 	r.retention = retention.NewMetrics(r.base)
+	if r.enc, err = encode.New(cfg.Encoding(), r.log, r.base); err != nil {
+		return nil, err
+	}
 	if cfg.Leader.Enabled {
 		id := cfg.Leader.InstanceID
 		if id == "" {

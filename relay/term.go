@@ -14,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/checkpoint"
 	"github.com/outbox-relay/outbox-relay/deadletter"
+	"github.com/outbox-relay/outbox-relay/encode"
 	"github.com/outbox-relay/outbox-relay/exactlyonce"
 	"github.com/outbox-relay/outbox-relay/internal/pg"
 	"github.com/outbox-relay/outbox-relay/outboxschema"
@@ -37,6 +38,7 @@ type term struct {
 	lag      *replication.LagPoller
 	cleaner  *retention.Cleaner
 	gate     *standby.Gate // nil unless postgres.standby_slots
+	enc      *encode.Stage // nil for plain JSON
 	// maxUnackedAge: older unacked events make the term not ready.
 	maxUnackedAge time.Duration
 }
@@ -62,6 +64,10 @@ func (t *term) ready() (bool, string) {
 		if ok, why := t.gate.Ready(); !ok {
 			return false, why
 		}
+	}
+	if since, err := t.enc.Unavailable(); !since.IsZero() {
+		return false, fmt.Sprintf("leader: waiting %s for the schema registry (schema_registry.url): %v",
+			time.Since(since).Round(100*time.Millisecond), err)
 	}
 	// Before the connection checks: whatever holds the acks back (a silent
 	// broker, a topic sarama waits for, a row mark), the age says so.
@@ -95,13 +101,17 @@ func (t *term) fenced() bool { return t.fence != nil && !t.fence.Valid() }
 // was lost, since a fenced leader may confirm nothing.
 func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadletter.Store) error {
 	cfg := r.cfg
-	t := &term{log: r.log.With().Int64("epoch", epoch).Logger(), maxUnackedAge: cfg.MaxUnackedAge}
+	t := &term{log: r.log.With().Int64("epoch", epoch).Logger(), maxUnackedAge: cfg.MaxUnackedAge, enc: r.enc}
 	if r.elector != nil {
 		t.fence = r.elector
 	}
 	reg := prometheus.NewRegistry() // this term's metrics, served while it runs
 	var err error
 	var out Delivery
+	var enc Encoder // nil, not a nil *encode.Stage, for plain JSON
+	if r.enc != nil {
+		enc = r.enc
+	}
 	var catchingUp func(bool) // the producer's, at least once: it batches harder while the stream catches up
 	if cfg.Delivery == ExactlyOnce {
 		o := exactlyonce.Options{Slot: cfg.Postgres.Slot, MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes,
@@ -130,7 +140,7 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 		MaxTopics: cfg.Kafka.MaxTopics, Allowlist: r.allow, HeartbeatPrefix: heartbeatPrefix(cfg),
 		MessagePrefix: cfg.Messages.Prefix, Publication: cfg.Postgres.Publication,
 		Limits: checkpoint.Limits{MaxEvents: cfg.InFlight.MaxEvents, MaxBytes: cfg.InFlight.MaxBytes},
-		Policy: cfg.Policy(),
+		Policy: cfg.Policy(), Encoder: enc,
 	}, out, store, t.log, reg)
 	if err != nil {
 		return err

@@ -38,6 +38,16 @@ type Deps struct {
 	Terminal bool
 	LogEvery time.Duration // default 5s
 	PageSize int           // rows per SELECT; default 500
+	// Encoder writes each record in its topic's format, as the relay does
+	// (*encode.Stage: serialization, envelope); nil: the payload as it is.
+	Encoder Encoder
+}
+
+// Encoder writes a routed record in its topic's format (*encode.Stage): a
+// refused event comes back with its dead-letter reason, an error without
+// one is ctx's.
+type Encoder interface {
+	Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) (reason string, err error)
 }
 
 // Summary is what a replay did.
@@ -354,6 +364,12 @@ func (r *Replayer) emit(x row) error {
 		return err
 	}
 	r.read.Add(1)
+	if perr == nil && r.deps.Encoder != nil {
+		reason, perr = r.deps.Encoder.Encode(r.reading, &it.msg, &ev)
+		if perr != nil && reason == "" {
+			return fmt.Errorf("encode outbox row %s id=%d for topic %s: %w", r.table, it.id, topic, perr)
+		}
+	}
 	if perr != nil {
 		it.attempts = 1
 		if record.Decide(record.Failure{Kind: fault.Poison, Attempts: 1, Permanent: true}, r.policy) == record.Halt {

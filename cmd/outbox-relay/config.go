@@ -287,6 +287,48 @@ var keys = []key{
 		dur(func(c *Config) *time.Duration { return &c.Heartbeat.Interval })},
 	{"messages.prefix", "OUTBOX_RELAY_MESSAGES_PREFIX", "messages-prefix", "publish transactional pg_logical_emit_message messages with exactly this prefix as events (table-less outbox, PostgreSQL 14+; empty = off)",
 		str(func(c *Config) *string { return &c.Messages.Prefix })},
+	{"serialization", "OUTBOX_RELAY_SERIALIZATION", "serialization", "value format of every topic: json (the payload as it is), json_schema, avro or protobuf (Schema Registry wire format)",
+		str(func(c *Config) *string { return &c.Serialization })},
+	{"serialization_topics", "OUTBOX_RELAY_SERIALIZATION_TOPICS", "serialization-topics", "per-topic formats overriding serialization, topic=format,... (a topic or a prefix ending in *)",
+		keyValues(func(c *Config) *map[string]string { return &c.SerializationTopics })},
+	{"schema_registry.url", "OUTBOX_RELAY_SCHEMA_REGISTRY_URL", "schema-registry-url", "the Schema Registry's Confluent-compatible API (Apicurio: .../apis/ccompat/v7)",
+		str(func(c *Config) *string { return &c.SchemaRegistry.URL })},
+	{"schema_registry.username", "OUTBOX_RELAY_SCHEMA_REGISTRY_USERNAME", "schema-registry-username", "basic auth user of the Schema Registry",
+		str(func(c *Config) *string { return &c.SchemaRegistry.Username })},
+	{"schema_registry.password", "OUTBOX_RELAY_SCHEMA_REGISTRY_PASSWORD", "schema-registry-password", "basic auth password of the Schema Registry (prefer the env variable; never logged)",
+		str(func(c *Config) *string { return &c.SchemaRegistry.Password })},
+	{"schema_registry.tls.ca_file", "OUTBOX_RELAY_SCHEMA_REGISTRY_TLS_CA_FILE", "schema-registry-tls-ca-file", "PEM CA bundle the registry's certificate is checked against (empty = the system's)",
+		str(func(c *Config) *string { return &c.SchemaRegistry.TLS.CAFile })},
+	{"schema_registry.tls.cert_file", "OUTBOX_RELAY_SCHEMA_REGISTRY_TLS_CERT_FILE", "schema-registry-tls-cert-file", "PEM client certificate for the registry (mutual TLS)",
+		str(func(c *Config) *string { return &c.SchemaRegistry.TLS.CertFile })},
+	{"schema_registry.tls.key_file", "OUTBOX_RELAY_SCHEMA_REGISTRY_TLS_KEY_FILE", "schema-registry-tls-key-file", "PEM key of schema_registry.tls.cert_file",
+		str(func(c *Config) *string { return &c.SchemaRegistry.TLS.KeyFile })},
+	{"schema_registry.tls.insecure_skip_verify", "OUTBOX_RELAY_SCHEMA_REGISTRY_TLS_INSECURE_SKIP_VERIFY", "schema-registry-tls-insecure-skip-verify", "do not check the registry's certificate (tests only)",
+		boolean(func(c *Config) *bool { return &c.SchemaRegistry.TLS.InsecureSkipVerify })},
+	{"schema_registry.timeout", "OUTBOX_RELAY_SCHEMA_REGISTRY_TIMEOUT", "schema-registry-timeout", "deadline of one registry request; a registry that does not answer makes events wait, never skips them",
+		dur(func(c *Config) *time.Duration { return &c.SchemaRegistry.Timeout })},
+	{"schema_registry.subject_strategy", "OUTBOX_RELAY_SCHEMA_REGISTRY_SUBJECT_STRATEGY", "schema-registry-subject-strategy", "topic_name (<topic>-value), record_name (schema_registry.record_name) or topic_record_name (<topic>-<record name>)",
+		str(func(c *Config) *string { return &c.SchemaRegistry.SubjectStrategy })},
+	{"schema_registry.record_name", "OUTBOX_RELAY_SCHEMA_REGISTRY_RECORD_NAME", "schema-registry-record-name", "record name template of the record_name strategies: {aggregate_type} {event_type} {schema} {table} {topic}",
+		str(func(c *Config) *string { return &c.SchemaRegistry.RecordName })},
+	{"schema_registry.auto_register", "OUTBOX_RELAY_SCHEMA_REGISTRY_AUTO_REGISTER", "schema-registry-auto-register", "register the schema files of schema_registry.schemas when their subject lacks them (else only look them up)",
+		boolean(func(c *Config) *bool { return &c.SchemaRegistry.AutoRegister })},
+	{"schema_registry.schemas", "OUTBOX_RELAY_SCHEMA_REGISTRY_SCHEMAS", "schema-registry-schemas", "schema files by subject, subject=file,... (used instead of the subject's latest version)",
+		keyValues(func(c *Config) *map[string]string { return &c.SchemaRegistry.Schemas })},
+	{"schema_registry.version_header", "OUTBOX_RELAY_SCHEMA_REGISTRY_VERSION_HEADER", "schema-registry-version-header", "event header whose integer value picks the subject's version, e.g. schema_version (empty = the latest version)",
+		str(func(c *Config) *string { return &c.SchemaRegistry.VersionHeader })},
+	{"schema_registry.key", "OUTBOX_RELAY_SCHEMA_REGISTRY_KEY", "schema-registry-key", "record key format: raw (the aggregate id's bytes) or string (the registry's string schema under <topic>-key)",
+		str(func(c *Config) *string { return &c.SchemaRegistry.Key })},
+	{"schema_registry.cache_ttl", "OUTBOX_RELAY_SCHEMA_REGISTRY_CACHE_TTL", "schema-registry-cache-ttl", "how long a subject's latest version is used before it is looked up again (a failed lookup keeps the cached one)",
+		dur(func(c *Config) *time.Duration { return &c.SchemaRegistry.CacheTTL })},
+	{"envelope", "OUTBOX_RELAY_ENVELOPE", "envelope", "none, or cloudevents (CloudEvents 1.0 in the Kafka protocol binding)",
+		str(func(c *Config) *string { return &c.Envelope })},
+	{"cloudevents.mode", "OUTBOX_RELAY_CLOUDEVENTS_MODE", "cloudevents-mode", "binary (ce_* headers, the value as it is) or structured (one JSON event, application/cloudevents+json)",
+		str(func(c *Config) *string { return &c.CloudEvents.Mode })},
+	{"cloudevents.source", "OUTBOX_RELAY_CLOUDEVENTS_SOURCE", "cloudevents-source", "template of the source attribute: {schema} {table} {aggregate_type} {event_type} {topic}",
+		str(func(c *Config) *string { return &c.CloudEvents.Source })},
+	{"cloudevents.type", "OUTBOX_RELAY_CLOUDEVENTS_TYPE", "cloudevents-type", "template of the type attribute (default {event_type})",
+		str(func(c *Config) *string { return &c.CloudEvents.Type })},
 	{"retention.keep", "OUTBOX_RELAY_RETENTION_KEEP", "retention-keep", "delete delivered rows older than this (0 = keep rows for ever)",
 		dur(func(c *Config) *time.Duration { return &c.Retention.Keep })},
 	{"retention.interval", "OUTBOX_RELAY_RETENTION_INTERVAL", "retention-interval", "how often the leader deletes delivered rows older than retention.keep",
@@ -568,6 +610,10 @@ func (c Config) redacted() string {
 	if c.Kafka.SASL.OAuth.ClientSecret != "" {
 		c.Kafka.SASL.OAuth.ClientSecret = "xxxxx"
 	}
+	if c.SchemaRegistry.Password != "" {
+		c.SchemaRegistry.Password = "xxxxx"
+	}
+	c.SchemaRegistry.URL = replication.RedactURL(c.SchemaRegistry.URL)
 	b, _ := yaml.Marshal(c)
 	return string(b)
 }
