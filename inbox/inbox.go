@@ -57,15 +57,28 @@ type Message struct {
 	// EventID is the event_id header, the dedup key: a UUID for rows
 	// written since migration 0006 and for message events, the decimal
 	// row id for older rows. Compare it as text; do not parse it.
+	// A CloudEvent without that header gives its id (ce_id).
 	EventID       string
-	EventType     string // event_type header
+	EventType     string // event_type header, else the CloudEvent's type
 	AggregateType string // aggregate_type header
-	AggregateID   string // aggregate_id header (also the record key)
+	AggregateID   string // aggregate_id header (also the record key), else the CloudEvent's subject
 	// Headers holds every record header (the last value of a repeated key).
 	Headers map[string]string
 	Key     []byte
-	Payload []byte // the record value: the outbox row's payload JSON
-	Topic   string
+	// Payload is the event's data: the record value (the outbox row's
+	// payload JSON); for a structured CloudEvent its data (data_base64
+	// decoded); for a value in the Schema Registry wire format, the JSON
+	// Config.Decoder made of it, or the value as it is without one.
+	Payload []byte
+	// Value is the record value as it was read.
+	Value []byte
+	// CloudEvent is the record's CloudEvents context; nil when it is not a
+	// CloudEvent.
+	CloudEvent *CloudEvent
+	// SchemaID is the Schema Registry id of the schema Config.Decoder
+	// decoded the value with; 0 when it decoded nothing.
+	SchemaID int
+	Topic    string
 	// Partition and Offset locate the record.
 	Partition int32
 	Offset    int64
@@ -90,18 +103,12 @@ func (m *Message) SchemaVersion() (int, error) {
 	return v, nil
 }
 
-// NewMessage builds the Message of a consumed record.
+// NewMessage builds the Message of a consumed record: ParseMessage
+// without its error (a record that is no valid CloudEvent is then what
+// its headers give, with its value as Payload).
 func NewMessage(r *sarama.ConsumerMessage) *Message {
-	h := make(map[string]string, len(r.Headers))
-	for _, x := range r.Headers {
-		if x != nil {
-			h[string(x.Key)] = string(x.Value)
-		}
-	}
-	return &Message{
-		EventID: h[HeaderEventID], EventType: h[HeaderEventType], AggregateType: h[HeaderAggregateType], AggregateID: h[HeaderAggregateID],
-		Headers: h, Key: r.Key, Payload: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp,
-	}
+	m, _ := ParseMessage(r)
+	return m
 }
 
 // Handler applies one event inside tx, the transaction that also records
