@@ -27,6 +27,31 @@
 // Records of one partition are handled one at a time, in offset order, so
 // the events of one aggregate (one key, one partition) are handled in the
 // order the relay published them.
+//
+// # Record formats
+//
+// Besides the relay's plain records (the payload JSON as the value, the
+// event in headers), a Consumer reads:
+//
+//   - CloudEvents 1.0 (the relay's envelope: cloudevents, or any producer
+//     following the Kafka protocol binding). Binary mode (ce_* headers):
+//     EventID is the event_id header, else ce_id; EventType event_type,
+//     else ce_type; AggregateID aggregate_id, else ce_subject; Payload the
+//     value. Structured mode (content-type application/cloudevents+json):
+//     the JSON event is unwrapped, Payload is its data (data_base64
+//     decoded). Message.CloudEvent holds the attributes (nil for a record
+//     that is no CloudEvent). A record claiming to be one that cannot be
+//     read (not JSON, no id) never reaches the handler: like a record
+//     without event_id it goes to Config.OnGiveUp, or stops the consumer,
+//     with an error wrapping ErrBadCloudEvent naming topic/partition@offset.
+//   - The Schema Registry wire format (magic byte 0, a 4-byte schema id,
+//     the encoded data), with Config.Decoder set: Payload is the decoded
+//     JSON and Message.SchemaID the schema id; a decode error is retried
+//     like a handler error. Without a Decoder such a value reaches the
+//     handler as it is (WireSchemaID reads its id); values not in the wire
+//     format pass as they are either way.
+//
+// ParseMessage shows the mapping on one record.
 package inbox
 
 import (
