@@ -74,6 +74,12 @@ type Config struct {
 	// marked: nothing is ever skipped silently.
 	OnGiveUp func(ctx context.Context, tx pgx.Tx, m *Message, err error) error
 
+	// Decoder, when set, decodes values in the Schema Registry wire format
+	// (magic byte 0, 4-byte schema id, data) before the handler sees them:
+	// Message.Payload is then its JSON and Message.SchemaID the schema id.
+	// Other values pass as they are. Without it a wire-format value
+	// reaches the handler as it is (WireSchemaID reads its id).
+	Decoder Decoder
 	// Sarama is the Kafka client config; nil uses SaramaConfig(). Offsets
 	// are committed by sarama's auto-commit of marked offsets.
 	Sarama *sarama.Config

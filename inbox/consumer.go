@@ -221,16 +221,26 @@ func (g groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim saram
 // handle runs one record to an outcome, retrying failed attempts; an error
 // means it must not be marked (ctx ended, or a *FailedError).
 func (c *Consumer) handle(ctx context.Context, r *sarama.ConsumerMessage) error {
-	m := NewMessage(r)
+	m, perr := ParseMessage(r)
 	log := c.log.With().Str("topic", r.Topic).Int32("partition", r.Partition).Int64("offset", r.Offset).Str("event_id", m.EventID).Logger()
+	if perr != nil {
+		c.handlerErrors.Add(1)
+		log.Error().Err(perr).Msg("record is no valid CloudEvent")
+		return c.giveUp(ctx, m, perr, 1, log)
+	}
 	if m.EventID == "" {
 		c.handlerErrors.Add(1)
 		log.Error().Err(ErrNoEventID).Msg("record without event_id")
 		return c.giveUp(ctx, m, ErrNoEventID, 1, log)
 	}
+	decoded := false
 	for attempt := 1; ; attempt++ {
 		m.Attempt = attempt
-		o, err := c.apply(ctx, m)
+		var o Outcome
+		err := c.decode(ctx, m, &decoded)
+		if err == nil {
+			o, err = c.apply(ctx, m)
+		}
 		if err == nil {
 			c.done(m, o)
 			log.Debug().Str("outcome", string(o)).Msg("record handled")
@@ -250,6 +260,24 @@ func (c *Consumer) handle(ctx context.Context, r *sarama.ConsumerMessage) error 
 			return err
 		}
 	}
+}
+
+// decode replaces a wire-format payload with what Config.Decoder makes of
+// it, once; without a Decoder, or for another value, it does nothing.
+func (c *Consumer) decode(ctx context.Context, m *Message, decoded *bool) error {
+	if c.cfg.Decoder == nil || *decoded {
+		return nil
+	}
+	id, ok := WireSchemaID(m.Payload)
+	if !ok {
+		return nil
+	}
+	p, got, err := c.cfg.Decoder.Decode(ctx, m.Topic, m.Payload)
+	if err != nil {
+		return fmt.Errorf("inbox: decode record %s/%d@%d (schema id %d): %w", m.Topic, m.Partition, m.Offset, id, err)
+	}
+	m.Payload, m.SchemaID, *decoded = p, got, true
+	return nil
 }
 
 func (c *Consumer) done(m *Message, o Outcome) {

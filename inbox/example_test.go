@@ -77,3 +77,75 @@ func ExampleNew() {
 	}
 	_ = run
 }
+
+// Records written as CloudEvents (binary and structured content modes) and
+// in the Schema Registry wire format read the same way: the handler sees
+// the event's id, type, subject and data; m.CloudEvent and m.SchemaID say
+// how it came. The Consumer does this for every record (with
+// Config.Decoder for the wire format); ParseMessage shows it on one.
+func ExampleParseMessage() {
+	header := func(kv ...string) (h []*sarama.RecordHeader) {
+		for i := 0; i < len(kv); i += 2 {
+			h = append(h, &sarama.RecordHeader{Key: []byte(kv[i]), Value: []byte(kv[i+1])})
+		}
+		return h
+	}
+	binary := &sarama.ConsumerMessage{Topic: "orders", Value: []byte(`{"total_cents":1250}`), Headers: header(
+		"ce_specversion", "1.0", "ce_id", "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b", "ce_source", "/outbox-relay/public/outbox",
+		"ce_type", "order.created", "ce_subject", "ord_1", "ce_time", "2026-12-05T10:00:00Z", "content-type", "application/json",
+		"ce_tenant", "acme")}
+	structured := &sarama.ConsumerMessage{Topic: "orders", Headers: header("content-type", "application/cloudevents+json; charset=UTF-8"),
+		Value: []byte(`{"specversion":"1.0","id":"e-2","source":"/outbox-relay/public/outbox","type":"order.paid","subject":"ord_1",` +
+			`"datacontenttype":"application/json","data":{"paid":true}}`)}
+	notJSON := &sarama.ConsumerMessage{Topic: "orders", Partition: 1, Offset: 7, Headers: structured.Headers, Value: []byte(`{"id":`)}
+	for _, r := range []*sarama.ConsumerMessage{binary, structured, notJSON} {
+		m, err := inbox.ParseMessage(r)
+		if err != nil {
+			fmt.Println(err) // the Consumer hands such a record to OnGiveUp, or stops
+			continue
+		}
+		fmt.Printf("%s %s %s %s %s ext=%v\n", m.CloudEvent.Mode, m.EventID, m.EventType, m.AggregateID, m.Payload, m.CloudEvent.Extensions)
+	}
+
+	// A value in the Schema Registry wire format: magic byte 0, schema id 7.
+	wire := append([]byte{0, 0, 0, 0, 7}, `{"total_cents":1250}`...)
+	id, ok := inbox.WireSchemaID(wire)
+	fmt.Println("schema id", id, ok)
+	// Output:
+	// binary 0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b order.created ord_1 {"total_cents":1250} ext=map[tenant:acme]
+	// structured e-2 order.paid ord_1 {"paid":true} ext=map[]
+	// inbox: record orders/1@7: not a valid CloudEvent: the value is not a JSON object: unexpected end of JSON input
+	// schema id 7 true
+}
+
+// jsonDecoder stands for the serialize package's *Serializer: it turns a
+// wire-format value into JSON (here the data after the 5-byte header is
+// JSON already).
+type jsonDecoder struct{}
+
+func (jsonDecoder) Decode(_ context.Context, topic string, v []byte) ([]byte, int, error) {
+	id, ok := inbox.WireSchemaID(v)
+	if !ok {
+		return nil, 0, fmt.Errorf("topic %s: not the wire format", topic)
+	}
+	return v[5:], id, nil
+}
+
+// A consumer of a topic the relay writes with Schema Registry
+// serialisation: the handler reads JSON and the schema id.
+func ExampleConfig_decoder() {
+	cfg := inbox.DefaultConfig()
+	cfg.Brokers, cfg.GroupID, cfg.Topics = []string{"localhost:9092"}, "billing", []string{"outbox.event.order"}
+	cfg.Decoder = jsonDecoder{} // in production: the serialize package's *Serializer
+	handler := func(ctx context.Context, tx pgx.Tx, m *inbox.Message) error {
+		var order struct {
+			TotalCents int `json:"total_cents"`
+		}
+		if err := json.Unmarshal(m.Payload, &order); err != nil {
+			return fmt.Errorf("event %s (schema %d): %w", m.EventID, m.SchemaID, err)
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO charges (order_id, cents) VALUES ($1, $2)", m.AggregateID, order.TotalCents)
+		return err
+	}
+	_ = func(pool inbox.DB) (*inbox.Consumer, error) { return inbox.New(cfg, pool, handler) }
+}

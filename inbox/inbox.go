@@ -27,6 +27,31 @@
 // Records of one partition are handled one at a time, in offset order, so
 // the events of one aggregate (one key, one partition) are handled in the
 // order the relay published them.
+//
+// # Record formats
+//
+// Besides the relay's plain records (the payload JSON as the value, the
+// event in headers), a Consumer reads:
+//
+//   - CloudEvents 1.0 (the relay's envelope: cloudevents, or any producer
+//     following the Kafka protocol binding). Binary mode (ce_* headers):
+//     EventID is the event_id header, else ce_id; EventType event_type,
+//     else ce_type; AggregateID aggregate_id, else ce_subject; Payload the
+//     value. Structured mode (content-type application/cloudevents+json):
+//     the JSON event is unwrapped, Payload is its data (data_base64
+//     decoded). Message.CloudEvent holds the attributes (nil for a record
+//     that is no CloudEvent). A record claiming to be one that cannot be
+//     read (not JSON, no id) never reaches the handler: like a record
+//     without event_id it goes to Config.OnGiveUp, or stops the consumer,
+//     with an error wrapping ErrBadCloudEvent naming topic/partition@offset.
+//   - The Schema Registry wire format (magic byte 0, a 4-byte schema id,
+//     the encoded data), with Config.Decoder set: Payload is the decoded
+//     JSON and Message.SchemaID the schema id; a decode error is retried
+//     like a handler error. Without a Decoder such a value reaches the
+//     handler as it is (WireSchemaID reads its id); values not in the wire
+//     format pass as they are either way.
+//
+// ParseMessage shows the mapping on one record.
 package inbox
 
 import (
@@ -57,15 +82,28 @@ type Message struct {
 	// EventID is the event_id header, the dedup key: a UUID for rows
 	// written since migration 0006 and for message events, the decimal
 	// row id for older rows. Compare it as text; do not parse it.
+	// A CloudEvent without that header gives its id (ce_id).
 	EventID       string
-	EventType     string // event_type header
+	EventType     string // event_type header, else the CloudEvent's type
 	AggregateType string // aggregate_type header
-	AggregateID   string // aggregate_id header (also the record key)
+	AggregateID   string // aggregate_id header (also the record key), else the CloudEvent's subject
 	// Headers holds every record header (the last value of a repeated key).
 	Headers map[string]string
 	Key     []byte
-	Payload []byte // the record value: the outbox row's payload JSON
-	Topic   string
+	// Payload is the event's data: the record value (the outbox row's
+	// payload JSON); for a structured CloudEvent its data (data_base64
+	// decoded); for a value in the Schema Registry wire format, the JSON
+	// Config.Decoder made of it, or the value as it is without one.
+	Payload []byte
+	// Value is the record value as it was read.
+	Value []byte
+	// CloudEvent is the record's CloudEvents context; nil when it is not a
+	// CloudEvent.
+	CloudEvent *CloudEvent
+	// SchemaID is the Schema Registry id of the schema Config.Decoder
+	// decoded the value with; 0 when it decoded nothing.
+	SchemaID int
+	Topic    string
 	// Partition and Offset locate the record.
 	Partition int32
 	Offset    int64
@@ -90,18 +128,12 @@ func (m *Message) SchemaVersion() (int, error) {
 	return v, nil
 }
 
-// NewMessage builds the Message of a consumed record.
+// NewMessage builds the Message of a consumed record: ParseMessage
+// without its error (a record that is no valid CloudEvent is then what
+// its headers give, with its value as Payload).
 func NewMessage(r *sarama.ConsumerMessage) *Message {
-	h := make(map[string]string, len(r.Headers))
-	for _, x := range r.Headers {
-		if x != nil {
-			h[string(x.Key)] = string(x.Value)
-		}
-	}
-	return &Message{
-		EventID: h[HeaderEventID], EventType: h[HeaderEventType], AggregateType: h[HeaderAggregateType], AggregateID: h[HeaderAggregateID],
-		Headers: h, Key: r.Key, Payload: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Timestamp: r.Timestamp,
-	}
+	m, _ := ParseMessage(r)
+	return m
 }
 
 // Handler applies one event inside tx, the transaction that also records
