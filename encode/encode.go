@@ -105,7 +105,7 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("schema_registry.url: required when serialization (or serialization_topics) names json_schema, avro or protobuf: the registry's Confluent-compatible API, e.g. http://registry:8081 (Apicurio: .../apis/ccompat/v7)"))
 	}
 	// Checked even when unused: a typo is reported before it matters.
-	errs = append(errs, c.Registry.Validate("schema_registry.", c.Formats()), c.CloudEvents.Validate("cloudevents."))
+	errs = append(errs, c.Registry.Validate("schema_registry.", c.Formats()), c.CloudEvents.Validate("cloudevents"))
 	switch c.Envelope {
 	case "", EnvelopeNone:
 	case EnvelopeCloudEvents:
@@ -143,7 +143,8 @@ func validTopicPattern(t string) error {
 type Stage struct {
 	ser      *serialize.Serializer // nil: every topic is plain JSON
 	ce       bool
-	ceCfg    cloudevents.Config
+	ceMode   string
+	ceTmpl   cloudevents.Templates
 	schemaAt string // the registry's URL without credentials, for ce_dataschema
 	buf      []byte
 }
@@ -159,7 +160,14 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Stage, err
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Stage{ce: ce, ceCfg: cfg.CloudEvents}
+	s := &Stage{ce: ce, ceMode: cfg.CloudEvents.Mode}
+	if ce {
+		t, err := cfg.CloudEvents.Compile()
+		if err != nil {
+			return nil, err
+		}
+		s.ceTmpl = t
+	}
 	if cfg.usesRegistry() {
 		def := cfg.Serialization
 		if def == "" {
@@ -214,8 +222,8 @@ func (s *Stage) Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) 
 		}
 		s.buf = ev.AppendIdentity(s.buf[:0])
 		a = cloudevents.Attributes{ID: string(s.buf),
-			Source:  s.ceCfg.Render(s.ceCfg.Source, ev.Schema, ev.Table, ev.AggregateType, ev.EventType, m.Topic),
-			Type:    s.ceCfg.Render(s.ceCfg.Type, ev.Schema, ev.Table, ev.AggregateType, ev.EventType, m.Topic),
+			Source:  s.ceTmpl.Source.Render(ev.Schema, ev.Table, ev.AggregateType, ev.EventType, m.Topic),
+			Type:    s.ceTmpl.Type.Render(ev.Schema, ev.Table, ev.AggregateType, ev.EventType, m.Topic),
 			Subject: ev.AggregateID, Time: m.Timestamp, DataContentType: "application/json"}
 		if err := a.Check(); err != nil {
 			return ReasonInvalidCloudEvent, err
@@ -251,7 +259,7 @@ func (s *Stage) Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) 
 	if !s.ce {
 		return "", nil
 	}
-	if s.ceCfg.Mode == cloudevents.Structured {
+	if s.ceMode == cloudevents.Structured {
 		v, err := cloudevents.StructuredValue(nil, a, m.Value)
 		if err != nil {
 			return ReasonInvalidCloudEvent, err
@@ -259,7 +267,7 @@ func (s *Stage) Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) 
 		m.Value = v
 		h := make([]sink.Header, len(m.Headers), len(m.Headers)+1)
 		copy(h, m.Headers)
-		m.Headers = append(h, sink.Header{Key: hdrContentType, Value: ctStructured})
+		m.Headers = append(h, cloudevents.StructuredHeader())
 		return "", nil
 	}
 	// A new slice: m.Headers may end where the next record's start in a slab.
@@ -268,11 +276,6 @@ func (s *Stage) Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) 
 	m.Headers = cloudevents.AppendHeaders(h, a)
 	return "", nil
 }
-
-var (
-	hdrContentType = []byte("content-type")
-	ctStructured   = []byte(cloudevents.ContentTypeStructured)
-)
 
 // headerOf looks ev's headers up by key (the last of a repeated key).
 func headerOf(ev *decoder.Event) func(string) (string, bool) {
