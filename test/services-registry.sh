@@ -171,10 +171,10 @@ ensure_registry_java_installed() {
 
 # ----------------------------------------------------------------------------------------------- the process
 
-# is_our_registry PID: the PID is a live registry JVM of this run dir
+# is_our_registry PID: the PID is a live registry JVM of this run dir (of the main services' in a start-pg run dir)
 is_our_registry() {
   alive "${1:-}" || return 1
-  case "$(cmdline_of "$1")" in *"-Doutbox.test.registry=$RUN_DIR "*quarkus-run.jar*) return 0 ;; esac
+  case "$(cmdline_of "$1")" in *"-Doutbox.test.registry=${KAFKA_RUN_DIR:-$RUN_DIR} "*quarkus-run.jar*) return 0 ;; esac
   return 1
 }
 
@@ -330,9 +330,12 @@ cmd_registry_stop() {
 cmd_registry_start() {
   registry_require
   kafka_elsewhere registry-start && return 0
-  if is_our_registry "$REGISTRY_PID" && [ "$(registry_http_code /subjects)" = 200 ]; then
-    log "schema registry already running: pid $REGISTRY_PID"
-    return 0
+  if is_our_registry "$REGISTRY_PID"; then
+    if [ "$(registry_http_code /subjects)" = 200 ]; then
+      log "schema registry already running: pid $REGISTRY_PID"
+      return 0
+    fi
+    die "schema registry pid $REGISTRY_PID is alive but does not answer (paused? registry-resume; or registry-stop first)"
   fi
   [ -d "$REGISTRY_DIR" ] || die "registry run dir $REGISTRY_DIR is gone"
   registry_app_ok || die "Apicurio Registry missing from $REGISTRY_APP"
