@@ -16,8 +16,9 @@ lint:
 
 # Everything: lint, the alert rules (make alerts), unit tests with -race,
 # then the end-to-end suite and the short fault-injection suite against a
-# real PostgreSQL 15 and a real Kafka 4.x that test/services.sh starts and
-# stops (its cluster scenario on a three-node Kafka cluster), then the end-to-end smoke subset (delivery, SIGTERM restart,
+# real PostgreSQL 15, a real Kafka 4.x and a real Schema Registry (Apicurio,
+# Confluent API) that test/services.sh fetches (once, from Maven Central, into
+# ~/.cache/outbox-relay), starts and stops (its cluster scenario on a three-node Kafka cluster), then the end-to-end smoke subset (delivery, SIGTERM restart,
 # kill -9, broker down, idle slot advance, publication checks) on
 # PostgreSQL 14, 16, 17 and 18 (server builds from Maven Central,
 # test/pg-fetch.sh). Fails (never skips) when a service, a PostgreSQL
@@ -105,7 +106,8 @@ bench:
 bench-curves:
 	$(MAKE) bench BENCH_ARGS="-parts curves -delivery at_least_once"
 
-# Starts local PostgreSQL + Kafka, migrates, runs the relay, the sample
+# Starts local PostgreSQL + Kafka (+ the tests' Schema Registry: test/services.sh
+# start fetches and starts all three), migrates, runs the relay, the sample
 # order service (examples/orders, package outbox) and billing consumer
 # (examples/billing, package inbox), and shows service -> outbox -> relay ->
 # Kafka -> consumer, with re-published records skipped as duplicates, the

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # test/services.sh - real throwaway services for outbox-relay's integration tests and benchmarks:
 #   one PostgreSQL cluster (wal_level=logical; 15 = Debian's postgresql-15 unless OUTBOX_TEST_PG_VERSION says
-#   otherwise) and one single-node KRaft Apache Kafka broker (test/pom.xml's kafka.version unless OUTBOX_KAFKA_VERSION
-#   says otherwise), both on free 127.0.0.1 ports, in fresh temp dirs.
+#   otherwise), one single-node KRaft Apache Kafka broker (test/pom.xml's kafka.version unless OUTBOX_KAFKA_VERSION
+#   says otherwise) and one Confluent-compatible Schema Registry (Apicurio Registry, test/registry-pom.xml; in-memory
+#   storage), all on free 127.0.0.1 ports, in fresh temp dirs.
 #
 # Usage: bash test/services.sh <command>
-#   start                      install missing prerequisites, resolve the Kafka jars (once, cached outside the repo),
-#                              start both services, wait until both really serve, write the env file
-#   stop                       stop both (idempotent), remove temp dirs and the env file
-#   status                     show state; exit 0 only if both serve
+#   start                      install missing prerequisites, resolve the Kafka jars and the registry (once, cached
+#                              outside the repo), start the services, wait until each really serves, write the env file
+#   stop                       stop them all (idempotent), remove temp dirs and the env file
+#   status                     show state; exit 0 only if all serve
 #   kafka-kill                 kill -9 the broker and wait until it is gone
 #   kafka-start                start the broker again: same ports, same data dir (no re-format); wait until ready
 #   kafka-pause | kafka-resume SIGSTOP / SIGCONT the broker (stalled-broker fault tests); kafka-pause returns once
@@ -24,6 +25,10 @@
 #                              With that run dir, pg-restart acts on the extra PostgreSQL and kafka-* on the shared
 #                              broker. stop on the main run dir stops every extra PostgreSQL too.
 #   stop-pg VERSION            stop that extra PostgreSQL (idempotent)
+#   registry-stop | registry-start   stop the schema registry (its schemas are LOST: in-memory storage) / start it
+#                              again on the same port, so OUTBOX_TEST_SCHEMA_REGISTRY_URL stays valid
+#   registry-pause | registry-resume SIGSTOP / SIGCONT the registry: connections hang instead of being refused, and
+#                              the schemas are KEPT. registry-status. test/services-registry.sh, which see
 #   cluster-start | cluster-stop | cluster-status | cluster-kill N | cluster-term N | cluster-node-start N |
 #   cluster-pause N | cluster-resume N
 #                              a three-node KRaft cluster (replication factor 3, min.insync.replicas 2) beside the
@@ -37,6 +42,7 @@
 #                                                 forwarding to <X>, the port the PROXIED listener binds. A client
 #                                                 bootstrapping on <Y> then reaches the broker only through the proxy,
 #                                                 so the test can cut, blackhole or reset that path (test/chaos).
+#   OUTBOX_TEST_SCHEMA_REGISTRY_URL=http://127.0.0.1:<port>/apis/ccompat/v7   the registry's Confluent API base URL
 # Load it into a shell with:  set -a; . test/.run/env; set +a
 #
 # Knobs (all optional):
@@ -55,6 +61,7 @@
 #   OUTBOX_KAFKA_SESSION_TIMEOUT_MS  broker.session.timeout.ms; default 9000 (Kafka's). Lower = faster kafka-start
 #                              after kafka-kill, but spurious fencing when the machine is overloaded
 #   OUTBOX_TEST_TMP            parent of the temp dirs; default /tmp (must be traversable by the postgres user)
+#   OUTBOX_TEST_REGISTRY=0     no schema registry; its other knobs (version, Java, heap): test/services-registry.sh
 set -euo pipefail
 
 log() { printf '[services %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
@@ -165,12 +172,14 @@ PY
 
 # pick_ports N: N distinct free ports, printed one per line. They are taken from 20000-31999, below the
 # kernel's ephemeral range (32768+), so client sockets never grab them between a kill and a restart.
+# RESERVED_PORTS: ports already given to a service that may not listen yet (the registry starting meanwhile).
+RESERVED_PORTS=""
 pick_ports() {
   local n=$1 got=() p tries=0 q dup
   while (( ${#got[@]} < n )); do
     (( tries++ < 500 )) || die "could not find $n free loopback ports"
     p=$((20000 + (RANDOM * 32768 + RANDOM) % 12000))
-    dup=0; for q in "${got[@]}"; do [ "$q" = "$p" ] && dup=1; done
+    dup=0; for q in "${got[@]}" $RESERVED_PORTS; do [ "$q" = "$p" ] && dup=1; done
     [ "$dup" = 0 ] && port_bindable "$p" && got+=("$p")
   done
   printf '%s\n' "${got[@]}"
@@ -267,6 +276,7 @@ OUTBOX_TEST_KAFKA_LOG=$KAFKA_LOG
 OUTBOX_TEST_KAFKA_LIBS=$KAFKA_LIBS
 OUTBOX_TEST_KAFKA_VERSION=$KAFKA_VERSION
 EOF
+      registry_env_lines
     fi
   } >"$tmp"
   mv -f "$tmp" "$ENV_FILE"
@@ -324,6 +334,7 @@ load_env() { # load_env: 0 if the env file exists (variables loaded into our own
       OUTBOX_TEST_KAFKA_VERSION) KAFKA_VERSION=$v ;; # kafka-start restarts the release that was started
       OUTBOX_TEST_KAFKA_RUN_DIR) KAFKA_RUN_DIR=$v ;;
       OUTBOX_TEST_PG_BUILD) PG_BUILD=$v ;;
+      OUTBOX_TEST_SCHEMA_REGISTRY_*) registry_load_var "$k" "$v" ;;
     esac
   done <"$ENV_FILE"
   return 0
@@ -834,7 +845,10 @@ on_start_exit() {
   log "start FAILED (exit $rc): tearing down what was started"
   [ -n "$PG_LOG" ] && tail_file "$PG_LOG" 40
   [ -s "$KAFKA_LOG" ] && tail_file "$KAFKA_LOG" 60
+  [ -n "$REGISTRY_PID" ] && [ -s "$REGISTRY_LOG" ] && tail_file "$REGISTRY_LOG" 40
   [ -n "$KAFKA_PID" ] && { kill -KILL "$KAFKA_PID" 2>/dev/null || true; wait_gone 30 "$KAFKA_PID" || true; }
+  [ -n "$REGISTRY_PID" ] && { kill -KILL "$REGISTRY_PID" 2>/dev/null || true; wait_gone 30 "$REGISTRY_PID" || true; }
+  case "$REGISTRY_DIR" in */outbox-registry.*) rm -rf "$REGISTRY_DIR" ;; esac
   if [ -n "$PG_DATA" ] && [ -d "$PG_DATA" ]; then (pg_stop_server immediate) || true; fi
   [ -n "$PG_LOG" ] && [ -f "$PG_LOG" ] && cp -f "$PG_LOG" "$RUN_DIR/postgres.log" 2>/dev/null || true
   [ -n "$PG_TMP" ] && rm -rf "$PG_TMP"
@@ -847,13 +861,14 @@ on_start_exit() {
 cmd_start() {
   mkdir -p "$RUN_DIR"
   if [ -f "$ENV_FILE" ]; then
-    if (load_env && { alive "$KAFKA_PID" || alive "$(PG_DATA=$PG_DATA pg_postmaster_pid || true)"; }); then
+    if (load_env && { alive "$KAFKA_PID" || alive "$(PG_DATA=$PG_DATA pg_postmaster_pid || true)" || is_our_registry "$REGISTRY_PID"; }); then
       die "services from $ENV_FILE are still running: run '$SELF stop' first"
     fi
     log "stale $ENV_FILE found (services dead): cleaning it up"
     cmd_stop
     PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP=""
     KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
+    REGISTRY_PORT="" REGISTRY_PID="" REGISTRY_DIR=""
     KAFKA_VERSION="$KAFKA_VERSION_ASKED"
     KAFKA_LIBS="${OUTBOX_KAFKA_LIBS:-$USER_HOME/.cache/outbox-relay/kafka-$KAFKA_VERSION/libs}"
   fi
@@ -862,12 +877,14 @@ cmd_start() {
   ensure_pg_prereqs
   ensure_java_mvn
   ensure_kafka_libs
+  registry_begin # launched now, waited for after Kafka: its JVM starts while PostgreSQL and Kafka do
   pg_setup
   kafka_setup
+  registry_finish
   write_env
   START_OK=1
   trap - EXIT
-  log "both services ready in $((SECONDS - t0))s; env file: $ENV_FILE"
+  log "services ready in $((SECONDS - t0))s; env file: $ENV_FILE"
   cat "$ENV_FILE"
 }
 
@@ -899,6 +916,7 @@ cmd_stop() {
   case "$PG_TMP" in */outbox-pg.*) rm -rf "$PG_TMP" ;; esac
   if [ -z "$KAFKA_RUN_DIR" ] || [ "$KAFKA_RUN_DIR" = "$RUN_DIR" ]; then
     case "$KAFKA_DIR" in */outbox-kafka.*) rm -rf "$KAFKA_DIR" ;; esac
+    registry_teardown # the registry, like the broker, belongs to the main run dir
   fi
   rm -f "$ENV_FILE" "$LOCK_FILE"
   log "stopped"
@@ -938,8 +956,10 @@ cmd_start_extra_pg() {
     # the stale file named the shared broker: forget it, so a failed start (on_start_exit) never touches it
     PG_PORT="" PG_PASSWORD="" PG_DATA="" PG_BINDIR="" PG_LOG="" PG_PID="" PG_TMP="" KAFKA_RUN_DIR="" PG_BUILD=""
     KAFKA_PORT="" KAFKA_CONTROLLER_PORT="" KAFKA_PID="" KAFKA_DIR=""
+    REGISTRY_PORT="" REGISTRY_PID="" REGISTRY_DIR=""
   fi
-  kafka_lines="$(grep '^OUTBOX_TEST_KAFKA_' "$main_env")" || die "no OUTBOX_TEST_KAFKA_* lines in $main_env"
+  # the broker's lines and the registry's (when it runs): both belong to the main services
+  kafka_lines="$(grep -E '^OUTBOX_TEST_(KAFKA|SCHEMA_REGISTRY)_' "$main_env")" || die "no OUTBOX_TEST_KAFKA_* lines in $main_env"
   kafka_lines="$kafka_lines"$'\n'"OUTBOX_TEST_KAFKA_RUN_DIR=$(dirname "$main_env")"
   local t0=$SECONDS
   trap on_start_exit EXIT
@@ -1057,6 +1077,7 @@ cmd_status() {
   else
     echo "kafka:    DOWN pid=${KAFKA_PID:-none} brokers=127.0.0.1:$KAFKA_PORT data=$KAFKA_DIR"; ok=1
   fi
+  registry_status_line || ok=1
   echo "env file: $ENV_FILE"
   return "$ok"
 }
@@ -1064,6 +1085,9 @@ cmd_status() {
 # the three-node cluster's commands (cluster-*)
 # shellcheck source=services-cluster.sh
 . "$SCRIPT_DIR/services-cluster.sh"
+# the schema registry (registry-*)
+# shellcheck source=services-registry.sh
+. "$SCRIPT_DIR/services-registry.sh"
 
 usage() {
   sed -n '2,/^set -euo/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//' >&2
@@ -1082,6 +1106,11 @@ case "${1:-}" in
   start-pg) cmd_start_pg "${2:-}" ;;
   stop-pg) cmd_stop_pg "${2:-}" ;;
   _start-extra-pg) cmd_start_extra_pg "${2:?}" ;;
+  registry-stop) cmd_registry_stop ;;
+  registry-start) cmd_registry_start ;;
+  registry-pause) cmd_registry_signal STOP ;;
+  registry-resume) cmd_registry_signal CONT ;;
+  registry-status) cmd_registry_status ;;
   cluster-*) cluster_cmd "$@" ;;
   -h|--help|help) usage ;;
   *) usage ;;

@@ -182,12 +182,12 @@ func (d *demo) waitFlowing() {
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		k, v, _ := strings.Cut(l, "=")
-		if (k == "OUTBOX_TEST_PG_TMP" || k == "OUTBOX_TEST_KAFKA_DIR") && v != "" {
+		if (k == "OUTBOX_TEST_PG_TMP" || k == "OUTBOX_TEST_KAFKA_DIR" || k == "OUTBOX_TEST_SCHEMA_REGISTRY_DIR") && v != "" {
 			d.tmp = append(d.tmp, v)
 		}
 	}
-	if len(d.tmp) != 2 {
-		d.t.Fatalf("temp dirs in the env file: %v, want the PostgreSQL and the Kafka one", d.tmp)
+	if len(d.tmp) != 3 {
+		d.t.Fatalf("temp dirs in the env file: %v, want the PostgreSQL, the Kafka and the schema registry one", d.tmp)
 	}
 	for _, dir := range d.tmp {
 		if _, err := os.Stat(dir); err != nil {
