@@ -2,8 +2,8 @@ package serialize
 
 import (
 	"bytes"
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 

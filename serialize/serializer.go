@@ -117,8 +117,8 @@ type Serializer struct {
 	cfg      RegistryConfig
 	log      zerolog.Logger
 	m        *metrics
-	client   *sr.Client // nil without a registry URL
-	secrets  []string // never printed
+	client   *sr.Client        // nil without a registry URL
+	secrets  []string          // never printed
 	files    map[string]string // subject -> schema text
 	uses     [5]bool           // placeholders the record name template uses
 
