@@ -16,7 +16,7 @@ import (
 // /apis/ccompat/v7 (a base URL with a path, like Apicurio's) that counts
 // requests and can be told to fail.
 type fakeRegistry struct {
-	t        *testing.T
+	t        testing.TB
 	srv      *httptest.Server
 	mu       sync.Mutex
 	schemas  []schemaRec            // id-1 -> schema
@@ -37,7 +37,7 @@ type schemaRec struct {
 
 const basePath = "/apis/ccompat/v7"
 
-func newFakeRegistry(t *testing.T) *fakeRegistry {
+func newFakeRegistry(t testing.TB) *fakeRegistry {
 	f := &fakeRegistry{t: t, subjects: map[string][]int{}, requests: map[string]int{}}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)

@@ -16,7 +16,7 @@ type jsonSchemaCodec struct {
 
 // schemaURL names the registry's schema inside the compiler; references are
 // added under their own names.
-const schemaURL = "urn:outbox-relay:schema.json"
+const schemaURL = "https://outbox-relay.invalid/schema.json"
 
 // newJSONSchemaCodec compiles text; refs maps a reference name (as the
 // schema's $ref writes it) to its text. Nothing is loaded from elsewhere: a
@@ -37,7 +37,11 @@ func newJSONSchemaCodec(text string, refs map[string]string) (*jsonSchemaCodec, 
 		if err != nil {
 			return nil, fmt.Errorf("parse JSON Schema reference %q: %w", name, err)
 		}
-		if err := c.AddResource(name, refDoc); err != nil {
+		loc := name
+		if !strings.Contains(name, "://") { // relative: as the schema's $ref resolves it
+			loc = "https://outbox-relay.invalid/" + strings.TrimPrefix(name, "/")
+		}
+		if err := c.AddResource(loc, refDoc); err != nil {
 			return nil, fmt.Errorf("add JSON Schema reference %q: %w", name, err)
 		}
 	}

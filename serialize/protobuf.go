@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/bufbuild/protocompile"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -80,7 +81,8 @@ func messageIndexes(md protoreflect.MessageDescriptor) []int {
 // encode appends the message indexes and the binary message built from
 // the JSON payload (unknown fields refused) to dst.
 func (c *protoCodec) encode(dst, payload []byte) ([]byte, error) {
-	if _, err := decodeJSON(payload); err != nil { // UTF-8 and one value
+	if !utf8.Valid(payload) { // protojson checks the rest, trailing data included
+		_, err := decodeJSON(payload) // for its words and offset
 		return nil, err
 	}
 	m := dynamicpb.NewMessage(c.msg)

@@ -481,7 +481,8 @@ func (s *Serializer) resolveKey(ctx context.Context, format, topic string) (*ent
 	subject := topic + "-key"
 	text := `"string"`
 	if format == JSONSchema {
-		text = `{"type":"string"}`
+		// With $schema: Apicurio does not take {"type":"string"} for JSON Schema.
+		text = `{"$schema":"http://json-schema.org/draft-07/schema#","type":"string"}`
 	}
 	if s.client == nil {
 		return nil, fmt.Errorf("topic %s: format %s needs schema_registry.url", topic, format)
