@@ -77,6 +77,17 @@ func (f *fakeRegistry) addLocked(subject, typ, text string) int {
 	return id
 }
 
+// addRefs is add for a schema with references ({name, subject, version}).
+func (f *fakeRegistry) addRefs(subject, typ, text string, refs ...string) int {
+	id := f.add(subject, typ, text)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range refs {
+		f.schemas[id-1].References = append(f.schemas[id-1].References, json.RawMessage(r))
+	}
+	return id
+}
+
 func (f *fakeRegistry) count(key string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -147,7 +158,7 @@ func (f *fakeRegistry) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s := f.schemas[ids[v-1]-1]
-		reply(map[string]any{"subject": parts[1], "version": v, "id": ids[v-1], "schema": s.Schema, "schemaType": s.SchemaType})
+		reply(map[string]any{"subject": parts[1], "version": v, "id": ids[v-1], "schema": s.Schema, "schemaType": s.SchemaType, "references": s.References})
 	case r.Method == http.MethodPost && len(parts) == 3 && parts[0] == "subjects" && parts[2] == "versions":
 		var in schemaRec
 		_ = json.NewDecoder(r.Body).Decode(&in)

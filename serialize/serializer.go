@@ -593,6 +593,7 @@ func (s *Serializer) maybeRefresh(format string, e *entry) {
 	if s.now().UnixNano() < e.expires.Load() || !e.busy.CompareAndSwap(false, true) {
 		return
 	}
+	cachedID := e.codec.id
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -611,7 +612,7 @@ func (s *Serializer) maybeRefresh(format string, e *entry) {
 		if err != nil {
 			retry := min(s.cfg.CacheTTL, 30*time.Second)
 			e.expires.Store(s.now().Add(retry).UnixNano())
-			s.log.Warn().Str("subject", e.subject).Int("schema_id", e.codec.id).Str("error", s.clean(err.Error())).
+			s.log.Warn().Str("subject", e.subject).Int("schema_id", cachedID).Str("error", s.clean(err.Error())).
 				Dur("retry_in", retry).Msg("could not refresh the subject's latest schema; keeping the cached one")
 			return
 		}

@@ -392,6 +392,41 @@ func TestRecordNameStrategiesAndProtobufMessages(t *testing.T) {
 	}
 }
 
+// Referenced schemas are fetched from their subjects (a reference of a
+// reference too) and used: Protobuf imports, Avro named types, JSON Schema $refs.
+func TestSchemaReferences(t *testing.T) {
+	f := newFakeRegistry(t)
+	f.add("base.proto", "PROTOBUF", `syntax = "proto3"; package com.acme; message Money { int64 cents = 1; }`)
+	f.addRefs("item.proto", "PROTOBUF", `syntax = "proto3"; package com.acme; import "base.proto"; message Line { string sku = 1; Money price = 2; }`,
+		`{"name":"base.proto","subject":"base.proto","version":1}`)
+	f.addRefs("orders-value", "PROTOBUF", `syntax = "proto3"; package com.acme; import "item.proto"; message Order { repeated Line lines = 1; }`,
+		`{"name":"item.proto","subject":"item.proto","version":1}`)
+	f.add("com.acme.Money", "AVRO", `{"type":"record","name":"Money","namespace":"com.acme","fields":[{"name":"cents","type":"long"}]}`)
+	f.addRefs("carts-value", "AVRO", `{"type":"record","name":"Cart","namespace":"com.acme","fields":[{"name":"total","type":"com.acme.Money"}]}`,
+		`{"name":"com.acme.Money","subject":"com.acme.Money","version":1}`)
+	f.add("item.json", "JSON", itemJSONSchema)
+	f.addRefs("lists-value", "JSON", `{"type":"array","items":{"$ref":"item.json"}}`, `{"name":"item.json","subject":"item.json","version":1}`)
+	s := newTestSer(t, Protobuf, map[string]string{"carts": Avro, "lists": JSONSchema}, RegistryConfig{URL: f.url()})
+	ctx := context.Background()
+	out, err := s.Encode(ctx, Input{Topic: "orders", Payload: []byte(`{"lines":[{"sku":"a","price":{"cents":"150"}}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, _, err := s.Decode(ctx, "orders", out.Value); err != nil || string(j) != `{"lines":[{"sku":"a","price":{"cents":"150"}}]}` {
+		t.Fatalf("Decode = %s %v", j, err)
+	}
+	if _, err := s.Encode(ctx, Input{Topic: "carts", Payload: []byte(`{"total":{"cents":5}}`)}); err != nil {
+		t.Fatal(err)
+	}
+	var me *MismatchError
+	if _, err := s.Encode(ctx, Input{Topic: "carts", Payload: []byte(`{"total":{"cents":"5"}}`)}); !errors.As(err, &me) || me.Field != "total.cents" {
+		t.Fatalf("referenced Avro type not applied: %v", err)
+	}
+	if _, err := s.Encode(ctx, Input{Topic: "lists", Payload: []byte(`[{"sku":"a","qty":0}]`)}); !errors.As(err, &me) || !strings.Contains(err.Error(), "minimum") {
+		t.Fatalf("referenced JSON Schema not applied: %v", err)
+	}
+}
+
 func TestKeyAsString(t *testing.T) {
 	f := newFakeRegistry(t)
 	f.add("orders-value", "AVRO", itemAvsc)
