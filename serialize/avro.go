@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/big"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -246,6 +247,8 @@ func latin1(s, path string) ([]byte, error) {
 // exponents, and "1e999999999" must not allocate gigabytes.
 const maxDecimalText = 200
 
+var decimalRE = regexp.MustCompile(`^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$`)
+
 func avroDecimal(v any, prec, scale int, path string) (*big.Rat, error) {
 	var s string
 	switch x := v.(type) {
@@ -258,6 +261,11 @@ func avroDecimal(v any, prec, scale int, path string) (*big.Rat, error) {
 	}
 	if len(s) > maxDecimalText {
 		return nil, mismatchf(path, "decimal of %d characters is too long", len(s))
+	}
+	// Plain decimal notation only: big.Rat also takes "0x1p99999999" and
+	// "1/3", and would compute the former for minutes.
+	if !decimalRE.MatchString(s) {
+		return nil, mismatchf(path, "%s is not a decimal number", describe(v))
 	}
 	if i := strings.IndexAny(s, "eE"); i >= 0 {
 		e, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))

@@ -113,6 +113,8 @@ func TestAvroConvert(t *testing.T) {
 		{name: "decimal too many places", payload: withField("amount", "1.234"), err: "more than 2 decimal places", path: "amount"},
 		{name: "decimal too many digits", payload: withField("amount", "12345678.9"), err: "more than 9 digits", path: "amount"},
 		{name: "decimal hostile exponent", payload: withField("amount", `"1e999999999"`), err: "is not a decimal of precision 9", path: "amount"},
+		{name: "decimal hex float (big.Rat would expand it)", payload: withField("amount", `"0x1p999999999"`), err: "is not a decimal number", path: "amount"},
+		{name: "decimal fraction syntax", payload: withField("amount", `"1/4"`), err: "is not a decimal number", path: "amount"},
 		{name: "null field of type null", payload: withField("nothing", "1"), err: "1 is not null", path: "nothing"},
 		{name: "not an object", payload: `[1]`, err: "an array is not an object (record com.acme.Order)"},
 		{name: "not JSON", payload: `{"id":`, err: "payload is not JSON"},

@@ -58,3 +58,33 @@ func BenchmarkEncodeJSON(b *testing.B)       { benchEncode(b, JSON, "", "") }
 func BenchmarkEncodeAvro(b *testing.B)       { benchEncode(b, Avro, "AVRO", benchAvsc) }
 func BenchmarkEncodeJSONSchema(b *testing.B) { benchEncode(b, JSONSchema, "JSON", benchJSONSchema) }
 func BenchmarkEncodeProtobuf(b *testing.B)   { benchEncode(b, Protobuf, "PROTOBUF", benchProto) }
+
+// A cache hit costs no allocation beyond the codec's own work: Encode
+// allocates exactly what encoding the payload with the cached codec does.
+func TestCacheHitAllocatesNothingMore(t *testing.T) {
+	f := newFakeRegistry(t)
+	f.add("orders-value", "AVRO", benchAvsc)
+	f.add("carts-value", "JSON", benchJSONSchema)
+	f.add("stock-value", "PROTOBUF", benchProto)
+	s := newTestSer(t, JSON, map[string]string{"orders": Avro, "carts": JSONSchema, "stock": Protobuf},
+		RegistryConfig{URL: f.url(), VersionHeader: "schema_version"})
+	ctx := context.Background()
+	hdr := func(string) (string, bool) { return "", false }
+	for _, topic := range []string{"orders", "carts", "stock", "plain"} {
+		in := Input{Topic: topic, Key: []byte("k"), Payload: []byte(benchPayload), Header: hdr}
+		if _, err := s.Encode(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+		total := testing.AllocsPerRun(200, func() { _, _ = s.Encode(ctx, in) })
+		codecOnly := 0.0
+		if e := s.entries[s.keyOf(in)]; e != nil {
+			codecOnly = testing.AllocsPerRun(200, func() { _, _ = s.encodeWith(e.codec, in.Payload) })
+		}
+		if total != codecOnly {
+			t.Errorf("%s: Encode allocates %v, its codec %v: the cache hit costs %v", topic, total, codecOnly, total-codecOnly)
+		}
+	}
+	if f.total.Load() != 3 {
+		t.Fatalf("%d registry requests", f.total.Load())
+	}
+}
