@@ -80,7 +80,7 @@ func TestCacheHitAllocatesNothingMore(t *testing.T) {
 		if e := s.entries[s.keyOf(in)]; e != nil {
 			codecOnly = testing.AllocsPerRun(200, func() { _, _ = s.encodeWith(e.codec, in.Payload) })
 		}
-		if total != codecOnly {
+		if diff := total - codecOnly; diff != 0 && !(raceEnabled && diff >= -1 && diff <= 1) {
 			t.Errorf("%s: Encode allocates %v, its codec %v: the cache hit costs %v", topic, total, codecOnly, total-codecOnly)
 		}
 	}
