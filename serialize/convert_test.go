@@ -152,6 +152,12 @@ func TestProtobufConvert(t *testing.T) {
 			if _, err := tc.codec.decode(b); err != nil {
 				t.Fatalf("decode: %v", err)
 			}
+			if tc.idx[0] == 0 { // [0] written in full (count 1, index 0), as some producers do
+				long := append([]byte{2, 0}, b[1:]...)
+				if j, err := tc.codec.decode(long); err != nil || !strings.Contains(string(j), "sku") && tc.codec == first {
+					t.Fatalf("decode of the long form of [0]: %s %v", j, err)
+				}
+			}
 		})
 	}
 }
