@@ -101,11 +101,16 @@ func (c Config) Validate() error {
 		}
 		valid(fmt.Sprintf("serialization_topics[%q]", t), f)
 	}
-	if c.usesRegistry() && c.Registry.URL == "" {
-		errs = append(errs, errors.New("schema_registry.url: required when serialization (or serialization_topics) names json_schema, avro or protobuf: the registry's Confluent-compatible API, e.g. http://registry:8081 (Apicurio: .../apis/ccompat/v7)"))
-	}
 	// Checked even when unused: a typo is reported before it matters.
-	errs = append(errs, c.Registry.Validate("schema_registry.", c.Formats()), c.CloudEvents.Validate("cloudevents"))
+	// Only the valid formats: a bad one is named above, by its key.
+	var formats []string
+	for _, f := range c.Formats() {
+		switch f {
+		case serialize.JSON, serialize.JSONSchema, serialize.Avro, serialize.Protobuf:
+			formats = append(formats, f)
+		}
+	}
+	errs = append(errs, c.Registry.Validate("schema_registry.", formats), c.CloudEvents.Validate("cloudevents"))
 	switch c.Envelope {
 	case "", EnvelopeNone:
 	case EnvelopeCloudEvents:
@@ -181,6 +186,13 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Stage, err
 		s.schemaAt = strings.TrimSuffix(redactURL(cfg.Registry.URL), "/")
 	}
 	return s, nil
+}
+
+// Close stops the stage's background work (schema cache refreshes).
+func (s *Stage) Close() {
+	if s != nil && s.ser != nil {
+		s.ser.Close()
+	}
 }
 
 // Unavailable is since when the registry has not answered a lookup a

@@ -154,9 +154,10 @@ func DefaultConfig() Config {
 		Delivery:        AtLeastOnce,
 		ExactlyOnce:     exactlyonce.DefaultConfig(),
 		Serialization:   serialize.JSON,
-		SchemaRegistry:  serialize.DefaultRegistryConfig(),
-		Envelope:        encode.EnvelopeNone,
-		CloudEvents:     cloudevents.DefaultConfig(),
+		SchemaRegistry: serialize.RegistryConfig{Timeout: serialize.DefaultTimeout, SubjectStrategy: serialize.TopicName,
+			Key: serialize.KeyRaw, CacheTTL: serialize.DefaultCacheTTL},
+		Envelope:    encode.EnvelopeNone,
+		CloudEvents: cloudevents.DefaultConfig(),
 	}
 }
 

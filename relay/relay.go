@@ -182,6 +182,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	unhook := context.AfterFunc(soft, func() { time.AfterFunc(r.cfg.ShutdownTimeout, stopHard) })
 	defer unhook()
 
+	defer r.enc.Close()
 	tbl, _ := outboxschema.ParseTable(r.cfg.Postgres.Table)
 	store, err := deadletter.Open(soft, r.cfg.Postgres.URL, tbl.Schema, tbl.Name) // connects lazily
 	if err != nil {
