@@ -85,37 +85,37 @@ func (c Config) usesRegistry() bool {
 // schema_registry.*, envelope, cloudevents.*.
 func (c Config) Validate() error {
 	var errs []error
-	valid := func(key, f string) {
+	valid := func(key, f string) bool {
 		switch f {
+		case "":
+			return key == "serialization" // unset: json
 		case serialize.JSON, serialize.JSONSchema, serialize.Avro, serialize.Protobuf:
-		default:
-			errs = append(errs, fmt.Errorf("%s: %q is not json (the payload as it is, the default), json_schema, avro or protobuf", key, f))
+			return true
 		}
+		errs = append(errs, fmt.Errorf("%s: %q is not json (the payload as it is, the default), json_schema, avro or protobuf", key, f))
+		return false
 	}
-	if c.Serialization != "" {
-		valid("serialization", c.Serialization)
+	// The formats in use, bad entries left out: each is named once, by its key.
+	var formats []string
+	if valid("serialization", c.Serialization) {
+		formats = append(formats, c.Serialization)
 	}
 	for t, f := range c.Topics {
 		if err := validTopicPattern(t); err != nil {
 			errs = append(errs, fmt.Errorf("serialization_topics: %q: %w", t, err))
+			continue
 		}
-		valid(fmt.Sprintf("serialization_topics[%q]", t), f)
-	}
-	// Checked even when unused: a typo is reported before it matters.
-	// Only the valid formats: a bad one is named above, by its key.
-	var formats []string
-	for _, f := range c.Formats() {
-		switch f {
-		case serialize.JSON, serialize.JSONSchema, serialize.Avro, serialize.Protobuf:
+		if valid("serialization_topics: "+t, f) {
 			formats = append(formats, f)
 		}
 	}
+	// Checked even when unused: a typo is reported before it matters.
 	errs = append(errs, c.Registry.Validate("schema_registry.", formats), c.CloudEvents.Validate("cloudevents"))
 	switch c.Envelope {
 	case "", EnvelopeNone:
 	case EnvelopeCloudEvents:
 		if c.CloudEvents.Mode == cloudevents.Structured {
-			for _, f := range c.Formats() {
+			for _, f := range formats {
 				if f != serialize.JSON {
 					errs = append(errs, fmt.Errorf("cloudevents.mode: structured carries the payload inside a JSON event and cannot carry the %s wire format: use mode binary (the default) with serialization %s", f, f))
 					break

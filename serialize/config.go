@@ -137,7 +137,10 @@ func (c RegistryConfig) Validate(prefix string, formats []string) error {
 		bad("url", "%s is not an http(s) URL", redactURL(c.URL))
 	}
 	if c.Password != "" && c.Username == "" {
-		bad("username", "required with a password")
+		bad("password", "is set without schema_registry.username: basic auth needs both")
+	}
+	if strings.ContainsRune(c.Username, ':') || strings.ContainsFunc(c.Username, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		bad("username", "%q cannot be sent in basic auth (no ':' nor control characters)", c.Username)
 	}
 	if c.Timeout < 0 {
 		bad("timeout", "must not be negative")
@@ -179,11 +182,14 @@ func (c RegistryConfig) Validate(prefix string, formats []string) error {
 			bad("schemas", "empty subject")
 		}
 		if _, err := os.Stat(file); err != nil {
-			bad("schemas."+subject, "%v", err)
+			bad("schemas", "subject %q: %v", subject, err)
 		}
 	}
-	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
-		bad("tls", "cert_file and key_file go together")
+	switch {
+	case c.TLS.CertFile != "" && c.TLS.KeyFile == "":
+		bad("tls.cert_file", "needs %stls.key_file too (mutual TLS)", prefix)
+	case c.TLS.KeyFile != "" && c.TLS.CertFile == "":
+		bad("tls.key_file", "needs %stls.cert_file too (mutual TLS)", prefix)
 	}
 	for _, kf := range [][2]string{{"tls.ca_file", c.TLS.CAFile}, {"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}} {
 		if key, f := kf[0], kf[1]; f != "" {

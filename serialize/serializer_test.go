@@ -559,11 +559,11 @@ func TestValidate(t *testing.T) {
 		{RegistryConfig{URL: "http://r", SubjectStrategy: RecordName, RecordName: "a.{evt}"}, []string{Avro}, "unknown placeholder {evt}"},
 		{RegistryConfig{URL: "http://r", Key: KeyString}, []string{Protobuf}, "schema_registry.key: string keys are not supported with protobuf"},
 		{RegistryConfig{URL: "http://r", Key: "int"}, []string{Avro}, "schema_registry.key:"},
-		{RegistryConfig{URL: "http://r", Password: "p"}, []string{Avro}, "schema_registry.username: required with a password"},
+		{RegistryConfig{URL: "http://r", Password: "p"}, []string{Avro}, "schema_registry.password: is set without schema_registry.username"},
 		{RegistryConfig{URL: "http://r", Timeout: -1}, []string{Avro}, "schema_registry.timeout"},
 		{RegistryConfig{URL: "http://r", CacheTTL: -1}, []string{Avro}, "schema_registry.cache_ttl"},
-		{RegistryConfig{URL: "http://r", Schemas: map[string]string{"s": "/nonexistent.avsc"}}, []string{Avro}, "schema_registry.schemas.s:"},
-		{RegistryConfig{URL: "http://r", TLS: TLSConfig{CertFile: "/x"}}, []string{Avro}, "schema_registry.tls: cert_file and key_file go together"},
+		{RegistryConfig{URL: "http://r", Schemas: map[string]string{"s": "/nonexistent.avsc"}}, []string{Avro}, "schema_registry.schemas: subject \"s\""},
+		{RegistryConfig{URL: "http://r", TLS: TLSConfig{CertFile: "/x"}}, []string{Avro}, "schema_registry.tls.cert_file: needs schema_registry.tls.key_file too"},
 		{RegistryConfig{URL: "http://r", TLS: TLSConfig{CAFile: "/nonexistent.pem"}}, []string{Avro}, "schema_registry.tls.ca_file:"},
 	} {
 		err := tc.cfg.Validate("schema_registry.", tc.formats)

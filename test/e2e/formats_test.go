@@ -36,8 +36,8 @@ const paymentJSONSchema = `{"$schema":"https://json-schema.org/draft/2020-12/sch
  "required":["payment_id","cents"],"additionalProperties":false,
  "properties":{"payment_id":{"type":"string"},"cents":{"type":"integer","minimum":0}}}`
 
-// wire splits a record value in the Confluent wire format.
-func wire(t *testing.T, r record) (id int, body []byte) {
+// wireOf splits a record value in the Confluent wire format.
+func wireOf(t *testing.T, r record) (id int, body []byte) {
 	t.Helper()
 	if len(r.Value) < 5 || r.Value[0] != 0 {
 		t.Fatalf("%s/%d@%d: value %q is not in the Schema Registry wire format (magic byte 0, 4-byte id)", r.Topic, r.Partition, r.Offset, testkit.Tail(string(r.Value), 80))
@@ -97,7 +97,7 @@ func TestSchemaRegistryAvroAndJSONSchema(t *testing.T) {
 			t.Errorf("%s: record of row %d, which is not a good row (headers %v)", rec.Topic, id, rec.Headers)
 			continue
 		}
-		schemaID, body := wire(t, rec)
+		schemaID, body := wireOf(t, rec)
 		kind, text := testkit.SchemaByID(t, url, schemaID)
 		switch rec.Topic {
 		case order:
@@ -204,7 +204,7 @@ func TestSchemaRegistryDownDelaysEvents(t *testing.T) {
 		t.Fatalf("read %d records after the registry came back, want %d", len(rs), len(ids))
 	}
 	for i, rec := range rs { // one key, one partition: in commit order
-		wire(t, rec)
+		wireOf(t, rec)
 		if rec.Headers["outbox_id"] != strconv.FormatInt(ids[i], 10) {
 			t.Fatalf("record %d is row %s, want row %d: order lost", i, rec.Headers["outbox_id"], ids[i])
 		}
