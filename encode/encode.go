@@ -70,8 +70,8 @@ func (c Config) Formats() []string {
 	return f
 }
 
-// usesRegistry reports whether some topic needs the Schema Registry.
-func (c Config) usesRegistry() bool {
+// UsesRegistry reports whether some topic needs the Schema Registry.
+func (c Config) UsesRegistry() bool {
 	for _, f := range c.Formats() {
 		switch f {
 		case serialize.JSONSchema, serialize.Avro, serialize.Protobuf:
@@ -159,7 +159,7 @@ type Stage struct {
 // record that needs it.
 func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Stage, error) {
 	ce := cfg.Envelope == EnvelopeCloudEvents
-	if !cfg.usesRegistry() && !ce {
+	if !cfg.UsesRegistry() && !ce {
 		return nil, nil
 	}
 	if err := cfg.Validate(); err != nil {
@@ -173,7 +173,7 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Stage, err
 		}
 		s.ceTmpl = t
 	}
-	if cfg.usesRegistry() {
+	if cfg.UsesRegistry() {
 		def := cfg.Serialization
 		if def == "" {
 			def = serialize.JSON

@@ -50,6 +50,7 @@ func Evaluate(f Facts) Report {
 	pgChecks(f.PG, o, add)
 	headerChecks(o, f.PG.HeaderNames, add)
 	kafkaChecks(f, add)
+	registryChecks(f.Registry, o, add)
 	return Report{Outcome: report.Judge(cs), Table: o.Table.String(), Slot: o.Slot, Checks: cs}
 }
 

@@ -23,9 +23,10 @@ import (
 // error in the matching *Err field (ConnectError when the server or the
 // brokers could not be reached).
 type Facts struct {
-	Options Options `json:"-"`
-	PG      PGFacts
-	Kafka   KafkaFacts
+	Options  Options `json:"-"`
+	PG       PGFacts
+	Kafka    KafkaFacts
+	Registry RegistryFacts
 }
 
 // PGFacts is what PostgreSQL answered.
@@ -142,7 +143,9 @@ type SlotFacts struct {
 func Gather(ctx context.Context, o Options) Facts {
 	f := Facts{Options: o}
 	f.PG = gatherPG(ctx, o)
-	f.Kafka = gatherKafka(ctx, o, planRoutes(o, f.PG.Routes).names())
+	names := planRoutes(o, f.PG.Routes).names()
+	f.Kafka = gatherKafka(ctx, o, names)
+	f.Registry = gatherRegistry(ctx, o, names)
 	return f
 }
 

@@ -31,6 +31,9 @@ type Options struct {
 	Kafka             sink.Config
 	DeadLetterTopic   string
 	MessagesPrefix    string // messages.prefix; "" when off
+	// Registry is set when some topic's serialization needs the Schema
+	// Registry; nil otherwise.
+	Registry *RegistryOptions
 	// Mappings are the outbox tables read through a column mapping
 	// (compat, columns, tables; replication.Config.Mappings); nil: Table
 	// alone, the relay's own. Their column types are checked instead of the

@@ -91,6 +91,9 @@ func (c RegistryConfig) String() string {
 		redactURL(c.URL), c.Username, pw, c.SubjectStrategy, c.RecordName, c.AutoRegister, c.Key, c.Timeout, c.CacheTTL)
 }
 
+// RedactURL is u without its password: what the relay may print.
+func RedactURL(u string) string { return redactURL(u) }
+
 // redactURL drops the userinfo of u (a password may sit there).
 func redactURL(u string) string {
 	p, err := url.Parse(u)

@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/outboxschema"
 	"github.com/outbox-relay/outbox-relay/preflight"
 	"github.com/outbox-relay/outbox-relay/record"
+	"github.com/outbox-relay/outbox-relay/serialize"
 )
 
 // checkCommand is `outbox-relay check`, the preflight before `run`, with
@@ -45,6 +46,15 @@ func (a *checkArgs) run(ctx context.Context, cfg Config, stdout, stderr io.Write
 		Kafka: cfg.Kafka, DeadLetterTopic: cfg.DeadLetter.Topic, MessagesPrefix: cfg.Messages.Prefix, Mappings: cfg.Postgres.Mappings,
 		SlotFailover: cfg.Postgres.SlotFailover, StandbySlots: cfg.Postgres.StandbySlots,
 		PoisonHalts: cfg.OnPoison == "halt", ReservedHeaders: record.ReservedExtra(cfg.Compat),
+	}
+	if enc := cfg.Encoding(); enc.UsesRegistry() {
+		ser, err := serialize.New(enc.Serialization, enc.Topics, enc.Registry, zerolog.Nop(), nil) // no I/O
+		if err != nil {
+			fmt.Fprintln(stderr, "check:", err)
+			return exitConfig
+		}
+		defer ser.Close()
+		o.Registry = &preflight.RegistryOptions{Config: enc.Registry, Format: ser.Format}
 	}
 	obs, _ := cfg.Outboxes() // valid: loadConfig resolved them
 	for _, ob := range obs {

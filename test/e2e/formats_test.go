@@ -17,6 +17,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/hamba/avro/v2"
 
+	"github.com/outbox-relay/outbox-relay/preflight"
 	"github.com/outbox-relay/outbox-relay/test/testkit"
 )
 
@@ -284,5 +285,38 @@ func TestCloudEventsBinaryAndStructured(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// `outbox-relay check` asks the registry as the relay would and names each
+// topic the rows route to whose subject is missing; it fails when the
+// registry does not answer, without printing the password.
+func TestCheckSchemaRegistry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "srcheck")
+	url := testkit.SchemaRegistryURL(t)
+	order := e.Prefix + ".order"
+	e.insertRow(t, "order", "o-1", "order.placed", `{"order_id": "o-1", "amount": 1, "qty": 1}`, `{}`)
+	args := []string{"--serialization", "avro", "--schema-registry-url", url}
+	r, out := e.runCheck(t, "", args...)
+	if c := checkNamed(t, r, "schema_registry"); c.Verdict != preflight.OK {
+		t.Errorf("schema_registry: %s %s\n%s", c.Verdict, c.Value, out)
+	}
+	if c := checkNamed(t, r, "schema_registry.subjects"); c.Verdict != preflight.Warn || !strings.Contains(c.Value, order+"-value") {
+		t.Errorf("schema_registry.subjects before registering: %s %q, want warn naming %s-value", c.Verdict, c.Value, order)
+	}
+	testkit.RegisterSchema(t, url, order+"-value", "AVRO", orderAvro)
+	r, out = e.runCheck(t, "", args...)
+	if c := checkNamed(t, r, "schema_registry.subjects"); c.Verdict != preflight.OK {
+		t.Errorf("schema_registry.subjects once registered: %s %q\n%s", c.Verdict, c.Value, out)
+	}
+	// A registry nobody listens on, with credentials: a failure naming it, no password.
+	dead := "http://relay:s3cret-pw@" + freePort(t) + "/apis/ccompat/v7"
+	r, out = e.runCheck(t, "", "--serialization", "avro", "--schema-registry-url", dead)
+	if c := checkNamed(t, r, "schema_registry"); c.Verdict != preflight.Fail {
+		t.Errorf("schema_registry with nothing listening: %s %q", c.Verdict, c.Value)
+	}
+	if strings.Contains(out, "s3cret-pw") {
+		t.Errorf("check printed the registry password:\n%s", out)
 	}
 }
