@@ -192,7 +192,7 @@ func run() int {
 	relayBase := flag.String("relay-base", os.Getenv("OUTBOX_BENCH_RELAY_BASE"), "a second outbox-relay binary (before a change): drained side by side from its own slots and profiled too; the report gives new/base CPU per event")
 	baseTogether := flag.Bool("relay-base-together", os.Getenv("OUTBOX_BENCH_RELAY_BASE_TOGETHER") == "yes", "drain the base relay at the same time as the relay (each from its own slot), not in turn")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
-	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,curves"), "what to run: drain, latency, profile, first, curves (cost curves; alone: make bench-curves); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
+	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,curves,formats"), "what to run: drain, latency, profile, first, curves (cost curves; alone: make bench-curves), formats (the relay's CPU per event in each record format: JSON, Avro, JSON Schema, Protobuf, CloudEvents); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
 	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 25*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
@@ -389,6 +389,9 @@ func run() int {
 	}
 	if b.parts["binary"] && ctx.Err() == nil {
 		res.Binary = b.runBinary(ctx)
+	}
+	if b.parts["formats"] && ctx.Err() == nil {
+		res.Formats = b.runFormats(ctx)
 	}
 	if b.parts["curves"] && ctx.Err() == nil {
 		res.Curves = b.runCurves(ctx)

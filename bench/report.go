@@ -30,9 +30,10 @@ type results struct {
 	// consumers, at eosRates (nil: not measured).
 	LatencyEOS *latencyRun
 	First      *firstPublish
-	Stream     *streamResult // the "stream" part
-	Binary     *binaryResult // the "binary" part
-	Curves     *curvesResult // the "curves" part (curves.go)
+	Stream     *streamResult  // the "stream" part
+	Binary     *binaryResult  // the "binary" part
+	Formats    *formatsResult // the "formats" part
+	Curves     *curvesResult  // the "curves" part (curves.go)
 	Errors     []string
 }
 
@@ -538,6 +539,9 @@ func (r *results) markdown(asset string) string {
 		w("## 6. pgoutput binary option\n\n%s", r.Binary.markdown())
 	}
 	w("## 7. Cost curves\n\n%s", r.curvesLink(asset))
+	if r.Formats != nil {
+		w("## 8. Record formats: Schema Registry and CloudEvents\n\n%s", r.Formats.markdown())
+	}
 	return sb.String()
 }
 
