@@ -9,6 +9,7 @@
 package encode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -98,7 +99,7 @@ func (c Config) Validate() error {
 	// The formats in use, bad entries left out: each is named once, by its key.
 	var formats []string
 	if valid("serialization", c.Serialization) {
-		formats = append(formats, c.Serialization)
+		formats = append(formats, cmp.Or(c.Serialization, serialize.JSON))
 	}
 	for t, f := range c.Topics {
 		if err := validTopicPattern(t); err != nil {
