@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/encode"
 	"github.com/outbox-relay/outbox-relay/replay"
 )
 
@@ -38,7 +39,18 @@ func (a *replayArgs) run(ctx context.Context, cfg Config, _, stderr io.Writer, l
 
 // runReplay republishes the rows o selects, its progress on stderr.
 func runReplay(ctx context.Context, cfg Config, o replay.Options, stderr io.Writer, log zerolog.Logger) int {
-	r, err := replay.New(replayConfig(cfg), o, replay.Deps{Log: log, Progress: stderr, Terminal: isTerminal(stderr)})
+	deps := replay.Deps{Log: log, Progress: stderr, Terminal: isTerminal(stderr)}
+	// The records in their topic's format, as the relay writes them.
+	enc, err := encode.New(cfg.Encoding(), log, nil)
+	if err != nil {
+		fmt.Fprintln(stderr, "replay:", err)
+		return exitConfig
+	}
+	if enc != nil {
+		defer enc.Close()
+		deps.Encoder = enc
+	}
+	r, err := replay.New(replayConfig(cfg), o, deps)
 	if err != nil {
 		fmt.Fprintln(stderr, "replay:", err)
 		return exitConfig
