@@ -33,6 +33,11 @@ type results struct {
 	Stream     *streamResult // the "stream" part
 	Binary     *binaryResult // the "binary" part
 	Curves     *curvesResult // the "curves" part (curves.go)
+	// The "messages" part (messages.go): the 100/txn backlog as messages,
+	// and the latency phases with messages (nil: not run).
+	Messages   *drainShape
+	LatencyMsg *latencyRun
+	DBCost     *dbCost // the "dbcost" part (dbcost.go)
 	Errors     []string
 }
 
@@ -167,7 +172,7 @@ func (r *results) targets() []target {
 			ts = append(ts, target{name, "not measured", "n/a"})
 		}
 	}
-	return ts
+	return append(ts, r.issue40Targets()...)
 }
 
 // summaryText is the closing note printed at the end of the run.
@@ -538,6 +543,10 @@ func (r *results) markdown(asset string) string {
 		w("## 6. pgoutput binary option\n\n%s", r.Binary.markdown())
 	}
 	w("## 7. Cost curves\n\n%s", r.curvesLink(asset))
+	w("%s", r.messagesMarkdown())
+	if r.DBCost != nil {
+		w("\n%s", r.DBCost.markdown())
+	}
 	return sb.String()
 }
 
