@@ -194,7 +194,7 @@ func run() int {
 	baseTogether := flag.Bool("relay-base-together", os.Getenv("OUTBOX_BENCH_RELAY_BASE_TOGETHER") == "yes", "drain the base relay at the same time as the relay (each from its own slot), not in turn")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
 	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,messages,dbcost,curves"), "what to run: drain, latency, profile, first, messages (the table-less outbox's drain and latency beside the rows'), dbcost (the database's half of the bill), curves (cost curves; alone: make bench-curves); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
-	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 25*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
+	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 30*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
 	latMode := flag.String("lat-mode", getenv("OUTBOX_BENCH_LAT_MODE", latTurns), "latency legs: turns (each phase once per leg, each leg alone) or together (all legs at once on one load)")
@@ -489,6 +489,7 @@ func (b *bench) write(res *results, dir string, latest bool) error {
 			}
 		}
 	}
+	res.messagesFiles(files)
 	if res.Curves != nil {
 		if err := plotCurves(res.Curves, tmp("-curves.png")); err != nil {
 			errs = append(errs, fmt.Errorf("curves plot: %w", err))

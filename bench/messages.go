@@ -123,6 +123,13 @@ func (b *bench) runMessagesDrain(ctx context.Context) (*drainShape, error) {
 	sh := &drainShape{PerTxn: msgPerTxn, Events: b.sc.DrainEvents}
 	type pair struct{ rec, rel string }
 	var slots []pair
+	profSlot := "" // the profiled drain's (the profile part), not in the statistics
+	if b.parts["profile"] {
+		profSlot = b.pg.schema + "_m_prof"
+		if _, err := b.pg.createSlot(ctx, profSlot); err != nil {
+			return nil, err
+		}
+	}
 	for rep := 1; rep <= b.sc.Repeats; rep++ {
 		p := pair{fmt.Sprintf("%s_m_r%d_recv", b.pg.schema, rep), fmt.Sprintf("%s_m_r%d_relay", b.pg.schema, rep)}
 		for _, s := range []string{p.rec, p.rel} {
@@ -179,6 +186,27 @@ func (b *bench) runMessagesDrain(ctx context.Context) (*drainShape, error) {
 	for _, s := range slots { // those of skipped repeats
 		b.pg.dropSlot(ctx, s.rec)
 		b.pg.dropSlot(ctx, s.rel)
+	}
+	if profSlot != "" && ctx.Err() == nil {
+		secs := 10.0
+		if rs := sh.runs("relay"); len(rs) > 0 {
+			var xs []float64
+			for _, r := range rs {
+				xs = append(xs, r.Seconds)
+			}
+			secs = summarize(xs).Max
+		}
+		p := &profileResult{Seconds: min(15, int(math.Ceil(secs))+1), Bin: b.relayBin}
+		p.Run = b.drainRelay(ctx, b.relayBin, profSlot, end, sh.Events, fmt.Sprintf("m%dprof", msgPerTxn), p, "--messages-prefix", b.msgPrefix())
+		if p.Run.Err != "" {
+			logf("  messages profile drain FAILED: %s", p.Run.Err)
+		} else {
+			logf("  messages profile drain (--pprof, not in the statistics) %8.0f events/s, %d events in %.1fs", p.Run.EventsPerS, p.Events, p.Run.Seconds)
+		}
+		sh.Profile = p
+	}
+	if profSlot != "" {
+		b.pg.dropSlot(ctx, profSlot)
 	}
 	_, err = b.pg.pool.Exec(ctx, "CHECKPOINT")
 	return sh, err
@@ -255,7 +283,7 @@ func (r *results) issue40Targets() []target {
 
 // messagesMarkdown is the report's messages section: the drain beside the
 // rows' and the latency beside the rows'.
-func (r *results) messagesMarkdown() string {
+func (r *results) messagesMarkdown(asset string) string {
 	if r.Messages == nil && r.LatencyMsg == nil {
 		return ""
 	}
@@ -319,6 +347,9 @@ func (r *results) messagesMarkdown() string {
 			}
 			return xs
 		}, func(v float64) string { return fmt.Sprintf("%.1f", v) }))
+		if p := d.Profile; p != nil {
+			w("Profiled like the rows (section 3), one extra drain of the messages with `--pprof` (%s events/s, not in the table): [CPU](%s-pprof-cpu-messages.txt), [allocations](%s-pprof-allocs-messages.txt).\n\n", f0(p.Run.EventsPerS), asset, asset)
+		}
 		w("<details><summary>Every messages drain</summary>\n\n| repeat | tool | order | seconds | events/s | last ack s | tool CPU s | walsender CPU s | broker CPU s | records in topic | error |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, x := range d.Runs {
 			w("| %d | %s | %d | %.2f | %s | %s | %s | %s | %s | %d | %s |\n", x.Rep, x.Tool, x.Order, x.Seconds, f0(x.EventsPerS), f2(x.AckSeconds), f2(x.ToolCPU), f2(x.Walsender), f2(x.Broker), x.Records, x.Err)
@@ -326,7 +357,7 @@ func (r *results) messagesMarkdown() string {
 		w("\n</details>\n\n")
 	}
 	if l := r.LatencyMsg; l != nil {
-		w("Latency with messages: the same open-loop generator (%s transactions, one `SELECT pg_logical_emit_message(true, prefix, e) FROM unnest($envelopes)` per transaction, outbox.WriteMessage's envelope built client-side), one relay with `--messages-prefix` alone on a fresh slot per rate; the rows columns are the relay leg's lone runs of section 2. CPU per event is the relay's user+sys over the load divided by the generated events.\n\n", mixName(r.Scale.LatencyShapes))
+		w("Latency with messages: the same open-loop generator (%s events per transaction, one `SELECT pg_logical_emit_message(true, prefix, e) FROM unnest($envelopes)` per transaction, outbox.WriteMessage's envelope built client-side), one relay with `--messages-prefix` alone on a fresh slot per rate; the rows columns are the relay leg's lone runs of section 2. CPU per event is the relay's user+sys over the load divided by the generated events.\n\n", strings.TrimSuffix(mixName(r.Scale.LatencyShapes), " rows/txn"))
 		if l.Err != "" {
 			w("**Error:** %s\n\n", l.Err)
 		}
@@ -363,4 +394,21 @@ func (b *bench) messagesReserve() time.Duration {
 		d += 3 * time.Minute
 	}
 	return d
+}
+
+// messagesFiles adds the messages drain's profile summaries to a run's
+// files (main.go write), next to the rows' -pprof-cpu.txt.
+func (r *results) messagesFiles(files map[string][]byte) {
+	if r.Messages == nil || r.Messages.Profile == nil {
+		return
+	}
+	p := r.Messages.Profile
+	hdr := fmt.Sprintf("# outbox-relay %%s profile, %s, one %d-event drain of 100 messages/txn (--messages-prefix) (%s)\n# go tool pprof -top -nodecount=40%%s\n\n",
+		r.Started.UTC().Format("2006-01-02 15:04 UTC"), r.Messages.Events, r.Git)
+	if p.CPUTop != "" {
+		files["-pprof-cpu-messages.txt"] = []byte(fmt.Sprintf(hdr, "CPU", "") + p.CPUTop)
+	}
+	if p.AllocTop != "" {
+		files["-pprof-allocs-messages.txt"] = []byte(fmt.Sprintf(hdr, "allocation", " -sample_index=alloc_space") + p.AllocTop)
+	}
 }

@@ -543,7 +543,7 @@ func (r *results) markdown(asset string) string {
 		w("## 6. pgoutput binary option\n\n%s", r.Binary.markdown())
 	}
 	w("## 7. Cost curves\n\n%s", r.curvesLink(asset))
-	w("%s", r.messagesMarkdown())
+	w("%s", r.messagesMarkdown(asset))
 	if r.DBCost != nil {
 		w("\n%s", r.DBCost.markdown())
 	}
