@@ -536,6 +536,9 @@ func (d *dbCost) markdown() string {
 			rel, ws, ot, ns, hb, sv := "-", "-", "-", "-", "-", "-"
 			if c.Relay {
 				rel = f0(d.relayWALPerS(c))
+				if v := d.relayWALPerS(c); v < 0 {
+					rel = "< 0 (the load's noise)"
+				}
 				ws, ot, ns = f2(1000*c.Walsender/c.Seconds), f2(1000*c.Sessions/c.Seconds), fmt.Sprint(c.NSessions)
 				hb, sv = f2(c.Heartbeats/c.Seconds), f2(c.SlotSaves/c.Seconds)
 			}
