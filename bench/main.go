@@ -389,7 +389,7 @@ func run() int {
 			}
 		}
 	}
-	if b.parts["messages"] && (b.parts["latency"] || b.parts["latency-messages"]) && ctx.Err() == nil {
+	if b.parts["messages"] && b.parts["latency"] && ctx.Err() == nil {
 		res.LatencyMsg = b.runMessagesLatency(ctx)
 		if res.LatencyMsg.Err != "" {
 			res.Errors = append(res.Errors, "latency messages: "+res.LatencyMsg.Err)
