@@ -652,7 +652,8 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 	// topics' partitions and leaders before anything is measured.
 	warm := warmupEvents * len(topics)
 	for _, txn := range p.Shapes {
-		if _, err := b.pg.pool.Exec(ctx, "CALL "+b.pg.schema+".bench_fill(0, $1, $2, $3)", int64(warmupEvents), int32(warmupEvents), aggTypeFor(prefix, txn)); err != nil {
+		q, qargs := b.warmupFill(int64(warmupEvents), aggTypeFor(prefix, txn))
+		if _, err := b.pg.pool.Exec(ctx, q, qargs...); err != nil {
 			p.Err = "warm-up: " + err.Error()
 			return p
 		}
@@ -700,6 +701,7 @@ func (b *bench) latencyPhase(ctx context.Context, legs []*latLeg, rate int, shap
 	args := []string{"loadgen", "-pg-url", b.pg.url, "-table", b.pg.table, "-agg-prefix", prefix,
 		"-rate", itoa(rate), "-mix", joinInts(p.Shapes), "-duration", b.sc.PhaseDur.String(),
 		"-conns", itoa(b.sc.Conns), "-seed", itoa(rate)}
+	args = append(args, b.loadgenExtra()...)
 	cmd := exec.CommandContext(ctx, b.self, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -73,6 +73,7 @@ func loadgenMain(args []string) int {
 	dur := fs.Duration("duration", 30*time.Second, "how long")
 	conns := fs.Int("conns", 0, "connections per shape (0: one per 300 transactions/s, 4..32)")
 	seed := fs.Uint64("seed", 1, "random seed")
+	messages := fs.String("messages", "", "write the events as transactional logical decoding messages with this prefix (outbox.WriteMessage's envelope), not outbox rows")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -85,7 +86,7 @@ func loadgenMain(args []string) int {
 		}
 		shapes = append(shapes, n)
 	}
-	res, err := loadgen(*url, *table, *aggPrefix, *rate, shapes, *dur, *conns, *seed)
+	res, err := loadgen(*url, *table, *aggPrefix, *rate, shapes, *dur, *conns, *seed, *messages)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		return 1
@@ -128,7 +129,18 @@ type worker struct {
 	pid   int
 }
 
-func loadgen(url, table, aggPrefix string, rate int, shapes []int, dur time.Duration, connsPer int, seed uint64) (*loadResult, error) {
+// emitSQL writes a transaction's events as messages in one statement (its
+// own transaction): $1 the prefix, $2 the envelopes in order.
+const emitSQL = "SELECT count(pg_logical_emit_message(true, $1::text, e)) FROM unnest($2::text[]) AS e"
+
+// appendEnvelope is outbox.WriteMessage's envelope of one event.
+func appendEnvelope(buf []byte, rng *rand.Rand, aggType string, agg int, payload, headers string) []byte {
+	a, c := rng.Uint64(), rng.Uint64()
+	return fmt.Appendf(buf, `{"id":"%08x-%04x-4%03x-8%03x-%012x","aggregate_type":"%s","aggregate_id":"agg-%d","event_type":"order.updated","payload":%s,"headers":%s}`,
+		a>>32, (a>>16)&0xffff, a&0xfff, c>>52&0xfff, c&0xffffffffffff, aggType, agg, payload, headers)
+}
+
+func loadgen(url, table, aggPrefix string, rate int, shapes []int, dur time.Duration, connsPer int, seed uint64, msgPrefix string) (*loadResult, error) {
 	if rate <= 0 || len(shapes) == 0 {
 		return nil, fmt.Errorf("rate and shapes must be positive")
 	}
@@ -148,6 +160,9 @@ func loadgen(url, table, aggPrefix string, rate int, shapes []int, dur time.Dura
 	for i := range res.Shapes {
 		sh := &res.Shapes[i]
 		sql[sh.Txn] = insertSQL(table, sh.Txn)
+		if msgPrefix != "" {
+			sql[sh.Txn] = emitSQL
+		}
 		for c := 0; c < sh.Conns; c++ {
 			conn, err := pgx.Connect(ctx, url)
 			if err != nil {
@@ -194,6 +209,7 @@ func loadgen(url, table, aggPrefix string, rate int, shapes []int, dur time.Dura
 			interval := float64(time.Second) * float64(sh.Txn) / sh.Rate
 			rng := rand.New(rand.NewPCG(seed, uint64(wi)))
 			args := make([]any, 0, 5*sh.Txn)
+			var envs []string // messages: the transaction's envelopes
 			var myLates []float64
 			var executed, events, errs, over int
 			var firstErr string
@@ -220,12 +236,20 @@ func loadgen(url, table, aggPrefix string, rate int, shapes []int, dur time.Dura
 					firstLate = math.Min(firstLate, due.Sub(start).Seconds())
 				}
 				args = args[:0]
+				envs = envs[:0]
 				for r := 0; r < sh.Txn; r++ {
 					seq := int(seqs.Add(1))
 					agg := rng.IntN(aggregates)
 					buf = appendPayload(buf[:0], agg, seq)
-					args = append(args, sh.AggType, "agg-"+strconv.Itoa(agg), "order.updated", string(buf),
-						fmt.Sprintf(`{"trace_id":"%016x%016x","tenant_id":"acme","schema_version":"2"}`, rng.Uint64(), rng.Uint64()))
+					headers := fmt.Sprintf(`{"trace_id":"%016x%016x","tenant_id":"acme","schema_version":"2"}`, rng.Uint64(), rng.Uint64())
+					if msgPrefix != "" {
+						envs = append(envs, string(appendEnvelope(nil, rng, sh.AggType, agg, string(buf), headers)))
+						continue
+					}
+					args = append(args, sh.AggType, "agg-"+strconv.Itoa(agg), "order.updated", string(buf), headers)
+				}
+				if msgPrefix != "" {
+					args = append(args, msgPrefix, envs)
 				}
 				if _, err := w.conn.Exec(ctx, "ins", args...); err != nil {
 					errs++

@@ -127,6 +127,7 @@ type bench struct {
 	relayFlags   []string
 	relayEnv     []string // extra environment of the relay started next (a latency leg's)
 	warmedUp     bool     // the unmeasured warm-up drain ran (drain.go warmUp)
+	latMessages  bool     // the latency phases write messages (messages.go)
 	recvlogical  string
 	goBin        string
 	self         string
@@ -192,8 +193,8 @@ func run() int {
 	relayBase := flag.String("relay-base", os.Getenv("OUTBOX_BENCH_RELAY_BASE"), "a second outbox-relay binary (before a change): drained side by side from its own slots and profiled too; the report gives new/base CPU per event")
 	baseTogether := flag.Bool("relay-base-together", os.Getenv("OUTBOX_BENCH_RELAY_BASE_TOGETHER") == "yes", "drain the base relay at the same time as the relay (each from its own slot), not in turn")
 	relayFlags := flag.String("relay-flags", os.Getenv("OUTBOX_BENCH_RELAY_FLAGS"), "extra flags for every relay, space-separated")
-	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,curves,formats"), "what to run: drain, latency, profile, first, curves (cost curves; alone: make bench-curves), formats (the relay's CPU per event in each record format: JSON, Avro, JSON Schema, Protobuf, CloudEvents); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
-	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 25*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
+	partsFlag := flag.String("parts", getenv("OUTBOX_BENCH_PARTS", "drain,latency,profile,first,messages,dbcost,curves,formats"), "what to run: drain, latency, profile, first, messages (the table-less outbox's drain and latency beside the rows'), dbcost (the database's half of the bill), curves (cost curves; alone: make bench-curves), formats (the relay's CPU per event in each record format: JSON, Avro, JSON Schema, Protobuf, CloudEvents); also stream (one 200k-row transaction, streaming off/on) and binary (pgoutput binary off/on)")
+	budget := flag.Duration("budget", durEnv("OUTBOX_BENCH_BUDGET", 30*time.Minute), "time budget of the run: drain repeats that would overrun it are skipped (0: none)")
 	deliveryFlag := flag.String("delivery", getenv("OUTBOX_BENCH_DELIVERY", "at_least_once,exactly_once"), "delivery modes of the relay legs: at_least_once (always), exactly_once (drain and latency next to it)")
 	latest := flag.String("latest", getenv("OUTBOX_BENCH_LATEST", "auto"), "write latest.md and latest-*: auto (full scale only), yes, no")
 	latMode := flag.String("lat-mode", getenv("OUTBOX_BENCH_LAT_MODE", latTurns), "latency legs: turns (each phase once per leg, each leg alone) or together (all legs at once on one load)")
@@ -317,6 +318,12 @@ func run() int {
 		logf("%v", err)
 		return 1
 	}
+	if b.parts["messages"] || b.parts["dbcost"] {
+		if err := b.setupMessages(ctx); err != nil {
+			logf("%v", err)
+			return 1
+		}
+	}
 	if b.eos {
 		t0 := time.Now()
 		if err := b.kafka.warmTransactions("outbox-bench-warmup-" + runID); err != nil {
@@ -344,6 +351,7 @@ func run() int {
 		if b.parts["first"] {
 			reserve += 30 * time.Second
 		}
+		reserve += b.messagesReserve()
 		b.drainDeadline = start.Add(*budget - reserve)
 	}
 	if b.parts["drain"] {
@@ -361,6 +369,14 @@ func run() int {
 			}
 		}
 	}
+	if b.parts["messages"] && ctx.Err() == nil {
+		d, err := b.runMessagesDrain(ctx)
+		res.Messages = d
+		if err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("messages drain: %v", err))
+			logf("messages drain: %v", err)
+		}
+	}
 	if b.parts["latency"] && ctx.Err() == nil {
 		res.Latency = b.runLatency(ctx, false)
 		if res.Latency.Err != "" {
@@ -371,6 +387,18 @@ func run() int {
 			if res.LatencyEOS.Err != "" {
 				res.Errors = append(res.Errors, "latency exactly-once: "+res.LatencyEOS.Err)
 			}
+		}
+	}
+	if b.parts["messages"] && b.parts["latency"] && ctx.Err() == nil {
+		res.LatencyMsg = b.runMessagesLatency(ctx)
+		if res.LatencyMsg.Err != "" {
+			res.Errors = append(res.Errors, "latency messages: "+res.LatencyMsg.Err)
+		}
+	}
+	if b.parts["dbcost"] && ctx.Err() == nil {
+		res.DBCost = b.runDBCost(ctx)
+		if res.DBCost.Err != "" {
+			res.Errors = append(res.Errors, "dbcost: "+res.DBCost.Err)
 		}
 	}
 	if b.parts["first"] && ctx.Err() == nil {
@@ -464,6 +492,7 @@ func (b *bench) write(res *results, dir string, latest bool) error {
 			}
 		}
 	}
+	res.messagesFiles(files)
 	if res.Curves != nil {
 		if err := plotCurves(res.Curves, tmp("-curves.png")); err != nil {
 			errs = append(errs, fmt.Errorf("curves plot: %w", err))

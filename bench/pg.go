@@ -126,6 +126,12 @@ $proc$`,
 // server-side procedures (each COMMITs in its loop: no client round trip
 // per transaction). It returns the WAL insert position after the last commit.
 func (d *pgDB) fill(ctx context.Context, n, perTxn, sessions int, aggType string) (int64, error) {
+	return d.fillWith(ctx, "bench_fill", n, perTxn, sessions, aggType)
+}
+
+// fillWith is fill with another of the bench's procedures (proc(from, n,
+// per_txn, agg_type, extra...), e.g. bench_fill_msg and its prefix).
+func (d *pgDB) fillWith(ctx context.Context, proc string, n, perTxn, sessions int, aggType string, extra ...any) (int64, error) {
 	sessions = max(1, min(sessions, n/max(perTxn, 1)))
 	per := (n + sessions - 1) / sessions
 	per = (per + perTxn - 1) / perTxn * perTxn // whole transactions per session
@@ -151,7 +157,12 @@ func (d *pgDB) fill(ctx context.Context, n, perTxn, sessions int, aggType string
 				errc <- err
 				return
 			}
-			_, err = conn.Exec(ctx, "CALL "+d.schema+".bench_fill($1, $2, $3, $4)", int64(from), int64(cnt), perTxn, aggType)
+			call := "CALL " + d.schema + "." + proc + "($1, $2, $3, $4"
+			for i := range extra {
+				call += fmt.Sprintf(", $%d", i+5)
+			}
+			args := append([]any{int64(from), int64(cnt), perTxn, aggType}, extra...)
+			_, err = conn.Exec(ctx, call+")", args...)
 			conn.Exec(context.WithoutCancel(ctx), "RESET synchronous_commit")
 			errc <- err
 		}(from, cnt)

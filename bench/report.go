@@ -34,6 +34,11 @@ type results struct {
 	Binary     *binaryResult  // the "binary" part
 	Formats    *formatsResult // the "formats" part
 	Curves     *curvesResult  // the "curves" part (curves.go)
+	// The "messages" part (messages.go): the 100/txn backlog as messages,
+	// and the latency phases with messages (nil: not run).
+	Messages   *drainShape
+	LatencyMsg *latencyRun
+	DBCost     *dbCost // the "dbcost" part (dbcost.go)
 	Errors     []string
 }
 
@@ -168,7 +173,7 @@ func (r *results) targets() []target {
 			ts = append(ts, target{name, "not measured", "n/a"})
 		}
 	}
-	return ts
+	return append(ts, r.issue40Targets()...)
 }
 
 // summaryText is the closing note printed at the end of the run.
@@ -539,8 +544,12 @@ func (r *results) markdown(asset string) string {
 		w("## 6. pgoutput binary option\n\n%s", r.Binary.markdown())
 	}
 	w("## 7. Cost curves\n\n%s", r.curvesLink(asset))
+	w("%s", r.messagesMarkdown(asset))
+	if r.DBCost != nil {
+		w("\n%s", r.DBCost.markdown())
+	}
 	if r.Formats != nil {
-		w("## 8. Record formats: Schema Registry and CloudEvents\n\n%s", r.Formats.markdown())
+		w("\n## 10. Record formats: Schema Registry and CloudEvents\n\n%s", r.Formats.markdown())
 	}
 	return sb.String()
 }

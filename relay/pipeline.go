@@ -140,6 +140,11 @@ type Pipeline struct {
 	resent       atomic.Uint64
 	m            pipelineMetrics
 
+	// eventLSN: the commit LSN of the newest transaction with events
+	// (EventLSN); chunked: a chunk of the open transaction had events.
+	eventLSN atomic.Uint64
+	chunked  bool
+
 	standby standbyGate // nil unless postgres.standby_slots (standby.go)
 }
 
@@ -248,6 +253,7 @@ func (p *Pipeline) handleTxn(ctx context.Context, txn *decoder.Txn) error {
 		}
 		return nil
 	}
+	p.noteEvents(txn)
 	if p.filter.Active() {
 		if done, err := p.resumeTxn(txn); done || err != nil {
 			return err

@@ -231,3 +231,23 @@ func (p *Pipeline) Handled() uint64 { return p.handled.Load() }
 // Advanced receives (without blocking the sender) after the watermark
 // moved; one receive may stand for several moves. Any goroutine.
 func (p *Pipeline) Advanced() <-chan struct{} { return p.tracker.Advanced() }
+
+// noteEvents keeps the commit LSN of the newest transaction with events, its
+// earlier chunks' events included (a chunk's CommitLSN is its BeginLSN: only
+// the last chunk has the commit). Loop goroutine.
+func (p *Pipeline) noteEvents(txn *decoder.Txn) {
+	if txn.Partial {
+		p.chunked = p.chunked || len(txn.Events) > 0
+		return
+	}
+	if (len(txn.Events) > 0 || p.chunked) && uint64(txn.CommitLSN) > p.eventLSN.Load() {
+		p.eventLSN.Store(uint64(txn.CommitLSN)) // the newest: a rewind reads older ones again
+	}
+	p.chunked = false
+}
+
+// EventLSN is the commit LSN of the newest transaction with events handed
+// to the pipeline (0: none yet): a confirmed position at or below it may
+// still have to be kept (replication.SlotSaver); one above it covers only
+// transactions without events. Any goroutine.
+func (p *Pipeline) EventLSN() pglogrepl.LSN { return pglogrepl.LSN(p.eventLSN.Load()) }

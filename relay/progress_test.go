@@ -150,3 +150,38 @@ func TestStreamedTransactionThroughPipeline(t *testing.T) {
 		t.Fatalf("streamed transactions counted %d, want 1", c)
 	}
 }
+
+// TestEventLSN: the slot saver keeps confirmations only past transactions
+// with events; heartbeats and empty transactions move nothing.
+func TestEventLSN(t *testing.T) {
+	const prefix = "outbox-relay/outbox_relay"
+	h := newHarnessWith(t, fastPolicy, func(string, int) error { return nil }, &fakeMarker{marked: make(chan string, 10)},
+		func(c *PipelineConfig) { c.HeartbeatPrefix = prefix })
+	if got := h.p.EventLSN(); got != 0 {
+		t.Fatalf("EventLSN %s before any event, want 0", got)
+	}
+	if err := h.txn(0x100, 0x110, order("1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.p.EventLSN(); got != 0x100 {
+		t.Errorf("EventLSN %s after a transaction committed at 0/100, want 0/100", got)
+	}
+	h.waitFlushed(0x110)
+	h.p.Emitted(0x260, time.Now())
+	if err := h.p.Handle(h.ctx, 0x200, pg.Message(false, 0x200, prefix, strconv.FormatInt(time.Now().UnixNano(), 10))); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.txn(0x300, 0x310); err != nil { // a transaction without outbox rows
+		t.Fatal(err)
+	}
+	h.p.AdvanceIdle(0x400)
+	if got := h.p.EventLSN(); got != 0x100 {
+		t.Errorf("EventLSN %s after a heartbeat, an empty transaction and an idle advance, want 0/100", got)
+	}
+	if err := h.txn(0x500, 0x510, order("2", "b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.p.EventLSN(); got != 0x500 {
+		t.Errorf("EventLSN %s after a transaction committed at 0/500, want 0/500", got)
+	}
+}

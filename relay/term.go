@@ -214,8 +214,8 @@ func (r *Relay) runTerm(ctx, hard context.Context, epoch int64, store *deadlette
 	}
 	// Leader only: makes the server write the slot's confirmed position
 	// (replication.SlotSaver), so a PostgreSQL restart takes it back by
-	// about a second, not to its last write.
-	saver := replication.NewSlotSaver(cfg.Postgres, replication.SlotSaveInterval, t.stream.Confirmed, t.log, r.slotSaves)
+	// about a second of events, not to its last write; idle, nothing.
+	saver := replication.NewSlotSaver(cfg.Postgres, replication.SlotSaveInterval, t.stream.Confirmed, t.pipe.EventLSN, t.log, r.slotSaves)
 	g.Go(func() error { return saver.Run(after) })
 	if t.cleaner != nil {
 		g.Go(func() error { return t.cleaner.Run(after) })

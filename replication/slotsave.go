@@ -56,6 +56,7 @@ type SlotSaver struct {
 	url       string
 	interval  time.Duration
 	confirmed func() pglogrepl.LSN
+	events    func() pglogrepl.LSN
 	log       zerolog.Logger
 	m         *SlotSaveMetrics
 }
@@ -76,20 +77,26 @@ func NewSlotSaveMetrics(reg prometheus.Registerer) *SlotSaveMetrics {
 }
 
 // NewSlotSaver allocates; it does not connect. confirmed returns the flush
-// position of the relay's last status update (Stream.Confirmed); Run calls
-// it from its goroutine every tick, so it must not block. m may be nil
-// (unregistered counters). Any goroutine; does not block.
-func NewSlotSaver(cfg Config, interval time.Duration, confirmed func() pglogrepl.LSN, log zerolog.Logger, m *SlotSaveMetrics) *SlotSaver {
+// position of the relay's last status update (Stream.Confirmed); events the
+// commit LSN of the newest transaction with events the relay read (nil:
+// any confirmation counts). Run calls both from its goroutine every tick,
+// so they must not block. m may be nil (unregistered counters). Any
+// goroutine; does not block.
+func NewSlotSaver(cfg Config, interval time.Duration, confirmed, events func() pglogrepl.LSN, log zerolog.Logger, m *SlotSaveMetrics) *SlotSaver {
 	if m == nil {
 		m = NewSlotSaveMetrics(nil)
 	}
-	return &SlotSaver{url: cfg.URL, interval: interval, confirmed: confirmed, m: m,
+	return &SlotSaver{url: cfg.URL, interval: interval, confirmed: confirmed, events: events, m: m,
 		log: log.With().Str("component", "slot-save").Logger()}
 }
 
 // Run logs a running-transactions record at most every interval, whenever
-// the confirmed position moved since the last one, until ctx ends; it
-// returns nil. It blocks; call it once, from the term's goroutine for it.
+// the confirmed position moved since the last one and a transaction with
+// events came after that one, until ctx ends; it returns nil. Without
+// events the slot going back after a restart republishes nothing, and a
+// record a second would keep itself going: the relay confirms past it (the
+// idle slot advance) and so moves the confirmed position again. It blocks;
+// call it once, from the term's goroutine for it.
 func (s *SlotSaver) Run(ctx context.Context) error {
 	var (
 		last, next pglogrepl.LSN
@@ -105,6 +112,9 @@ func (s *SlotSaver) Run(ctx context.Context) error {
 			next = s.confirmed()
 			if next == 0 || next <= last || time.Since(tried) < s.interval {
 				return false // nothing new to keep, or too soon
+			}
+			if s.events != nil && s.events() <= last {
+				return false // only transactions without events since the last record
 			}
 			tried = time.Now()
 			return true
