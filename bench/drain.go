@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -319,35 +318,7 @@ func (b *bench) brokerCPU() float64 {
 
 // drainRecvlogical runs pg_recvlogical from the slot to the end LSN.
 func (b *bench) drainRecvlogical(ctx context.Context, slot string, end int64, events int) drainRun {
-	r := drainRun{Tool: "pg_recvlogical", Slot: slot, Walsender: math.NaN(), ToolCPU: math.NaN(), Broker: math.NaN()}
-	logPath := filepath.Join(b.runDir, "pg_recvlogical-"+slot+".log")
-	lf, err := os.Create(logPath)
-	if err != nil {
-		r.Err = err.Error()
-		return r
-	}
-	defer lf.Close()
-	cmd := exec.CommandContext(ctx, b.recvlogical, "-d", b.pg.url, "--slot", slot, "--start",
-		"-f", "/dev/null", "--endpos", fmtLSN(end), "--no-loop",
-		"--option=proto_version=1", "--option=publication_names="+b.pg.pub)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	m, err := b.runRecvlogical(ctx, cmd, slot, b.drainTimeout(events))
-	if err != nil {
-		r.Err = err.Error()
-		return r
-	}
-	r.Seconds, r.Walsender, r.ToolCPU = m.seconds, m.walsender, m.toolCPU
-	if waitErr := m.waitErr; waitErr != nil {
-		b2, _ := os.ReadFile(logPath)
-		r.Err = fmt.Sprintf("pg_recvlogical: %v %s", waitErr, strings.TrimSpace(string(b2)))
-		return r
-	}
-	// --endpos exits 0 once it got there; check the slot agrees.
-	if c, _, err := b.pg.slotState(ctx, slot); err == nil && c < end {
-		logf("  note: pg_recvlogical exited with the slot confirmed at %s < end %s", fmtLSN(c), fmtLSN(end))
-	}
-	r.EventsPerS = float64(events) / r.Seconds
-	return r
+	return b.recvlogicalDrain(ctx, slot, b.pg.pub, end, events)
 }
 
 // recvlogicalRun is what runRecvlogical measured of one pg_recvlogical run.

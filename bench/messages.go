@@ -111,6 +111,10 @@ func (b *bench) recvlogicalDrain(ctx context.Context, slot, pub string, end int6
 		r.Err = fmt.Sprintf("pg_recvlogical: %v %s", m.waitErr, strings.TrimSpace(string(out)))
 		return r
 	}
+	// --endpos exits 0 once it got there; check the slot agrees.
+	if c, _, err := b.pg.slotState(ctx, slot); err == nil && c < end {
+		logf("  note: pg_recvlogical exited with the slot confirmed at %s < end %s", fmtLSN(c), fmtLSN(end))
+	}
 	r.EventsPerS = float64(events) / r.Seconds
 	return r
 }
