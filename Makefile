@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/outbox-relay
 PKGS    := ./...
 
-.PHONY: build test unit e2e chaos lint demo demo-test services-up services-down clean bench alerts matrix matrix-kafka compat bench-peer bench-curves
+.PHONY: build test unit e2e chaos formats lint demo demo-test services-up services-down clean bench alerts matrix matrix-kafka compat bench-peer bench-curves
 
 build:
 	$(GO) build -o $(BIN) ./cmd/outbox-relay
@@ -13,6 +13,7 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags e2e ./test/...
+	$(GO) vet -tags 'e2e formats' ./test/e2e/
 
 # Everything: lint, the alert rules (make alerts), unit tests with -race,
 # then the end-to-end suite and the short fault-injection suite against a
@@ -52,6 +53,18 @@ matrix-kafka: build
 # on any duplicate or partial PostgreSQL transaction visible.
 chaos: build
 	bash test/run-chaos.sh
+
+# The long suite of the Schema Registry formats and CloudEvents (issue 39,
+# docs/testing.md "make formats"): Protobuf under the record_name strategy,
+# schema_version headers picking versions, keys in the wire format, schema
+# files auto-registered (and refused without), exactly-once with Avro,
+# replay, the inbox decoding, the registry stopped for 20 s and restarted
+# empty, CloudEvents of message events; every record read by an
+# independent decoder with the schema fetched by id. On its own PostgreSQL,
+# Kafka and registry (test/run-formats.sh); `make test` runs the short
+# subset (test/e2e/formats_test.go). About 2 minutes.
+formats: build
+	bash test/run-formats.sh
 
 # The alert rules alone: promtool check rules deploy/alerts.yaml and the
 # promtool unit tests in test/alerts/ (promtool from Debian's prometheus

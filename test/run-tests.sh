@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # run-tests.sh: what `make test` runs. Checks the alert rules, runs the unit
-# tests, starts ONE PostgreSQL (15) and ONE Kafka, runs the end-to-end suite
-# and the short fault-injection (chaos) suite (each scenario in one delivery
+# tests, starts ONE PostgreSQL (15), ONE Kafka and ONE Schema Registry, runs
+# the end-to-end suite, the serialize package's real-registry test
+# (TestE2ERealRegistry) and the short fault-injection (chaos) suite (each
+# scenario in one delivery
 # mode, at_least_once or exactly_once, relay_kill9 and the three-node Kafka
 # cluster scenario in both: docs/chaos.md), then the end-to-end smoke
 # subset on PostgreSQL 14, 16, 17 and 18 in turn against the same Kafka
@@ -24,6 +26,12 @@ start_services
 echo "== end-to-end tests (real PostgreSQL, real Kafka, real consumer)"
 if ! run_suite e2e "$PROGRESS" -timeout 20m -parallel 4 ./test/e2e/; then
   echo "end-to-end tests failed (full log: $OUTBOX_TEST_RUN_DIR/e2e.log)"
+  exit 1
+fi
+
+echo "== serialize against the real Schema Registry (TestE2ERealRegistry: every format registered, encoded, read back)"
+if ! run_suite serialize-registry "$PROGRESS" -run TestE2ERealRegistry ./serialize/; then
+  echo "serialize real-registry test failed (full log: $OUTBOX_TEST_RUN_DIR/serialize-registry.log)"
   exit 1
 fi
 
