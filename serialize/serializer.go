@@ -77,6 +77,7 @@ func contentType(format string) string {
 // codec is one compiled schema. Immutable; shared by Encode and Decode.
 type codec struct {
 	id     int
+	text   string // the schema text the registry gave for id
 	format string
 	avro   *avroCodec
 	js     *jsonSchemaCodec
@@ -106,6 +107,7 @@ type entry struct {
 	busy     atomic.Bool  // a refresh is running
 	next     atomic.Pointer[codec]
 	recordNm string // protobuf message for record name strategies
+	gen      int64  // s.reset when resolved
 }
 
 // Serializer encodes events for Kafka. Encode from one goroutine only;
@@ -123,7 +125,10 @@ type Serializer struct {
 	uses     [5]bool           // placeholders the record name template uses
 
 	entries map[subjectKey]*entry // Encode goroutine only
-	codecs  sync.Map              // codecKey -> *codec
+	// reset counts schema ids seen naming another schema than before (a
+	// registry that lost its storage): entries of an older count resolve again.
+	reset  atomic.Int64
+	codecs sync.Map // codecKey -> *codec
 
 	mu        sync.Mutex
 	downSince time.Time
@@ -288,6 +293,9 @@ func (s *Serializer) Encode(ctx context.Context, in Input) (Output, error) {
 		}
 	}
 	e := s.entries[k]
+	if e != nil && e.gen != s.reset.Load() {
+		e = nil
+	}
 	if e == nil {
 		var err error
 		if e, err = s.resolve(ctx, format, k, in); err != nil {
@@ -305,6 +313,9 @@ func (s *Serializer) Encode(ctx context.Context, in Input) (Output, error) {
 	out.Value = v
 	if s.cfg.Key == KeyString {
 		ke := s.entries[subjectKey{topic: in.Topic, key: true}]
+		if ke != nil && ke.gen != s.reset.Load() {
+			ke = nil
+		}
 		if ke == nil {
 			if ke, err = s.resolveKey(ctx, format, in.Topic); err != nil {
 				return Output{}, s.mismatch(format, err)
@@ -409,7 +420,7 @@ func schemaType(format string) sr.SchemaType {
 // compiles it; waits while the registry is unavailable.
 func (s *Serializer) resolve(ctx context.Context, format string, k subjectKey, in Input) (*entry, error) {
 	subject := s.subjectOf(in)
-	e := &entry{subject: subject}
+	e := &entry{subject: subject, gen: s.reset.Load()}
 	if s.cfg.SubjectStrategy != TopicName {
 		name := s.recordName(in)
 		if name == "" || strings.HasSuffix(name, ".") || strings.HasPrefix(name, ".") {
@@ -479,6 +490,7 @@ func (s *Serializer) byContent(ctx context.Context, subject string, sch sr.Schem
 
 func (s *Serializer) resolveKey(ctx context.Context, format, topic string) (*entry, error) {
 	subject := topic + "-key"
+	gen := s.reset.Load()
 	text := `"string"`
 	if format == JSONSchema {
 		// With $schema: Apicurio does not take {"type":"string"} for JSON Schema.
@@ -499,7 +511,7 @@ func (s *Serializer) resolveKey(ctx context.Context, format, topic string) (*ent
 		}
 		return nil, err
 	}
-	return &entry{subject: subject, codec: c}, nil
+	return &entry{subject: subject, codec: c, gen: gen}, nil
 }
 
 type caller func(ctx context.Context, subject string, fn func(context.Context) error) error
@@ -508,14 +520,15 @@ type caller func(ctx context.Context, subject string, fn func(context.Context) e
 // fetched through call.
 func (s *Serializer) codecFor(ctx context.Context, format string, id int, sch sr.Schema, message string, call caller) (*codec, error) {
 	key := codecKey{id: id, message: message}
-	if c, ok := s.codecs.Load(key); ok {
-		return c.(*codec), nil
+	old, ok := s.codecs.Load(key)
+	if ok && (sch.Schema == "" || old.(*codec).text == sch.Schema) {
+		return old.(*codec), nil
 	}
 	refs, order, err := s.references(ctx, sch.References, call, 0)
 	if err != nil {
 		return nil, err
 	}
-	c := &codec{id: id}
+	c := &codec{id: id, text: sch.Schema}
 	switch sch.Type {
 	case sr.TypeAvro:
 		c.format = Avro
@@ -534,6 +547,12 @@ func (s *Serializer) codecFor(ctx context.Context, format string, id int, sch sr
 	}
 	if err != nil {
 		return nil, &MismatchError{SchemaID: id, Err: err}
+	}
+	if ok {
+		s.codecs.Store(key, c)
+		s.reset.Add(1)
+		s.log.Error().Int("schema_id", id).Msg("the registry gives this schema id for another schema than before: it lost its storage? resolving every subject again")
+		return c, nil
 	}
 	got, _ := s.codecs.LoadOrStore(key, c)
 	return got.(*codec), nil

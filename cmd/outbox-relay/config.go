@@ -371,6 +371,7 @@ var keys = []key{
 var boolKeys = map[string]bool{
 	"postgres.create_publication": true, "postgres.slot_failover": true, "kafka.auto_create_topics": true, "kafka.tls.enabled": true, "kafka.tls.insecure_skip_verify": true,
 	"leader.enabled": true, "pprof": true, "retention.archive": true,
+	"schema_registry.auto_register": true, "schema_registry.tls.insecure_skip_verify": true,
 }
 
 // flagVal is one configuration flag as given on the command line.
