@@ -261,18 +261,8 @@ func (b *bench) runDrain(ctx context.Context, perTxn int) (*drainShape, error) {
 		repDur = time.Since(repStart)
 	}
 	if profile {
-		secs := 10.0
-		if rs := sh.runs("relay"); len(rs) > 0 {
-			var xs []float64
-			for _, r := range rs {
-				xs = append(xs, r.Seconds)
-			}
-			secs = summarize(xs).Max
-		}
-		// Profile the whole drain, or its first 15 s when the relay is slow
-		// (the run has a time budget).
 		profileOne := func(bin, slot, tag, what string) *profileResult {
-			p := &profileResult{Seconds: min(15, int(math.Ceil(secs))+1), Bin: bin}
+			p := &profileResult{Seconds: sh.profileSeconds(), Bin: bin}
 			r := b.drainRelay(ctx, bin, slot, end, sh.Events, tag, p)
 			p.Run = r
 			if r.Err != "" {
@@ -314,6 +304,21 @@ func (b *bench) brokerCPU() float64 {
 		return math.NaN()
 	}
 	return c.Seconds()
+}
+
+// profileSeconds is how long a profiled drain of s runs: the whole drain
+// (the slowest relay repeat's, 10 s if none), or its first 15 s when the
+// relay is slow (the run has a time budget).
+func (s *drainShape) profileSeconds() int {
+	secs := 10.0
+	if rs := s.runs("relay"); len(rs) > 0 {
+		var xs []float64
+		for _, r := range rs {
+			xs = append(xs, r.Seconds)
+		}
+		secs = summarize(xs).Max
+	}
+	return min(15, int(math.Ceil(secs))+1)
 }
 
 // drainRecvlogical runs pg_recvlogical from the slot to the end LSN.

@@ -192,15 +192,7 @@ func (b *bench) runMessagesDrain(ctx context.Context) (*drainShape, error) {
 		b.pg.dropSlot(ctx, s.rel)
 	}
 	if profSlot != "" && ctx.Err() == nil {
-		secs := 10.0
-		if rs := sh.runs("relay"); len(rs) > 0 {
-			var xs []float64
-			for _, r := range rs {
-				xs = append(xs, r.Seconds)
-			}
-			secs = summarize(xs).Max
-		}
-		p := &profileResult{Seconds: min(15, int(math.Ceil(secs))+1), Bin: b.relayBin}
+		p := &profileResult{Seconds: sh.profileSeconds(), Bin: b.relayBin}
 		p.Run = b.drainRelay(ctx, b.relayBin, profSlot, end, sh.Events, fmt.Sprintf("m%dprof", msgPerTxn), p, "--messages-prefix", b.msgPrefix())
 		if p.Run.Err != "" {
 			logf("  messages profile drain FAILED: %s", p.Run.Err)

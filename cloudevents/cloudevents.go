@@ -96,7 +96,7 @@ func (a Attributes) Check() error {
 		if err := checkMediaType(a.DataContentType); err != nil {
 			return fmt.Errorf("cloudevents: datacontenttype %q is not a media type (RFC 2046): %s", clip(a.DataContentType), err)
 		}
-		if isCloudEventsFormat(a.DataContentType) {
+		if IsCloudEventsFormat(a.DataContentType) {
 			return fmt.Errorf("cloudevents: datacontenttype %q is a CloudEvents format: a reader would take the record for a structured event", clip(a.DataContentType))
 		}
 	}
@@ -266,7 +266,8 @@ func isToken(s string) bool {
 
 // mediaType is s's type/subtype, lower case (allocates only when s has
 // upper case letters).
-func mediaType(s string) string {
+// MediaType is a content type's type/subtype, lower case, parameters cut.
+func MediaType(s string) string {
 	if i := strings.IndexByte(s, ';'); i >= 0 {
 		s = s[:i]
 	}
@@ -282,7 +283,7 @@ func mediaType(s string) string {
 // IsJSON reports whether a content type is JSON: application/json or any
 // type with the +json suffix (parameters ignored, case-insensitive).
 func IsJSON(contentType string) bool {
-	mt := mediaType(contentType)
+	mt := MediaType(contentType)
 	return mt == "application/json" || strings.HasSuffix(mt, "+json")
 }
 
@@ -295,14 +296,16 @@ func inlineJSON(contentType string) bool {
 	return contentType == "application/json" || contentType == "text/json"
 }
 
-func isCloudEventsFormat(contentType string) bool {
-	return strings.HasPrefix(mediaType(contentType), "application/cloudevents")
+// IsCloudEventsFormat reports whether contentType is one of CloudEvents'
+// own formats (application/cloudevents...), structured JSON or another.
+func IsCloudEventsFormat(contentType string) bool {
+	return strings.HasPrefix(MediaType(contentType), "application/cloudevents")
 }
 
 // IsStructured reports whether a record's content-type header says it is
 // a structured-mode CloudEvent in the JSON format.
 func IsStructured(contentType string) bool {
-	return mediaType(contentType) == "application/cloudevents+json"
+	return MediaType(contentType) == "application/cloudevents+json"
 }
 
 var (

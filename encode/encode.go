@@ -153,6 +153,10 @@ type Stage struct {
 	ceTmpl   cloudevents.Templates
 	schemaAt string // the registry's URL without credentials, for ce_dataschema
 	buf      []byte
+	// cur is the event being encoded, for header: one func for every
+	// event, not a closure allocated per event.
+	cur    *decoder.Event
+	header func(string) (string, bool)
 }
 
 // New returns the stage of cfg, or nil when there is nothing to do (plain
@@ -167,6 +171,7 @@ func New(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*Stage, err
 		return nil, err
 	}
 	s := &Stage{ce: ce, ceMode: cfg.CloudEvents.Mode}
+	s.header = s.headerOf
 	if ce {
 		t, err := cfg.CloudEvents.Compile()
 		if err != nil {
@@ -245,8 +250,10 @@ func (s *Stage) Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) 
 	if s.ser != nil && m.Value != nil { // a null value (a tombstone) stays null
 		if f := s.ser.Format(m.Topic); f != serialize.JSON {
 			in := serialize.Input{Topic: m.Topic, Key: m.Key, Payload: m.Value, AggregateType: ev.AggregateType,
-				EventType: ev.EventType, Schema: ev.Schema, Table: ev.Table, Header: headerOf(ev)}
+				EventType: ev.EventType, Schema: ev.Schema, Table: ev.Table, Header: s.header}
+			s.cur = ev
 			out, err := s.ser.Encode(ctx, in)
+			s.cur = nil // the event's memory is recycled after its transaction
 			if err != nil {
 				if ctx.Err() != nil {
 					return "", err
@@ -290,14 +297,14 @@ func (s *Stage) Encode(ctx context.Context, m *sink.Message, ev *decoder.Event) 
 	return "", nil
 }
 
-// headerOf looks ev's headers up by key (the last of a repeated key).
-func headerOf(ev *decoder.Event) func(string) (string, bool) {
-	return func(key string) (string, bool) {
-		for i := len(ev.Headers) - 1; i >= 0; i-- {
-			if ev.Headers[i].Key == key {
-				return string(ev.Headers[i].Value), ev.Headers[i].Value != nil
-			}
+// headerOf looks the headers of the event being encoded up by key (the
+// last of a repeated key).
+func (s *Stage) headerOf(key string) (string, bool) {
+	hs := s.cur.Headers
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].Key == key {
+			return string(hs[i].Value), hs[i].Value != nil
 		}
-		return "", false
 	}
+	return "", false
 }

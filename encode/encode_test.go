@@ -24,7 +24,9 @@ func registry(t *testing.T) string {
 		w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
 		switch r.URL.Path {
 		case "/subjects/orders-value/versions/latest":
-			w.Write([]byte(`{"subject":"orders-value","version":1,"id":7,"schema":"{\"type\":\"record\",\"name\":\"O\",\"fields\":[{\"name\":\"n\",\"type\":\"int\"}]}"}`))
+			w.Write([]byte(`{"subject":"orders-value","version":2,"id":7,"schema":"{\"type\":\"record\",\"name\":\"O\",\"fields\":[{\"name\":\"n\",\"type\":\"int\"}]}"}`))
+		case "/subjects/orders-value/versions/1":
+			w.Write([]byte(`{"subject":"orders-value","version":1,"id":9,"schema":"{\"type\":\"record\",\"name\":\"O1\",\"fields\":[{\"name\":\"n\",\"type\":\"long\"}]}"}`))
 		default:
 			w.WriteHeader(404)
 			w.Write([]byte(`{"error_code":40401,"message":"Subject not found."}`))
@@ -93,6 +95,14 @@ func TestEncode(t *testing.T) {
 					h["ce_source"] != "/outbox-relay/public/outbox" || h["content-type"] != "application/avro" ||
 					h["ce_dataschema"] != url+"/schemas/ids/7" || h["ce_time"] != "2026-12-05T10:00:00.123Z" || h["event_id"] == "" {
 					t.Errorf("headers %v", h)
+				}
+			}},
+		{name: "the event's version header picks the subject's version", topic: "orders", payload: `{"n": 5}`,
+			cfg:  Config{Serialization: serialize.Avro, Registry: serialize.RegistryConfig{URL: url, VersionHeader: "schema_version"}},
+			hdrs: []decoder.Header{{Key: "schema_version", Value: []byte("1")}},
+			check: func(t *testing.T, m *sink.Message) {
+				if len(m.Value) < 5 || binary.BigEndian.Uint32(m.Value[1:5]) != 9 {
+					t.Errorf("value % x, want schema id 9 (version 1), not the latest's 7", m.Value)
 				}
 			}},
 		{name: "a payload that does not fit", topic: "orders", payload: `{"n": "five"}`, cfg: avroCE, reason: ReasonSchemaMismatch},

@@ -629,8 +629,9 @@ func (e *Delivery) Begin(ctx context.Context, txn *decoder.Txn) error {
 		e.startCommitLocked()
 	}
 	// Counted in the batch at its first record (or its End): should the
-	// pipeline stop before publishing any (a halt while building its
-	// records), the transactions before it still commit.
+	// pipeline stop before publishing any (its session ending between
+	// Begin and the first Publish), the transactions before it still
+	// commit. The pipeline builds and encodes the records before Begin.
 	e.next = nextPG{n: n, bytes: bytes, set: true}
 	return nil
 }

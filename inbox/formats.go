@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/cloudevents"
 )
 
 // CloudEvent is the CloudEvents 1.0 context of a record written as a
@@ -91,9 +93,9 @@ func ParseMessage(r *sarama.ConsumerMessage) (*Message, error) {
 		k := string(x.Key)
 		h[k] = string(x.Value)
 		switch strings.ToLower(k) {
-		case "content-type":
+		case cloudevents.HeaderContentType:
 			contentType = h[k]
-		case "ce_specversion":
+		case cloudevents.HeaderSpecVersion:
 			specVersion = h[k]
 		}
 	}
@@ -104,10 +106,10 @@ func ParseMessage(r *sarama.ConsumerMessage) (*Message, error) {
 	var ce *CloudEvent
 	var payload []byte
 	var err error
-	switch mt := mediaType(contentType); {
-	case mt == "application/cloudevents+json":
+	switch {
+	case cloudevents.IsStructured(contentType):
 		ce, payload, err = parseStructured(r.Value)
-	case strings.HasPrefix(mt, "application/cloudevents"):
+	case cloudevents.IsCloudEventsFormat(contentType):
 		err = fmt.Errorf("content-type %q: only the JSON event format, one event per record, is read", contentType)
 	case specVersion != "":
 		ce, err = parseBinary(r.Headers, contentType)
@@ -131,16 +133,8 @@ func ParseMessage(r *sarama.ConsumerMessage) (*Message, error) {
 	return m, nil
 }
 
-// mediaType is a content type's type/subtype, lower case.
-func mediaType(ct string) string {
-	if i := strings.IndexByte(ct, ';'); i >= 0 {
-		ct = ct[:i]
-	}
-	return strings.ToLower(strings.TrimSpace(ct))
-}
-
 func isJSONType(ct string) bool {
-	mt := mediaType(ct)
+	mt := cloudevents.MediaType(ct)
 	return mt == "" || mt == "application/json" || mt == "text/json" || strings.HasSuffix(mt, "+json")
 }
 
@@ -177,7 +171,7 @@ func parseBinary(headers []*sarama.RecordHeader, contentType string) (*CloudEven
 			continue
 		}
 		k := strings.ToLower(string(x.Key))
-		name, ok := strings.CutPrefix(k, "ce_")
+		name, ok := strings.CutPrefix(k, cloudevents.HeaderPrefix)
 		if !ok {
 			continue
 		}

@@ -1,6 +1,7 @@
 // Package relay is outbox-relay itself: the pipeline from the replication
-// slot to Kafka (decode, build records with package record, hand each
-// transaction to one Delivery, book acks, apply the poison policy, rewind),
+// slot to Kafka (decode, build records with package record, write them in
+// their topic's format with package encode, hand each transaction to one
+// Delivery, book acks, apply the poison policy, rewind),
 // the leadership terms it runs in, its health, and the one shutdown
 // deadline that bounds all of it. The pipeline knows no delivery mode: a
 // term gives it at-least-once (the producer) or exactlyonce.Delivery.
